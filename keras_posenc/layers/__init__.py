@@ -1,0 +1,15 @@
+"""The package's layers, one public layer per file."""
+
+from keras_posenc.layers.position_embedding import PositionEmbedding
+from keras_posenc.layers.sinusoidal_position_encoding import (
+    SinusoidalPositionEncoding,
+)
+from keras_posenc.layers.token_and_position_embedding import (
+    TokenAndPositionEmbedding,
+)
+
+__all__ = [
+    "PositionEmbedding",
+    "SinusoidalPositionEncoding",
+    "TokenAndPositionEmbedding",
+]
