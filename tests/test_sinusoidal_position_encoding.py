@@ -1,0 +1,191 @@
+import keras
+import keras_hub
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_posenc import SinusoidalPositionEncoding
+from tests import references
+from tests.test_case import TestCase
+
+
+class SinusoidalPositionEncodingLayerTest(TestCase):
+    def test_layer_behaviour(self):
+        for init_kwargs, expected_output_shape in [
+            ({}, (2, 5, 8)),
+            ({"layout": "concat", "merge_mode": "concat", "output_dim": 4}, (2, 5, 12)),
+            ({"merge_mode": None, "output_dim": 6}, (2, 5, 6)),
+        ]:
+            self.run_layer_test(
+                SinusoidalPositionEncoding,
+                init_kwargs=init_kwargs,
+                input_shape=(2, 5, 8),
+                expected_output_shape=expected_output_shape,
+                expected_num_trainable_weights=0,
+                expected_num_non_trainable_weights=0,
+                supports_masking=True,
+            )
+
+
+def random_embeddings(shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+@pytest.mark.parametrize(
+    "layout, dim", [("interleaved", 8), ("interleaved", 9), ("concat", 8)]
+)
+def test_adds_the_paper_encoding(layout, dim):
+    embeddings = random_embeddings((3, 40, dim))
+    outputs = SinusoidalPositionEncoding(layout=layout, max_wavelength=1000.0)(
+        embeddings
+    )
+    expected = embeddings + references.sinusoidal(
+        np.arange(40), dim, 1000.0, layout
+    )
+    np.testing.assert_allclose(outputs.numpy(), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [16, 17])
+def test_equals_keras_hub_sine_position_encoding_plus_input(dim):
+    embeddings = random_embeddings((2, 300, dim))
+    outputs = SinusoidalPositionEncoding()(embeddings)
+    expected = embeddings + keras_hub.layers.SinePositionEncoding()(embeddings)
+    np.testing.assert_array_equal(outputs.numpy(), expected.numpy())
+
+
+def test_merge_modes():
+    embeddings = random_embeddings((2, 7, 4))
+    table = references.sinusoidal(np.arange(7), 6)  # (7, 6)
+    concatenated = SinusoidalPositionEncoding(
+        merge_mode="concat", output_dim=6
+    )(embeddings)
+    np.testing.assert_array_equal(concatenated[..., :4].numpy(), embeddings)
+    np.testing.assert_allclose(
+        concatenated[..., 4:].numpy(), np.broadcast_to(table, (2, 7, 6)), atol=1e-6
+    )
+    alone = SinusoidalPositionEncoding(merge_mode=None, output_dim=6)(embeddings)
+    np.testing.assert_allclose(
+        alone.numpy(), np.broadcast_to(table, (2, 7, 6)), atol=1e-6
+    )
+    alone_input_width = SinusoidalPositionEncoding(merge_mode=None)(embeddings)
+    assert alone_input_width.shape == (2, 7, 4)
+
+
+def test_start_index_equals_slicing_a_longer_call():
+    layer = SinusoidalPositionEncoding(merge_mode=None)
+    full = layer(np.zeros((2, 30, 10), "float32")).numpy()
+    for start_index in (0, 7, tf.constant(12), tf.constant(29, "int64")):
+        part = layer(np.zeros((2, 1, 10), "float32"), start_index=start_index)
+        index = int(start_index)
+        np.testing.assert_array_equal(part.numpy(), full[:, index : index + 1])
+    chunk = layer(np.zeros((2, 5, 10), "float32"), start_index=20)
+    np.testing.assert_array_equal(chunk.numpy(), full[:, 20:25])
+
+
+def test_explicit_positions_per_sequence_and_per_batch():
+    embeddings = random_embeddings((2, 4, 6))
+    layer = SinusoidalPositionEncoding()
+    shared = np.array([3, 1, 4, 1])
+    np.testing.assert_allclose(
+        layer(embeddings, positions=shared).numpy(),
+        embeddings + references.sinusoidal(shared, 6),
+        atol=1e-6,
+    )
+    # Left padding: each row counts from its own first real token.
+    per_batch = np.array([[0, 0, 0, 1], [0, 1, 2, 3]])
+    np.testing.assert_allclose(
+        layer(embeddings, positions=per_batch).numpy(),
+        embeddings + references.sinusoidal(per_batch, 6),
+        atol=1e-6,
+    )
+
+
+def test_float_positions():
+    timestamps = np.array([0.0, 0.25, 1.5, 1000.125], "float32")
+    outputs = SinusoidalPositionEncoding(merge_mode=None)(
+        np.zeros((1, 4, 8), "float32"), positions=timestamps
+    )
+    np.testing.assert_allclose(
+        outputs[0].numpy(), references.sinusoidal(timestamps, 8), atol=1e-4
+    )
+
+
+def test_mixed_bfloat16_is_right_at_long_positions():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = SinusoidalPositionEncoding(merge_mode=None)
+    outputs = layer(np.zeros((1, 4096, 64), "float32"))
+    assert outputs.dtype == tf.bfloat16
+    expected = references.sinusoidal(np.arange(4096), 64)
+    error = np.abs(tf.cast(outputs[0], "float64").numpy() - expected)
+    assert error.max() <= 8e-3, error.max()
+
+
+def test_unknown_length_and_xla():
+    layer = SinusoidalPositionEncoding()
+
+    @tf.function(
+        jit_compile=True,
+        input_signature=[tf.TensorSpec([None, None, 8], tf.float32)],
+    )
+    def encode(embeddings):
+        return layer(embeddings)
+
+    for length in (3, 11):
+        embeddings = random_embeddings((2, length, 8))
+        np.testing.assert_allclose(
+            encode(embeddings).numpy(),
+            embeddings + references.sinusoidal(np.arange(length), 8),
+            atol=1e-5,
+        )
+    symbolic = layer(keras.Input((None, 8)))
+    assert tuple(symbolic.shape) == (None, None, 8)
+
+
+def test_config_round_trip():
+    layer = SinusoidalPositionEncoding(
+        max_wavelength=500.0, layout="concat", merge_mode="concat", output_dim=4
+    )
+    config = layer.get_config()
+    assert {
+        "max_wavelength": 500.0,
+        "layout": "concat",
+        "merge_mode": "concat",
+        "output_dim": 4,
+    }.items() <= config.items()
+    assert SinusoidalPositionEncoding.from_config(config).get_config() == config
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_wavelength": 0}, "max_wavelength=0"),
+        ({"max_wavelength": "long"}, "max_wavelength='long'"),
+        ({"layout": "half"}, "layout='half'"),
+        ({"merge_mode": "multiply"}, "merge_mode='multiply'"),
+        ({"merge_mode": "concat"}, "output_dim=None"),
+        ({"merge_mode": "add", "output_dim": 4}, "output_dim=4"),
+        ({"merge_mode": None, "output_dim": 0}, "output_dim=0"),
+        ({"merge_mode": None, "output_dim": 2.5}, "output_dim=2.5"),
+        (
+            {"layout": "concat", "merge_mode": "concat", "output_dim": 5},
+            "output_dim=5",
+        ),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_them(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        SinusoidalPositionEncoding(**kwargs)
+
+
+def test_bad_inputs_say_what_was_expected():
+    layer = SinusoidalPositionEncoding()
+    with pytest.raises(ValueError, match=r"\(batch, sequence, features\)"):
+        layer(np.zeros((2, 8), "float32"))
+    with pytest.raises(ValueError, match="even encoding width"):
+        SinusoidalPositionEncoding(layout="concat")(np.zeros((1, 3, 5), "float32"))
+    with pytest.raises(ValueError, match="positions"):
+        layer(np.zeros((1, 3, 4), "float32"), positions=np.arange(5))
+    with pytest.raises(ValueError, match="positions"):
+        layer(np.zeros((1, 3, 4), "float32"), positions=np.zeros((1, 1, 3)))
+    with pytest.raises(ValueError, match="start_index=0.5"):
+        layer(np.zeros((1, 3, 4), "float32"), start_index=0.5)
