@@ -1,13 +1,25 @@
 """Positional encodings for transformers, as Keras 3 layers on TensorFlow."""
 
-import keras
+import os
 
-if keras.backend.backend() != "tensorflow":
+
+def _refuse_backend(backend):
     raise ImportError(
         "keras_posenc runs on the TensorFlow backend of Keras only. Set the "
         "environment variable KERAS_BACKEND=tensorflow before importing keras. "
-        f"Current backend: {keras.backend.backend()!r}"
+        f"Current backend: {backend!r}"
     )
+
+
+# Checked before importing keras, whose import fails on its own, less
+# helpfully, when the requested backend's library is not installed.
+if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
+    _refuse_backend(os.environ["KERAS_BACKEND"])
+
+import keras  # noqa: E402
+
+if keras.backend.backend() != "tensorflow":
+    _refuse_backend(keras.backend.backend())
 
 from keras_posenc import ops  # noqa: E402
 from keras_posenc.layers import PositionEmbedding  # noqa: E402

@@ -1,0 +1,85 @@
+"""Docstrings: their examples run, and their `Args:` match the signatures."""
+
+import doctest
+import importlib
+import inspect
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_posenc
+
+MODULES = [
+    "keras_posenc.ops",
+    "keras_posenc.layers.sinusoidal_position_encoding",
+    "keras_posenc.layers.position_embedding",
+    "keras_posenc.layers.token_and_position_embedding",
+]
+PUBLIC_LAYERS = [
+    getattr(keras_posenc, name)
+    for name in keras_posenc.__all__
+    if inspect.isclass(getattr(keras_posenc, name))
+]
+PUBLIC_OPS = [
+    keras_posenc.ops.sinusoidal,
+    keras_posenc.ops.translation_matrix,
+    keras_posenc.ops.inverse_frequencies,
+    keras_posenc.ops.angles,
+    keras_posenc.ops.position_ids,
+]
+
+
+@pytest.mark.parametrize("module_name", MODULES)
+def test_docstring_examples_run(module_name):
+    module = importlib.import_module(module_name)
+    results = doctest.testmod(
+        module,
+        extraglobs={"np": np, "tf": tf, "keras": keras},
+        optionflags=doctest.NORMALIZE_WHITESPACE,
+        raise_on_error=False,
+    )
+    assert results.failed == 0
+    assert results.attempted > 0
+
+
+def documented_args(docstring):
+    """The argument names listed under `Args:` in a Keras-style docstring."""
+    section = re.search(r"\n\s*Args:\n(.*?)(\n\s*\n|\Z)", docstring, re.S)
+    assert section, "no Args: section"
+    lines = section.group(1).splitlines()
+    indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
+    return [
+        re.match(r"\s*(\*{0,2}\w+):", line).group(1)
+        for line in lines
+        if line.strip() and len(line) - len(line.lstrip()) == indent
+    ]
+
+
+@pytest.mark.parametrize(
+    "function",
+    [layer.__init__ for layer in PUBLIC_LAYERS] + PUBLIC_OPS,
+    ids=lambda function: function.__qualname__,
+)
+def test_args_section_agrees_with_the_signature(function):
+    owner_doc = (
+        inspect.getdoc(getattr(keras_posenc, function.__qualname__.split(".")[0]))
+        if function.__name__ == "__init__"
+        else inspect.getdoc(function)
+    )
+    parameters = [
+        ("**" if p.kind is p.VAR_KEYWORD else "") + name
+        for name, p in inspect.signature(function).parameters.items()
+        if name != "self"
+    ]
+    assert documented_args(owner_doc) == parameters
+
+
+@pytest.mark.parametrize("layer", PUBLIC_LAYERS, ids=lambda layer: layer.__name__)
+def test_layer_docstrings_have_the_keras_sections(layer):
+    docstring = inspect.getdoc(layer)
+    for heading in ("Args:", "Call arguments:", "Returns:", "Example:", "References:"):
+        assert heading in docstring
+    assert "https://arxiv.org/abs/" in docstring

@@ -1,0 +1,30 @@
+import os
+import subprocess
+import sys
+
+import keras
+
+import keras_posenc
+
+
+def test_public_api():
+    assert keras_posenc.__version__.count(".") == 2
+    for name in keras_posenc.__all__:
+        assert getattr(keras_posenc, name) is not None
+    for name in ("PositionEmbedding", "SinusoidalPositionEncoding"):
+        registered = keras.saving.get_registered_object(f"keras_posenc>{name}")
+        assert registered is getattr(keras_posenc, name)
+
+
+def test_other_backends_are_refused_with_advice():
+    environment = dict(os.environ, KERAS_BACKEND="numpy")
+    result = subprocess.run(
+        [sys.executable, "-c", "import keras_posenc"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr
+    assert "KERAS_BACKEND=tensorflow" in result.stderr

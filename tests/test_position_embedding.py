@@ -1,0 +1,131 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_posenc import PositionEmbedding
+from tests import references
+from tests.test_case import TestCase
+
+
+class PositionEmbeddingLayerTest(TestCase):
+    def test_layer_behaviour(self):
+        for init_kwargs, expected_output_shape in [
+            ({"sequence_length": 5}, (2, 5, 8)),
+            (
+                {"sequence_length": 9, "merge_mode": "concat", "output_dim": 3},
+                (2, 5, 11),
+            ),
+            (
+                {"sequence_length": 5, "merge_mode": None, "initializer": "sinusoidal"},
+                (2, 5, 8),
+            ),
+        ]:
+            self.run_layer_test(
+                PositionEmbedding,
+                init_kwargs=init_kwargs,
+                input_shape=(2, 5, 8),
+                expected_output_shape=expected_output_shape,
+                expected_num_trainable_weights=1,
+                expected_num_non_trainable_weights=0,
+                supports_masking=True,
+            )
+
+
+def embedded(layer, embeddings, **call_kwargs):
+    """The layer's output and its table, as NumPy."""
+    outputs = layer(embeddings, **call_kwargs)
+    return outputs.numpy(), layer.embeddings.numpy()
+
+
+def test_adds_the_row_of_each_position():
+    embeddings = np.random.default_rng(0).normal(size=(3, 6, 4)).astype("float32")
+    outputs, table = embedded(PositionEmbedding(10), embeddings)
+    assert table.shape == (10, 4)
+    np.testing.assert_array_equal(outputs, embeddings + table[:6])
+
+
+def test_sinusoidal_initializer_starts_from_the_paper_table():
+    layer = PositionEmbedding(200, initializer="sinusoidal", merge_mode=None)
+    outputs, table = embedded(layer, np.zeros((1, 200, 9), "float32"))
+    np.testing.assert_allclose(
+        table, references.sinusoidal(np.arange(200), 9), atol=2e-5
+    )
+    np.testing.assert_array_equal(outputs[0], table)
+    assert layer.get_config()["initializer"] == "sinusoidal"
+
+
+def test_keras_initializers_are_serialized():
+    layer = PositionEmbedding(4, initializer=keras.initializers.Constant(0.5))
+    config = layer.get_config()
+    rebuilt = PositionEmbedding.from_config(config)
+    assert rebuilt.get_config() == config
+    _, table = embedded(rebuilt, np.zeros((1, 4, 2), "float32"))
+    np.testing.assert_array_equal(table, np.full((4, 2), 0.5, "float32"))
+
+
+def test_start_index_and_explicit_positions():
+    layer = PositionEmbedding(12, merge_mode=None)
+    full, table = embedded(layer, np.zeros((2, 12, 3), "float32"))
+    chunk = layer(np.zeros((2, 4, 3), "float32"), start_index=tf.constant(8))
+    np.testing.assert_array_equal(chunk.numpy(), full[:, 8:12])
+    per_batch = np.array([[0, 0, 1, 2], [5, 6, 7, 8]])
+    outputs = layer(np.zeros((2, 4, 3), "float32"), positions=per_batch)
+    np.testing.assert_array_equal(outputs.numpy(), table[per_batch])
+    shared = layer(np.zeros((2, 3, 3), "float32"), positions=[11, 0, 4])
+    np.testing.assert_array_equal(shared.numpy()[1], table[[11, 0, 4]])
+
+
+def test_mixed_bfloat16_output_with_float32_table():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = PositionEmbedding(6, initializer="sinusoidal")
+    outputs = layer(np.ones((1, 6, 4), "float32"))
+    assert outputs.dtype == tf.bfloat16
+    assert layer.embeddings.dtype == "float32"
+    expected = 1.0 + references.sinusoidal(np.arange(6), 4)
+    np.testing.assert_allclose(
+        tf.cast(outputs[0], "float32").numpy(), expected, atol=1e-2
+    )
+
+
+def test_positions_past_the_table_name_sequence_length():
+    layer = PositionEmbedding(8)
+    with pytest.raises(ValueError, match="sequence_length=8"):
+        layer(np.zeros((1, 9, 4), "float32"))
+    with pytest.raises(ValueError, match="sequence_length=8"):
+        layer(np.zeros((1, 4, 4), "float32"), start_index=5)
+    with pytest.raises(ValueError, match="sequence_length=8"):
+        layer(np.zeros((1, 4, 4), "float32"), start_index=tf.constant(5))
+    with pytest.raises(ValueError, match="sequence_length=8"):
+        layer(np.zeros((1, 2, 4), "float32"), positions=[3, 8])
+    with pytest.raises(ValueError, match="sequence_length=8"):
+        layer(np.zeros((1, 2, 4), "float32"), positions=[-1, 0])
+
+
+def test_float_positions_are_refused():
+    with pytest.raises(ValueError, match="integer `positions`"):
+        PositionEmbedding(8)(np.zeros((1, 2, 4), "float32"), positions=[0.5, 1.5])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"sequence_length": 0}, "sequence_length=0"),
+        ({"sequence_length": None}, "sequence_length=None"),
+        ({"sequence_length": 8.0}, "sequence_length=8.0"),
+        ({"sequence_length": 8, "initializer": "sine"}, "initializer='sine'"),
+        ({"sequence_length": 8, "merge_mode": "sum"}, "merge_mode='sum'"),
+        ({"sequence_length": 8, "merge_mode": "concat"}, "output_dim=None"),
+        ({"sequence_length": 8, "output_dim": 3}, "output_dim=3"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_them(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        PositionEmbedding(**kwargs)
+
+
+def test_bad_input_rank_says_what_was_expected():
+    with pytest.raises(ValueError, match=r"\(batch, sequence, features\)"):
+        PositionEmbedding(8)(np.zeros((2, 8), "float32"))
+    with pytest.raises(ValueError, match="features"):
+        PositionEmbedding(8).build((2, 8, None))

@@ -1,0 +1,120 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_posenc import TokenAndPositionEmbedding
+from tests import references
+from tests.test_case import TestCase
+
+
+class TokenAndPositionEmbeddingLayerTest(TestCase):
+    def test_layer_behaviour(self):
+        for init_kwargs, expected_num_trainable_weights in [
+            ({"vocabulary_size": 20, "embedding_dim": 6}, 1),
+            (
+                {
+                    "vocabulary_size": 20,
+                    "embedding_dim": 6,
+                    "sequence_length": 5,
+                    "position": "learned",
+                },
+                2,
+            ),
+        ]:
+            self.run_layer_test(
+                TokenAndPositionEmbedding,
+                init_kwargs=init_kwargs,
+                input_data=np.random.default_rng(0).integers(1, 20, (2, 5)),
+                expected_output_shape=(2, 5, 6),
+                expected_num_trainable_weights=expected_num_trainable_weights,
+                expected_num_non_trainable_weights=0,
+            )
+
+
+TOKENS = np.array([[3, 7, 7, 1, 0, 0], [5, 2, 9, 9, 4, 8]])
+
+
+def test_sinusoidal_adds_the_paper_encoding_to_the_token_vectors():
+    layer = TokenAndPositionEmbedding(10, 8)
+    outputs = layer(TOKENS).numpy()
+    vocabulary = layer.token_embedding.embeddings.numpy()  # (10, 8)
+    expected = vocabulary[TOKENS] + references.sinusoidal(np.arange(6), 8)
+    np.testing.assert_allclose(outputs, expected, atol=1e-6)
+
+
+def test_learned_adds_the_position_rows_and_honours_start_index():
+    layer = TokenAndPositionEmbedding(
+        10, 4, sequence_length=8, position="learned"
+    )
+    outputs = layer(TOKENS, start_index=tf.constant(2)).numpy()
+    vocabulary = layer.token_embedding.embeddings.numpy()
+    table = layer.position_embedding.embeddings.numpy()  # (8, 4)
+    np.testing.assert_array_equal(outputs, vocabulary[TOKENS] + table[2:8])
+    with pytest.raises(ValueError, match="sequence_length=8"):
+        layer(TOKENS, start_index=3)
+
+
+def test_mask_zero_masks_padding_only():
+    layer = TokenAndPositionEmbedding(10, 4, mask_zero=True)
+    outputs = layer(TOKENS)
+    np.testing.assert_array_equal(outputs._keras_mask.numpy(), TOKENS != 0)
+    np.testing.assert_array_equal(layer.compute_mask(TOKENS).numpy(), TOKENS != 0)
+    assert TokenAndPositionEmbedding(10, 4).compute_mask(TOKENS) is None
+
+
+def test_sublayers_follow_the_dtype_policy():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = TokenAndPositionEmbedding(10, 4, sequence_length=6, position="learned")
+    outputs = layer(TOKENS)
+    assert outputs.dtype == tf.bfloat16
+    assert layer.token_embedding.dtype_policy.name == "mixed_bfloat16"
+    assert layer.position_embedding.dtype_policy.name == "mixed_bfloat16"
+
+
+def test_config_round_trip():
+    layer = TokenAndPositionEmbedding(
+        30, 8, sequence_length=16, position="learned", mask_zero=True
+    )
+    config = layer.get_config()
+    assert {
+        "vocabulary_size": 30,
+        "embedding_dim": 8,
+        "sequence_length": 16,
+        "position": "learned",
+        "mask_zero": True,
+    }.items() <= config.items()
+    assert TokenAndPositionEmbedding.from_config(config).get_config() == config
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"vocabulary_size": 0, "embedding_dim": 4}, "vocabulary_size=0"),
+        ({"vocabulary_size": 10, "embedding_dim": -4}, "embedding_dim=-4"),
+        (
+            {"vocabulary_size": 10, "embedding_dim": 4, "sequence_length": 0},
+            "sequence_length=0",
+        ),
+        (
+            {"vocabulary_size": 10, "embedding_dim": 4, "position": "rotary"},
+            "position='rotary'",
+        ),
+        (
+            {"vocabulary_size": 10, "embedding_dim": 4, "position": "learned"},
+            "sequence_length=None",
+        ),
+        (
+            {"vocabulary_size": 10, "embedding_dim": 4, "mask_zero": "yes"},
+            "mask_zero='yes'",
+        ),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_them(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TokenAndPositionEmbedding(**kwargs)
+
+
+def test_bad_input_rank_says_what_was_expected():
+    with pytest.raises(ValueError, match=r"\(batch, sequence\)"):
+        TokenAndPositionEmbedding(10, 4)(np.zeros((2, 3, 4), "int32"))
