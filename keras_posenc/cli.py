@@ -7,10 +7,6 @@ the plots.
 """
 
 import argparse
-import os
-
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def _int_at_least(minimum):
@@ -105,8 +101,8 @@ def main(argv=None):
         and a one-line message.
     """
     args = _make_parser().parse_args(argv)
-    # Imported here, after the environment is set and the arguments checked,
-    # so that `--help` and bad arguments answer without loading TensorFlow.
+    # Imported on use: both need matplotlib (the `plot` extra); `--help` and
+    # bad arguments do not.
     if args.command == "plot":
         from keras_posenc import plot
 

@@ -24,7 +24,7 @@ def check_max_wavelength(max_wavelength):
     """Raise a `ValueError` unless `max_wavelength` is a number above 1."""
     if (
         isinstance(max_wavelength, bool)
-        or not isinstance(max_wavelength, (int, float))
+        or not isinstance(max_wavelength, numbers.Real)
         or not max_wavelength > 1
     ):
         raise ValueError(

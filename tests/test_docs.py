@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_posenc
+from keras_posenc import plot
 
 MODULES = [
     "keras_posenc.ops",
@@ -23,7 +24,10 @@ PUBLIC_LAYERS = [
     for name in keras_posenc.__all__
     if inspect.isclass(getattr(keras_posenc, name))
 ]
-PUBLIC_OPS = [
+PUBLIC_FUNCTIONS = [
+    plot.encoding_heatmap,
+    plot.similarity_curve,
+    plot.save_plots,
     keras_posenc.ops.sinusoidal,
     keras_posenc.ops.translation_matrix,
     keras_posenc.ops.inverse_frequencies,
@@ -60,7 +64,7 @@ def documented_args(docstring):
 
 @pytest.mark.parametrize(
     "function",
-    [layer.__init__ for layer in PUBLIC_LAYERS] + PUBLIC_OPS,
+    [layer.__init__ for layer in PUBLIC_LAYERS] + PUBLIC_FUNCTIONS,
     ids=lambda function: function.__qualname__,
 )
 def test_args_section_agrees_with_the_signature(function):

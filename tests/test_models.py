@@ -24,14 +24,6 @@ WIDTH = 8
 MAX_LENGTH = 16
 POSITIONS = ("sinusoidal", "learned")
 
-# Saving a model converts each Keras 3.15 variable with `np.array`, and
-# `KerasVariable.__array__(self, dtype=None)` takes no `copy` keyword, which
-# NumPy 2 deprecates. Keras' own code, on every `.keras` save.
-IGNORE_KERAS_ARRAY_COPY_WARNING = pytest.mark.filterwarnings(
-    "ignore:__array__ implementation doesn't accept a copy keyword"
-    ":DeprecationWarning"
-)
-
 # Loads every `<name>.keras` in the folder given as argv[1] with the package
 # imported, predicts on `<name>.npy`, writes `<name>.pred.npy`.
 LOAD_CHILD = """
@@ -190,7 +182,6 @@ def save_inputs_and_predict(models, folder):
     return predictions
 
 
-@IGNORE_KERAS_ARRAY_COPY_WARNING
 def test_keras_file_loads_in_fresh_process_with_identical_outputs(
     models, tmp_path
 ):
@@ -302,7 +293,6 @@ def test_padding_is_masked_out_of_pooling(kind):
     assert not np.allclose(unmasked_mean, pooled, atol=1e-3)
 
 
-@IGNORE_KERAS_ARRAY_COPY_WARNING
 @pytest.mark.parametrize("position", POSITIONS)
 def test_feeds_keras_nlp_transformer_encoder(position, tmp_path):
     keras.utils.set_random_seed(0)

@@ -153,6 +153,8 @@ def test_config_round_trip():
         "output_dim": 4,
     }.items() <= config.items()
     assert SinusoidalPositionEncoding.from_config(config).get_config() == config
+    numpy_scalar = SinusoidalPositionEncoding(max_wavelength=np.float32(500.0))
+    assert type(numpy_scalar.get_config()["max_wavelength"]) is float
 
 
 @pytest.mark.parametrize(
@@ -160,6 +162,7 @@ def test_config_round_trip():
     [
         ({"max_wavelength": 0}, "max_wavelength=0"),
         ({"max_wavelength": "long"}, "max_wavelength='long'"),
+        ({"max_wavelength": np.float32(1.0)}, "max_wavelength="),
         ({"layout": "half"}, "layout='half'"),
         ({"merge_mode": "multiply"}, "merge_mode='multiply'"),
         ({"merge_mode": "concat"}, "output_dim=None"),

@@ -81,7 +81,7 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
                 "`output_dim` must be even for layout='concat'. "
                 f"Received: output_dim={output_dim}"
             )
-        self.max_wavelength = max_wavelength
+        self.max_wavelength = float(max_wavelength)
         self.layout = layout
 
     def _encoding_dim(self, input_shape):
