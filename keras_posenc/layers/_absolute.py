@@ -96,7 +96,7 @@ class AbsoluteEncoding(keras.layers.Layer):
         )  # (batch, seq, dim)
         if self.merge_mode is None:
             return encoding
-        return tf.concat([inputs, tf.cast(encoding, inputs.dtype)], -1)
+        return tf.concat([inputs, encoding], -1)  # (batch, seq, features + dim)
 
     def compute_output_shape(self, input_shape):
         dim = self._encoding_dim(input_shape)

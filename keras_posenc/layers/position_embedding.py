@@ -114,19 +114,17 @@ class PositionEmbedding(AbsoluteEncoding):
                 "PositionEmbedding needs integer `positions`. "
                 f"Received positions of dtype {positions.dtype.name}"
             )
+        in_range = tf.reduce_all(
+            (positions >= 0) & (positions < self.sequence_length)
+        )
         if tf.executing_eagerly():
-            if tf.size(positions) == 0:
-                return tf.gather(self.embeddings, positions)  # (..., dim)
-            self._check_range(
-                int(tf.reduce_min(positions)), int(tf.reduce_max(positions))
-            )
+            if not in_range:
+                self._check_range(
+                    int(tf.reduce_min(positions)), int(tf.reduce_max(positions))
+                )
         else:
             # Known only when the graph runs. XLA drops this check; the
             # static and eager checks are the ones it keeps.
-            in_range = tf.logical_and(
-                tf.reduce_min(positions) >= 0,
-                tf.reduce_max(positions) < self.sequence_length,
-            )
             assertion = tf.debugging.Assert(in_range, [self._range_message()])
             with tf.control_dependencies([assertion]):
                 positions = tf.identity(positions)
