@@ -22,7 +22,9 @@ if keras.backend.backend() != "tensorflow":
     _refuse_backend(keras.backend.backend())
 
 from keras_posenc import ops  # noqa: E402
+from keras_posenc import rope_scaling  # noqa: E402
 from keras_posenc.layers import PositionEmbedding  # noqa: E402
+from keras_posenc.layers import RotaryEmbedding  # noqa: E402
 from keras_posenc.layers import SinusoidalPositionEncoding  # noqa: E402
 from keras_posenc.layers import TokenAndPositionEmbedding  # noqa: E402
 
@@ -30,7 +32,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PositionEmbedding",
+    "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
     "ops",
+    "rope_scaling",
 ]

@@ -10,6 +10,7 @@ import numbers
 import tensorflow as tf
 
 LAYOUTS = ("interleaved", "concat")
+ROPE_LAYOUTS = ("half", "interleaved")
 
 
 def check_layout(layout):
@@ -17,6 +18,14 @@ def check_layout(layout):
     if layout not in LAYOUTS:
         raise ValueError(
             f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}"
+        )
+
+
+def check_rope_layout(layout):
+    """Raise a `ValueError` unless `layout` is a known rotary pairing."""
+    if layout not in ROPE_LAYOUTS:
+        raise ValueError(
+            f"`layout` must be one of {ROPE_LAYOUTS}. Received: layout={layout!r}"
         )
 
 
@@ -209,3 +218,49 @@ def position_ids(sequence_length, start_index=0):
     return tf.range(sequence_length, dtype="int32") + tf.cast(
         start_index, "int32"
     )
+
+
+def rotate(inputs, cos, sin, layout="half"):
+    """Turn each pair of features by an angle: the rotary position embedding.
+
+    Pair `i` of the last axis, `(a, b)`, becomes
+    `(a cos_i - b sin_i, b cos_i + a sin_i)`, computed in the element-wise
+    form `inputs * cos + rotate(inputs) * sin` of Su et al. (2021), eq. 34,
+    never with a rotation matrix. With `layout="half"` (GPT-NeoX, Llama,
+    Hugging Face, keras-hub) feature `i` pairs with `i + d / 2`; with
+    `layout="interleaved"` (RoFormer, GPT-J) feature `2i` pairs with `2i + 1`.
+
+    Args:
+        inputs: float tensor of shape `(..., d)`, `d` even.
+        cos: tensor of shape `(..., d / 2)`, broadcastable against
+            `inputs[..., : d / 2]`, in the dtype of `inputs`.
+        sin: like `cos`.
+        layout: `"half"` or `"interleaved"`. Defaults to `"half"`.
+
+    Returns:
+        A tensor of the shape and dtype of `inputs`.
+
+    Example:
+
+    >>> x = tf.constant([[1.0, 0.0, 2.0, 0.0]])  # pairs (1, 0) and (2, 0)
+    >>> cos, sin = tf.constant([[0.0, -1.0]]), tf.constant([[1.0, 0.0]])
+    >>> rotate(x, cos, sin, "interleaved").numpy()  # a quarter and a half turn
+    array([[ 0.,  1., -2.,  0.]], dtype=float32)
+    """
+    check_rope_layout(layout)
+    if layout == "half":
+        first, second = tf.split(inputs, 2, axis=-1)  # (..., d / 2) each
+        cos = tf.concat([cos, cos], axis=-1)  # (..., d)
+        sin = tf.concat([sin, sin], axis=-1)
+        turned = tf.concat([-second, first], axis=-1)  # (..., d)
+        return inputs * cos + turned * sin
+    shape = tf.shape(inputs)
+    pairs = tf.reshape(
+        inputs, tf.concat([shape[:-1], [-1, 2]], 0)
+    )  # (..., d / 2, 2)
+    turned = tf.reshape(
+        tf.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape
+    )  # (..., d)
+    cos = tf.repeat(cos, 2, axis=-1)  # (..., d)
+    sin = tf.repeat(sin, 2, axis=-1)
+    return inputs * cos + turned * sin

@@ -15,6 +15,8 @@ from keras_posenc import plot
 
 MODULES = [
     "keras_posenc.ops",
+    "keras_posenc.rope_scaling",
+    "keras_posenc.layers.rotary_embedding",
     "keras_posenc.layers.sinusoidal_position_encoding",
     "keras_posenc.layers.position_embedding",
     "keras_posenc.layers.token_and_position_embedding",
@@ -33,6 +35,16 @@ PUBLIC_FUNCTIONS = [
     keras_posenc.ops.inverse_frequencies,
     keras_posenc.ops.angles,
     keras_posenc.ops.position_ids,
+    keras_posenc.ops.rotate,
+    keras_posenc.RotaryEmbedding.from_hf_config,
+    keras_posenc.rope_scaling.default,
+    keras_posenc.rope_scaling.linear,
+    keras_posenc.rope_scaling.dynamic,
+    keras_posenc.rope_scaling.yarn,
+    keras_posenc.rope_scaling.llama3,
+    keras_posenc.rope_scaling.longrope,
+    keras_posenc.rope_scaling.check_scaling,
+    keras_posenc.rope_scaling.rope_parameters,
 ]
 
 

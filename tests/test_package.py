@@ -11,7 +11,12 @@ def test_public_api():
     assert keras_posenc.__version__.count(".") == 2
     for name in keras_posenc.__all__:
         assert getattr(keras_posenc, name) is not None
-    for name in ("PositionEmbedding", "SinusoidalPositionEncoding"):
+    for name in (
+        "PositionEmbedding",
+        "RotaryEmbedding",
+        "SinusoidalPositionEncoding",
+        "TokenAndPositionEmbedding",
+    ):
         registered = keras.saving.get_registered_object(f"keras_posenc>{name}")
         assert registered is getattr(keras_posenc, name)
 

@@ -1,6 +1,7 @@
 """The package's layers, one public layer per file."""
 
 from keras_posenc.layers.position_embedding import PositionEmbedding
+from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding,
 )
@@ -10,6 +11,7 @@ from keras_posenc.layers.token_and_position_embedding import (
 
 __all__ = [
     "PositionEmbedding",
+    "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
 ]

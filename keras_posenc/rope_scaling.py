@@ -1,0 +1,487 @@
+"""RoPE frequency schedules: how long-context models stretch rotary angles.
+
+Each schedule is a pure function returning `(inverse_frequencies,
+attention_factor)`: a float32 tensor of `dim / 2` angular frequencies, one per
+rotated feature pair, and a Python float that multiplies the cosines and sines
+(1 for all schedules but YaRN and LongRoPE). The formulas, names and defaults
+are those of Hugging Face's `rope_scaling` configurations, so a model's
+`config.json` carries over unchanged; `rope_parameters` dispatches on such a
+dict. The trained context length is always `original_max_position_embeddings`.
+"""
+
+import math
+import numbers
+
+import tensorflow as tf
+
+from keras_posenc import ops
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+
+# The keys each rope_type takes: (required, optional).
+_KEYS = {
+    "default": ((), ()),
+    "linear": (("factor",), ()),
+    "dynamic": (("factor", "original_max_position_embeddings"), ()),
+    "yarn": (
+        ("factor", "original_max_position_embeddings"),
+        (
+            "beta_fast",
+            "beta_slow",
+            "attention_factor",
+            "mscale",
+            "mscale_all_dim",
+            "truncate",
+        ),
+    ),
+    "llama3": (
+        (
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_position_embeddings",
+        ),
+        (),
+    ),
+    "longrope": (
+        ("short_factor", "long_factor", "original_max_position_embeddings"),
+        ("attention_factor", "factor"),
+    ),
+}
+
+
+def _exponents(dim):
+    """`2i / dim` for each feature pair, in float32."""
+    ops.check_positive_int("dim", dim)
+    return tf.range(0, dim, 2, dtype="float32") / float(dim)  # (dim / 2,)
+
+
+def _base_frequencies(dim, base):
+    # base ** -(2i / dim), written as keras-hub's RotaryEmbedding writes it so
+    # that the two agree bit for bit.
+    return tf.pow(tf.cast(base, "float32"), -_exponents(dim))  # (dim / 2,)
+
+
+def _check_dynamic_dim(dim):
+    if dim < 4:
+        raise ValueError(
+            "Dynamic scaling needs at least 4 rotated features, since its base "
+            f"grows with the power dim / (dim - 2). Received: dim={dim}"
+        )
+
+
+def _check_divisors(short_factor, long_factor, dim):
+    for name, divisors in (
+        ("short_factor", short_factor),
+        ("long_factor", long_factor),
+    ):
+        if len(divisors) != dim // 2:
+            raise ValueError(
+                f"`{name}` must hold one divisor per rotated feature pair, "
+                f"{dim // 2} for {dim} rotated features. Received: {name} of "
+                f"length {len(divisors)}"
+            )
+
+
+def default(dim, max_wavelength):
+    """The frequencies of Su et al. (2021): `max_wavelength ** (-2i / dim)`.
+
+    Args:
+        dim: int. The number of rotated features.
+        max_wavelength: float. The base, `rope_theta` in Hugging Face configs.
+
+    Returns:
+        A tuple `(inverse_frequencies, attention_factor)`: a float32 tensor of
+        shape `(dim / 2,)` and `1.0`.
+
+    Example:
+
+    >>> frequencies, attention_factor = default(4, 10000.0)
+    >>> frequencies.numpy(), attention_factor
+    (array([1.  , 0.01], dtype=float32), 1.0)
+    """
+    ops.check_max_wavelength(max_wavelength)
+    return _base_frequencies(dim, max_wavelength), 1.0
+
+
+def linear(dim, max_wavelength, factor):
+    """Position interpolation (Chen et al. 2023): every frequency / `factor`.
+
+    Positions `0 .. factor * L` then turn through the angles the model saw on
+    `0 .. L` during training.
+
+    Args:
+        dim: int. The number of rotated features.
+        max_wavelength: float. The base.
+        factor: float. The context extension factor.
+
+    Returns:
+        A tuple `(inverse_frequencies, attention_factor)`.
+
+    References:
+        - [Chen et al., 2023](https://arxiv.org/abs/2306.15595)
+    """
+    frequencies, attention_factor = default(dim, max_wavelength)
+    return frequencies / tf.cast(factor, "float32"), attention_factor
+
+
+def dynamic(
+    dim,
+    max_wavelength,
+    factor,
+    original_max_position_embeddings,
+    sequence_length=None,
+):
+    """Dynamic NTK scaling: a larger base once the length passes training's.
+
+    At length `L > original_max_position_embeddings` the base becomes
+    `base * (factor * L / original - (factor - 1)) ** (dim / (dim - 2))`;
+    at or below it the frequencies are the default ones.
+
+    Args:
+        dim: int. The number of rotated features, at least 4.
+        max_wavelength: float. The base.
+        factor: float. The scaling factor.
+        original_max_position_embeddings: int. The trained context length.
+        sequence_length: optional int or scalar tensor. The current length,
+            the largest position plus one. `None` means the trained length.
+
+    Returns:
+        A tuple `(inverse_frequencies, attention_factor)`.
+
+    References:
+        - [bloc97 and emozilla, 2023](https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/)
+    """
+    ops.check_max_wavelength(max_wavelength)
+    _check_dynamic_dim(dim)
+    original = float(original_max_position_embeddings)
+    if sequence_length is None:
+        sequence_length = original
+    length = tf.maximum(tf.cast(sequence_length, "float32"), original)
+    base = float(max_wavelength) * tf.pow(
+        factor * length / original - (factor - 1.0), dim / (dim - 2.0)
+    )  # scalar
+    return tf.pow(base, -_exponents(dim)), 1.0
+
+
+def _yarn_mscale(scale, mscale=1.0):
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn(
+    dim,
+    max_wavelength,
+    factor,
+    original_max_position_embeddings,
+    beta_fast=32.0,
+    beta_slow=1.0,
+    attention_factor=None,
+    mscale=None,
+    mscale_all_dim=None,
+    truncate=True,
+):
+    """YaRN (Peng et al. 2023): interpolate only the long wavelengths.
+
+    Feature pairs that turn more than `beta_fast` times over the trained
+    length keep their frequency, those that turn fewer than `beta_slow` times
+    are divided by `factor`, and a linear ramp joins the two (eq. 18-19). The
+    attention factor `0.1 ln(factor) + 1` (eq. 22) scales cosines and sines.
+
+    Args:
+        dim: int. The number of rotated features.
+        max_wavelength: float. The base.
+        factor: float. The context extension factor.
+        original_max_position_embeddings: int. The trained context length.
+        beta_fast: float. Rotations above which a pair is left alone.
+            Defaults to `32.0`.
+        beta_slow: float. Rotations below which a pair is fully interpolated.
+            Defaults to `1.0`.
+        attention_factor: optional float. Overrides the computed factor.
+        mscale: optional float. With `mscale_all_dim`, the DeepSeek form of
+            the attention factor, `mscale(factor, mscale) /
+            mscale(factor, mscale_all_dim)`.
+        mscale_all_dim: optional float. See `mscale`.
+        truncate: bool. Whether to round the ramp's ends to whole pairs.
+            Defaults to `True`.
+
+    Returns:
+        A tuple `(inverse_frequencies, attention_factor)`.
+
+    References:
+        - [Peng et al., 2023](https://arxiv.org/abs/2309.00071)
+    """
+    ops.check_max_wavelength(max_wavelength)
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(
+                factor, mscale_all_dim
+            )
+        else:
+            attention_factor = _yarn_mscale(factor)
+
+    def correction_dim(rotations):
+        # The pair index whose wavelength fits `rotations` times into the
+        # trained length (eq. 17, solved for the index).
+        return (
+            dim
+            * math.log(original_max_position_embeddings / (rotations * 2 * math.pi))
+        ) / (2 * math.log(max_wavelength))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no empty ramp
+    ramp = tf.clip_by_value(
+        (tf.range(dim // 2, dtype="float32") - low) / (high - low), 0.0, 1.0
+    )  # (dim / 2,)
+    wavelengths = tf.pow(
+        tf.cast(max_wavelength, "float32"), _exponents(dim)
+    )  # (dim / 2,)
+    extrapolated = 1.0 / wavelengths
+    interpolated = 1.0 / (factor * wavelengths)
+    kept = 1.0 - ramp
+    frequencies = interpolated * (1.0 - kept) + extrapolated * kept
+    return frequencies, float(attention_factor)
+
+
+def llama3(
+    dim,
+    max_wavelength,
+    factor,
+    low_freq_factor,
+    high_freq_factor,
+    original_max_position_embeddings,
+):
+    """Llama 3.1's schedule: divide long wavelengths, keep short ones.
+
+    Wavelengths longer than `original / low_freq_factor` are divided by
+    `factor`, those shorter than `original / high_freq_factor` are kept, and
+    those between are blended by where `original / wavelength` falls between
+    `low_freq_factor` and `high_freq_factor`.
+
+    Args:
+        dim: int. The number of rotated features.
+        max_wavelength: float. The base (500000 for Llama 3).
+        factor: float. The divisor of the long wavelengths' frequencies.
+        low_freq_factor: float. Sets the longest wavelength left partly alone.
+        high_freq_factor: float. Sets the shortest wavelength touched.
+        original_max_position_embeddings: int. The trained context length.
+
+    Returns:
+        A tuple `(inverse_frequencies, attention_factor)`.
+
+    References:
+        - [Llama Team, 2024](https://arxiv.org/abs/2407.21783)
+    """
+    frequencies, attention_factor = default(dim, max_wavelength)
+    original = float(original_max_position_embeddings)
+    wavelengths = 2 * math.pi / frequencies  # (dim / 2,)
+    long = wavelengths > original / low_freq_factor
+    short = wavelengths < original / high_freq_factor
+    divided = tf.where(long, frequencies / factor, frequencies)
+    smooth = (original / wavelengths - low_freq_factor) / (
+        high_freq_factor - low_freq_factor
+    )
+    blended = (1 - smooth) * divided / factor + smooth * divided
+    medium = tf.logical_not(long) & tf.logical_not(short)
+    return tf.where(medium, blended, divided), attention_factor
+
+
+def longrope(
+    dim,
+    max_wavelength,
+    short_factor,
+    long_factor,
+    original_max_position_embeddings,
+    attention_factor=None,
+    factor=None,
+    sequence_length=None,
+):
+    """LongRoPE (Ding et al. 2024): a searched divisor per feature pair.
+
+    Up to the trained length each frequency is divided by its entry of
+    `short_factor`, past it by its entry of `long_factor`. The attention
+    factor defaults to `sqrt(1 + ln(factor) / ln(original))`.
+
+    Args:
+        dim: int. The number of rotated features.
+        max_wavelength: float. The base.
+        short_factor: list of `dim / 2` floats. Divisors within the trained
+            length.
+        long_factor: list of `dim / 2` floats. Divisors past it.
+        original_max_position_embeddings: int. The trained context length.
+        attention_factor: optional float. Overrides the computed factor.
+        factor: optional float. The context extension factor, for the default
+            attention factor; `None` gives an attention factor of 1.
+        sequence_length: optional int or scalar tensor. The current length,
+            the largest position plus one. `None` means the trained length.
+
+    Returns:
+        A tuple `(inverse_frequencies, attention_factor)`.
+
+    References:
+        - [Ding et al., 2024](https://arxiv.org/abs/2402.13753)
+    """
+    ops.check_max_wavelength(max_wavelength)
+    _check_divisors(short_factor, long_factor, dim)
+    if attention_factor is None:
+        if factor is None or factor <= 1:
+            attention_factor = 1.0
+        else:
+            attention_factor = math.sqrt(
+                1 + math.log(factor) / math.log(original_max_position_embeddings)
+            )
+    short = tf.constant(short_factor, "float32")  # (dim / 2,)
+    long = tf.constant(long_factor, "float32")
+    if sequence_length is None:
+        divisors = short
+    else:
+        past_training = (
+            tf.cast(sequence_length, "float32") > original_max_position_embeddings
+        )
+        divisors = tf.where(past_training, long, short)
+    wavelengths = tf.pow(tf.cast(max_wavelength, "float32"), _exponents(dim))
+    return 1.0 / (divisors * wavelengths), float(attention_factor)
+
+
+_SCHEDULES = {
+    "default": default,
+    "linear": linear,
+    "dynamic": dynamic,
+    "yarn": yarn,
+    "llama3": llama3,
+    "longrope": longrope,
+}
+_LENGTH_DEPENDENT = ("dynamic", "longrope")
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_key(name, value):
+    """Raise a `ValueError` unless the value of scaling key `name` is valid."""
+    if name == "truncate":
+        valid, expected = isinstance(value, bool), "a bool"
+    elif name == "original_max_position_embeddings":
+        valid = isinstance(value, numbers.Integral) and not isinstance(
+            value, bool
+        ) and value > 0
+        expected = "a positive integer"
+    elif name in ("short_factor", "long_factor"):
+        valid = (
+            isinstance(value, (list, tuple))
+            and len(value) > 0
+            and all(_is_number(v) and v > 0 for v in value)
+        )
+        expected = "a non-empty list of positive numbers"
+    else:
+        valid, expected = _is_number(value) and value > 0, "a positive number"
+    if not valid:
+        raise ValueError(
+            f"`scaling['{name}']` must be {expected}. Received: {name}={value!r}"
+        )
+
+
+def check_scaling(scaling, dim=None):
+    """Raise a `ValueError` unless `scaling` is None or a valid schedule dict.
+
+    Args:
+        scaling: None or a dict in Hugging Face's `rope_scaling` form, with a
+            `"rope_type"` from `ROPE_TYPES` and the keys that schedule takes.
+        dim: optional int. The number of rotated features, when known: then
+            the schedule's needs of it are checked too.
+    """
+    if scaling is None:
+        return
+    if not isinstance(scaling, dict):
+        raise ValueError(
+            "`scaling` must be None or a dict in Hugging Face's rope_scaling "
+            f"form. Received: scaling={scaling!r}"
+        )
+    rope_type = scaling.get("rope_type")
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"`scaling['rope_type']` must be one of {ROPE_TYPES}. "
+            f"Received: rope_type={rope_type!r} in scaling={scaling!r}"
+        )
+    required, optional = _KEYS[rope_type]
+    for name in scaling:
+        if name != "rope_type" and name not in required + optional:
+            raise ValueError(
+                f"`scaling` key {name!r} is not taken by rope_type="
+                f"{rope_type!r}, which takes {required + optional}. "
+                f"Received: scaling={scaling!r}"
+            )
+    for name in required:
+        if name not in scaling:
+            raise ValueError(
+                f"`scaling` needs the key {name!r} for rope_type={rope_type!r}. "
+                f"Received: scaling={scaling!r}"
+            )
+    for name, value in scaling.items():
+        if name != "rope_type":
+            _check_key(name, value)
+    if rope_type == "llama3" and not (
+        scaling["high_freq_factor"] > scaling["low_freq_factor"]
+    ):
+        raise ValueError(
+            "`scaling['high_freq_factor']` must be greater than "
+            "`scaling['low_freq_factor']`. Received: "
+            f"high_freq_factor={scaling['high_freq_factor']!r}, "
+            f"low_freq_factor={scaling['low_freq_factor']!r}"
+        )
+    if rope_type == "longrope" and len(scaling["short_factor"]) != len(
+        scaling["long_factor"]
+    ):
+        raise ValueError(
+            "`scaling['short_factor']` and `scaling['long_factor']` must have "
+            "the same length. Received lengths "
+            f"{len(scaling['short_factor'])} and {len(scaling['long_factor'])}"
+        )
+    if dim is None:
+        return
+    if rope_type == "dynamic":
+        _check_dynamic_dim(dim)
+    if rope_type == "longrope":
+        _check_divisors(scaling["short_factor"], scaling["long_factor"], dim)
+
+
+def depends_on_length(scaling):
+    """Whether the schedule's frequencies change with the current length."""
+    return scaling is not None and scaling["rope_type"] in _LENGTH_DEPENDENT
+
+
+def rope_parameters(scaling, dim, max_wavelength, sequence_length=None):
+    """The frequencies and attention factor of a Hugging Face style schedule.
+
+    Args:
+        scaling: None or a dict such as `{"rope_type": "linear", "factor": 4.0}`
+            (see `check_scaling`). `None` is the default schedule.
+        dim: int. The number of rotated features.
+        max_wavelength: float. The base, `rope_theta`.
+        sequence_length: optional int or scalar tensor. The current length,
+            for `"dynamic"` and `"longrope"`. `None` means the trained length.
+
+    Returns:
+        A tuple `(inverse_frequencies, attention_factor)`: a float32 tensor of
+        shape `(dim / 2,)` and a Python float.
+
+    Example:
+
+    >>> scaling = {"rope_type": "linear", "factor": 2.0}
+    >>> frequencies, attention_factor = rope_parameters(scaling, 4, 10000.0)
+    >>> frequencies.numpy(), attention_factor
+    (array([0.5  , 0.005], dtype=float32), 1.0)
+    """
+    check_scaling(scaling)
+    if scaling is None:
+        return default(dim, max_wavelength)
+    arguments = {k: v for k, v in scaling.items() if k != "rope_type"}
+    if scaling["rope_type"] in _LENGTH_DEPENDENT:
+        arguments["sequence_length"] = sequence_length
+    return _SCHEDULES[scaling["rope_type"]](dim, max_wavelength, **arguments)
