@@ -1,7 +1,7 @@
 """The absolute encodings inside whole models.
 
 Saving to `.keras` and loading in a fresh process, SavedModel export served
-by plain TensorFlow, XLA training at two lengths, `MirroredStrategy`, masks,
+by plain TensorFlow (absolute encodings and RoPE), XLA training at two lengths, `MirroredStrategy`, masks,
 a keras-nlp transformer, cached decoding with a tensor `start_index`, and the
 errors a learned table raises past its end.
 """
@@ -128,6 +128,20 @@ def encoding_model(kind):
     )
 
 
+def rotary_model(**rotary_arguments):
+    """Sequential: embeddings of any length -> heads -> RoPE -> Dense."""
+    return keras.Sequential(
+        [
+            keras.Input(shape=(None, WIDTH)),
+            keras.layers.Dense(WIDTH),
+            keras.layers.Reshape((-1, 2, WIDTH // 2)),  # (batch, seq, heads, 4)
+            keras_posenc.RotaryEmbedding(**rotary_arguments),
+            keras.layers.Reshape((-1, WIDTH)),
+            keras.layers.Dense(4),
+        ]
+    )
+
+
 def masked_pooling_model(kind):
     """Sequential: ids with 0 as padding -> encoded embeddings -> mean."""
     if kind.startswith("token-"):
@@ -162,6 +176,22 @@ def models():
             f"encoding-{kind}": (encoding_model(kind), embeddings)
             for kind in POSITIONS
         },
+        # Past the trained length of 4, so that the length-dependent base
+        # is part of the saved graph.
+        "rotary-dynamic": (
+            rotary_model(
+                scaling={
+                    "rope_type": "dynamic",
+                    "factor": 2.0,
+                    "original_max_position_embeddings": 4,
+                }
+            ),
+            embeddings,
+        ),
+        "rotary-interleaved-partial": (
+            rotary_model(layout="interleaved", rotary_dim=2),
+            embeddings,
+        ),
     }
     for model, _ in models.values():
         model.set_weights(
