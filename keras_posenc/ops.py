@@ -193,6 +193,37 @@ def translation_matrix(shift, dim, max_wavelength=10000.0):
     )  # (..., dim, dim)
 
 
+def check_positions(positions, sequence_length, batch_size=None, per_batch=True):
+    """Raise a `ValueError` unless `positions` fit inputs of these sizes.
+
+    Args:
+        positions: tensor. Must have shape `(sequence,)` or, if `per_batch`,
+            `(batch, sequence)` with a batch of 1 or `batch_size`.
+        sequence_length: int or None. The inputs' sequence length, if known.
+        batch_size: int or None. The inputs' batch size, if known.
+        per_batch: bool. Whether positions may differ along a batch axis.
+    """
+    shape = positions.shape
+    rank = shape.rank
+    if rank == 2 and not per_batch:
+        rank = None  # not allowed
+
+    def fits(size, expected):
+        return size is None or expected is None or size == expected
+
+    if (
+        rank not in (1, 2)
+        or not fits(shape[-1], sequence_length)
+        or (rank == 2 and not (shape[0] == 1 or fits(shape[0], batch_size)))
+    ):
+        expected = "(sequence,) or (batch, sequence)" if per_batch else "(sequence,)"
+        raise ValueError(
+            f"`positions` must have shape {expected} for inputs of sequence "
+            f"length {sequence_length} and batch size {batch_size}. "
+            f"Received positions of shape {shape}"
+        )
+
+
 def position_ids(sequence_length, start_index=0):
     """Positions `start_index, ..., start_index + sequence_length - 1`.
 

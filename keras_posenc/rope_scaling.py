@@ -158,9 +158,10 @@ def dynamic(
     if sequence_length is None:
         sequence_length = original
     length = tf.maximum(tf.cast(sequence_length, "float32"), original)
-    base = float(max_wavelength) * tf.pow(
-        factor * length / original - (factor - 1.0), dim / (dim - 2.0)
-    )  # scalar
+    # factor * L / original - (factor - 1), written so that it is exactly 1
+    # at the trained length instead of cancelling in float32.
+    stretch = 1.0 + factor * (length - original) / original  # scalar
+    base = float(max_wavelength) * tf.pow(stretch, dim / (dim - 2.0))
     return tf.pow(base, -_exponents(dim)), 1.0
 
 

@@ -25,3 +25,153 @@ def sinusoidal(positions, dim, max_wavelength=10000.0, layout="interleaved"):
                 math.cos(angle) if use_cos else math.sin(angle)
             )
     return table
+
+
+def _default_inverse_frequencies(dim, base):
+    """theta_i = base^(-2i / dim), i = 0 .. dim/2 - 1 (Su et al. 2021, eq. 15)."""
+    return np.array([base ** (-2.0 * i / dim) for i in range(dim // 2)], "float64")
+
+
+def _yarn_mscale(scale, mscale=1.0):
+    """YaRN's attention temperature, 0.1 ln(s) + 1 (Peng et al. 2023, eq. 22)."""
+    if scale <= 1.0:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_correction_dim(rotations, dim, base, original):
+    """The pair index whose wavelength fits `rotations` times in `original`."""
+    turns = original / (rotations * 2.0 * math.pi)
+    return dim * math.log(turns) / (2.0 * math.log(base))
+
+
+def rope_inverse_frequencies(dim, base=10000.0, scaling=None, sequence_length=None):
+    """RoPE inverse frequencies under a Hugging Face style scaling dict.
+
+    Follows `_compute_*_parameters` of transformers' `modeling_rope_utils.py`
+    one pair at a time in float64, with `original_max_position_embeddings`
+    always read from `scaling` ("type" is read as "rope_type", as in older
+    configs). Returns `(inverse_frequencies, attention_factor)`:
+    a float64 array of `dim // 2` values and a Python float.
+    """
+    scaling = dict(scaling or {})
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    half = dim // 2
+    if rope_type == "default":
+        return _default_inverse_frequencies(dim, base), 1.0
+    if rope_type == "linear":
+        return _default_inverse_frequencies(dim, base) / scaling["factor"], 1.0
+    factor = scaling.get("factor")
+    original = scaling["original_max_position_embeddings"]
+    if rope_type == "dynamic":
+        length = original if sequence_length is None else max(sequence_length, original)
+        scaled_base = base * (factor * length / original - (factor - 1.0)) ** (
+            dim / (dim - 2.0)
+        )
+        return _default_inverse_frequencies(dim, scaled_base), 1.0
+    if rope_type == "yarn":
+        low = _yarn_correction_dim(scaling.get("beta_fast", 32.0), dim, base, original)
+        high = _yarn_correction_dim(scaling.get("beta_slow", 1.0), dim, base, original)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        inverse_frequencies = np.zeros(half, "float64")
+        for i in range(half):
+            extrapolation = base ** (-2.0 * i / dim)
+            interpolation = extrapolation / factor
+            ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+            # ramp 0 (fast pairs): extrapolate; ramp 1 (slow pairs): interpolate.
+            inverse_frequencies[i] = interpolation * ramp + extrapolation * (1.0 - ramp)
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is None:
+            mscale = scaling.get("mscale")
+            mscale_all_dim = scaling.get("mscale_all_dim")
+            if mscale and mscale_all_dim:
+                attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(
+                    factor, mscale_all_dim
+                )
+            else:
+                attention_factor = _yarn_mscale(factor)
+        return inverse_frequencies, float(attention_factor)
+    if rope_type == "llama3":
+        low_freq_factor = scaling["low_freq_factor"]
+        high_freq_factor = scaling["high_freq_factor"]
+        low_freq_wavelength = original / low_freq_factor
+        high_freq_wavelength = original / high_freq_factor
+        inverse_frequencies = _default_inverse_frequencies(dim, base)
+        for i in range(half):
+            wavelength = 2.0 * math.pi / inverse_frequencies[i]
+            if wavelength > low_freq_wavelength:
+                inverse_frequencies[i] /= factor
+            elif wavelength >= high_freq_wavelength:
+                smooth = (original / wavelength - low_freq_factor) / (
+                    high_freq_factor - low_freq_factor
+                )
+                inverse_frequencies[i] *= (1.0 - smooth) / factor + smooth
+        return inverse_frequencies, 1.0
+    if rope_type == "longrope":
+        use_long = sequence_length is not None and sequence_length > original
+        rescale = scaling["long_factor" if use_long else "short_factor"]
+        inverse_frequencies = np.array(
+            [1.0 / (rescale[i] * base ** (2.0 * i / dim)) for i in range(half)],
+            "float64",
+        )
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is None:
+            if factor is None or factor <= 1.0:
+                attention_factor = 1.0
+            else:
+                attention_factor = math.sqrt(
+                    1.0 + math.log(factor) / math.log(original)
+                )
+        return inverse_frequencies, float(attention_factor)
+    raise ValueError(f"Unknown rope_type: {rope_type!r}")
+
+
+def rotary(
+    x,
+    positions,
+    inverse_frequencies,
+    attention_factor=1.0,
+    layout="half",
+    rotary_dim=None,
+):
+    """RoPE (Su et al. 2021, eq. 13), one 2x2 rotation per feature pair, in float64.
+
+    `x` is `(batch, seq, dim)` or `(batch, seq, heads, dim)`; `positions` is
+    `(seq,)` or `(batch, seq)`. Layout "half" pairs feature i with i + r/2,
+    "interleaved" pairs 2i with 2i + 1, where r = `rotary_dim` or dim; features
+    from r on pass through. Pair i turns by position * inverse_frequencies[i],
+    and both rotated outputs are scaled by `attention_factor`.
+    """
+    x = np.asarray(x, dtype="float64")
+    positions = np.asarray(positions, dtype="float64")
+    inverse_frequencies = np.asarray(inverse_frequencies, dtype="float64")
+    rotated_dim = x.shape[-1] if rotary_dim is None else rotary_dim
+    output = x.copy()
+    for batch in range(x.shape[0]):
+        for step in range(x.shape[1]):
+            if positions.ndim == 1:
+                position = positions[step]
+            else:
+                position = positions[batch, step]
+            for pair in range(rotated_dim // 2):
+                if layout == "half":
+                    first, second = pair, pair + rotated_dim // 2
+                else:
+                    first, second = 2 * pair, 2 * pair + 1
+                angle = position * inverse_frequencies[pair]
+                rotation = attention_factor * np.array(
+                    [[math.cos(angle), -math.sin(angle)],
+                     [math.sin(angle), math.cos(angle)]]
+                )
+                # (2, heads) or (2,): the pair's two features, every head.
+                pair_values = np.stack(
+                    [x[batch, step, ..., first], x[batch, step, ..., second]]
+                )
+                rotated = rotation @ pair_values
+                output[batch, step, ..., first] = rotated[0]
+                output[batch, step, ..., second] = rotated[1]
+    return output

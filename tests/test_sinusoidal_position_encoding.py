@@ -120,6 +120,34 @@ def test_mixed_bfloat16_is_right_at_long_positions():
     assert error.max() <= 8e-3, error.max()
 
 
+def test_mixed_bfloat16_keeps_float_positions_in_float32():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    # bfloat16 would round these to 1000, 3008 and 32768 on the way in.
+    timestamps = np.array([1000.125, 3000.75, 32760.25], "float32")
+    outputs = SinusoidalPositionEncoding(merge_mode=None)(
+        np.zeros((1, 3, 8), "float32"), positions=timestamps
+    )
+    assert outputs.dtype == tf.bfloat16
+    error = np.abs(
+        tf.cast(outputs[0], "float64").numpy()
+        - references.sinusoidal(timestamps, 8)
+    )
+    assert error.max() <= 8e-3, error.max()
+
+
+def test_float32_inputs_are_cast_under_mixed_precision():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    outputs = SinusoidalPositionEncoding()(np.ones((1, 3, 8), "float32"))
+    assert outputs.dtype == tf.bfloat16
+
+
+def test_positions_for_another_batch_size_are_refused():
+    with pytest.raises(ValueError, match=r"batch size 2.*\(3, 4\)"):
+        SinusoidalPositionEncoding()(
+            np.zeros((2, 4, 8), "float32"), positions=np.zeros((3, 4), "int32")
+        )
+
+
 def test_unknown_length_and_xla():
     layer = SinusoidalPositionEncoding()
 

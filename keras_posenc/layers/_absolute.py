@@ -21,7 +21,9 @@ class AbsoluteEncoding(keras.layers.Layer):
     """
 
     def __init__(self, merge_mode="add", output_dim=None, **kwargs):
-        super().__init__(**kwargs)
+        # Float positions are call arguments that Keras would otherwise
+        # round to the compute dtype (bfloat16) before angles are formed.
+        super().__init__(autocast=False, **kwargs)
         if merge_mode not in MERGE_MODES:
             raise ValueError(
                 f"`merge_mode` must be one of {MERGE_MODES}. "
@@ -70,20 +72,11 @@ class AbsoluteEncoding(keras.layers.Layer):
         if positions is None:
             return ops.position_ids(tf.shape(inputs)[1], start_index)
         positions = tf.convert_to_tensor(positions)
-        rank = positions.shape.rank
-        if rank not in (1, 2) or not (
-            positions.shape[-1] is None
-            or inputs.shape[1] is None
-            or positions.shape[-1] == inputs.shape[1]
-        ):
-            raise ValueError(
-                "`positions` must have shape (sequence,) or (batch, sequence) "
-                f"matching inputs of shape {inputs.shape}. "
-                f"Received positions of shape {positions.shape}"
-            )
+        ops.check_positions(positions, inputs.shape[1], inputs.shape[0])
         return positions
 
     def call(self, inputs, start_index=0, positions=None):
+        inputs = tf.cast(inputs, self.compute_dtype)
         dim = self._encoding_dim(inputs.shape)
         positions = self._positions(inputs, start_index, positions)
         encoding = tf.cast(

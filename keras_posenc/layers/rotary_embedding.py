@@ -98,7 +98,10 @@ class RotaryEmbedding(keras.layers.Layer):
         feature_axis=-1,
         **kwargs,
     ):
-        super().__init__(**kwargs)
+        # Float positions are call arguments that Keras would otherwise
+        # round to the compute dtype (bfloat16) before angles are formed;
+        # the layer casts inputs and outputs itself.
+        super().__init__(autocast=False, **kwargs)
         ops.check_max_wavelength(max_wavelength)
         ops.check_rope_layout(layout)
         ops.check_positive_int("rotary_dim", rotary_dim, allow_none=True)
@@ -186,23 +189,13 @@ class RotaryEmbedding(keras.layers.Layer):
         if positions is None:
             return ops.position_ids(tf.shape(inputs)[sequence_axis], start_index)
         positions = tf.convert_to_tensor(positions)
-        length = inputs.shape[sequence_axis]
-        rank = positions.shape.rank
-        if (
-            rank not in (1, 2)
-            or (rank == 2 and sequence_axis == 0)
-            or not (
-                positions.shape[-1] is None
-                or length is None
-                or positions.shape[-1] == length
-            )
-        ):
-            raise ValueError(
-                "`positions` must have shape (sequence,) or (batch, sequence) "
-                f"matching inputs of shape {inputs.shape} with "
-                f"sequence_axis={self.sequence_axis}. "
-                f"Received positions of shape {positions.shape}"
-            )
+        # Per-batch positions need a batch axis before the sequence axis.
+        ops.check_positions(
+            positions,
+            inputs.shape[sequence_axis],
+            inputs.shape[0],
+            per_batch=sequence_axis > 0,
+        )
         return positions
 
     def call(self, inputs, start_index=0, positions=None):
@@ -297,9 +290,14 @@ class RotaryEmbedding(keras.layers.Layer):
         )
         if "type" in parameters and "rope_type" not in parameters:
             parameters["rope_type"] = parameters.pop("type")
-        base = parameters.pop("rope_theta", config.get("rope_theta", 10000.0))
+        # GPT-NeoX's config.json names them rotary_emb_base and rotary_pct.
+        base = parameters.pop(
+            "rope_theta",
+            config.get("rope_theta", config.get("rotary_emb_base", 10000.0)),
+        )
         partial = parameters.pop(
-            "partial_rotary_factor", config.get("partial_rotary_factor", 1.0)
+            "partial_rotary_factor",
+            config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)),
         )
         head_dim = config.get("head_dim") or (
             config["hidden_size"] // config["num_attention_heads"]

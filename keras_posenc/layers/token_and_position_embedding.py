@@ -71,7 +71,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         mask_zero=False,
         **kwargs,
     ):
-        super().__init__(**kwargs)
+        # Float positions reach the position layer in float32, not rounded
+        # to the compute dtype by Keras on the way in.
+        super().__init__(autocast=False, **kwargs)
         ops.check_positive_int("vocabulary_size", vocabulary_size)
         ops.check_positive_int("embedding_dim", embedding_dim)
         ops.check_positive_int(

@@ -1,0 +1,1 @@
+"""Speed benchmarks of the package's layers: scripts, not timed tests."""

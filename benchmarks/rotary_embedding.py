@@ -1,0 +1,193 @@
+"""Benchmark: `RotaryEmbedding` under XLA against keras-hub and the floor.
+
+Issue 3: rotating a `(8, 2048, 8, 64)` float32 tensor with
+`keras_posenc.RotaryEmbedding()` should take at most as long as
+`keras_hub.layers.RotaryEmbedding()`, and at most 1.2 times the floor: the
+bare rotation `x * cos + rotate_half(x) * sin` with its cos/sin tables
+computed beforehand. All three run compiled with XLA in one process, timed
+round-robin; each ratio is the median over rounds of the two calls' times
+in that round.
+
+Run from the repository root:
+
+    python -m benchmarks.rotary_embedding [--shape 8 2048 8 64] [--repeats 30]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+if not __package__:
+    # Run as `python benchmarks/rotary_embedding.py`: the repository root is
+    # not on the path then, and `benchmarks` must be importable.
+    sys.path.insert(
+        0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
+
+import keras_hub  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_posenc  # noqa: E402
+from benchmarks import timing  # noqa: E402
+
+SHAPE = (8, 2048, 8, 64)
+# The most each ratio may be: keras_posenc's time over the other's.
+TARGETS = {"vs_keras_hub": 1.0, "vs_floor": 1.2}
+MAX_WAVELENGTH = 10000.0
+# The implementations round their float32 angles `p * w` differently, by up
+# to an ulp of the angle, about 1.2e-7 * p: so far apart can the outputs be,
+# per unit of input.
+FLOAT32_ANGLE_ERROR = 1.2e-7
+
+
+def _half_layout_tables(sequence_length, dim):
+    """cos and sin of the half layout, as Hugging Face computes them."""
+    exponents = tf.range(0, dim, 2, dtype="float32") / dim  # (dim / 2,)
+    inverse_frequencies = 1.0 / MAX_WAVELENGTH**exponents
+    positions = tf.range(sequence_length, dtype="float32")  # (seq,)
+    angles = positions[:, None] * inverse_frequencies  # (seq, dim / 2)
+    angles = tf.concat([angles, angles], axis=-1)[:, None, :]  # (seq, 1, dim)
+    return tf.cos(angles), tf.sin(angles)
+
+
+def _floor(cos, sin):
+    """The bare rotation, with `cos` and `sin` tables given."""
+
+    def rotate(inputs):
+        first, second = tf.split(inputs, 2, axis=-1)  # (..., dim / 2) each
+        turned = tf.concat([-second, first], axis=-1)  # (..., dim)
+        return inputs * cos + turned * sin
+
+    return rotate
+
+
+def run(shape=SHAPE, repeats=30, warmup=3, seed=0):
+    """Time the three rotations of a random tensor of `shape`.
+
+    Args:
+        shape: tuple of 4 ints. `(batch, sequence, heads, head_dim)`, with
+            `head_dim` even. Defaults to `(8, 2048, 8, 64)`.
+        repeats: int. Timed calls of each. Defaults to `30`.
+        warmup: int. Untimed calls of each first. Defaults to `3`.
+        seed: int. Seed of the input tensor. Defaults to `0`.
+
+    Returns:
+        A dict: median seconds of a call under `"keras_posenc"`,
+        `"keras_hub"` and `"floor"`; the median over rounds of
+        keras_posenc's time over each other's under `"vs_keras_hub"` and
+        `"vs_floor"`.
+
+    Raises:
+        AssertionError: when the three outputs differ by more than float32
+            angles allow; then they would not be doing the same work.
+    """
+    sequence_length, dim = shape[1], shape[3]
+    inputs = tf.random.stateless_normal(shape, seed=[seed, 0])
+    cos, sin = _half_layout_tables(sequence_length, dim)
+    candidates = {
+        "keras_posenc": keras_posenc.RotaryEmbedding(),
+        "keras_hub": keras_hub.layers.RotaryEmbedding(),
+        "floor": _floor(cos, sin),
+    }
+
+    outputs = {
+        name: tf.function(fn, jit_compile=True)(inputs).numpy()
+        for name, fn in candidates.items()
+    }
+    largest_input = np.max(np.abs(inputs.numpy()))
+    tolerance = FLOAT32_ANGLE_ERROR * sequence_length * largest_input
+    for name in ("keras_posenc", "keras_hub"):
+        np.testing.assert_allclose(
+            outputs[name],
+            outputs["floor"],
+            rtol=0,
+            atol=tolerance,
+            err_msg=f"{name} and the floor disagree",
+        )
+
+    seconds = timing.rounds(candidates, (inputs,), repeats, warmup)
+    return {
+        **{name: statistics.median(times) for name, times in seconds.items()},
+        "vs_keras_hub": timing.paired_ratio(seconds, "keras_posenc", "keras_hub"),
+        "vs_floor": timing.paired_ratio(seconds, "keras_posenc", "floor"),
+    }
+
+
+def format_table(results):
+    """A Markdown table of `run`'s results and whether the targets are met."""
+    lines = [
+        "| candidate | median (ms) | keras_posenc / candidate | target | met |",
+        "|---|---:|---:|---:|---|",
+        f"| keras_posenc | {results['keras_posenc'] * 1e3:.2f} | | | |",
+    ]
+    for name in ("keras_hub", "floor"):
+        ratio_name = f"vs_{name}"
+        ratio = results[ratio_name]
+        target = TARGETS[ratio_name]
+        lines.append(
+            f"| {name} | {results[name] * 1e3:.2f} | {ratio:.3f}x "
+            f"| <= {target:.1f}x | {'yes' if ratio <= target else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def _positive_int(text):
+    """An argparse `type` that accepts integers of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer. Received: {text!r}"
+        )
+    return value
+
+
+def main(argv=None):
+    """Run the benchmark and print its Markdown table.
+
+    Args:
+        argv: list of str or None. The arguments after the program name.
+            Defaults to `None`, meaning `sys.argv[1:]`.
+
+    Returns:
+        `0`, whether or not the targets are met: timings on a busy machine
+        are for a person to read.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.rotary_embedding",
+        description=(
+            "Time RotaryEmbedding under XLA against keras-hub's and the "
+            "bare rotation with precomputed tables."
+        ),
+    )
+    parser.add_argument(
+        "--shape",
+        type=_positive_int,
+        nargs=4,
+        default=SHAPE,
+        metavar=("BATCH", "SEQUENCE", "HEADS", "HEAD_DIM"),
+        help="input shape (default: 8 2048 8 64)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=30,
+        help="timed calls of each candidate (default: 30)",
+    )
+    args = parser.parse_args(argv)
+    shape = tuple(args.shape)
+    results = run(shape, args.repeats)
+    print(
+        f"RotaryEmbedding on a {shape} float32 tensor under XLA, "
+        f"median of {args.repeats} calls\n"
+    )
+    print(format_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Timing shared by the benchmarks: medians of XLA-compiled calls.
+
+Every candidate is compiled with `tf.function(jit_compile=True)` and returns
+its whole output, so XLA computes all of it; each call is timed until that
+output is ready. The candidates run round-robin, so the noise of a busy
+machine falls on all of them alike.
+"""
+
+import statistics
+import time
+
+import tensorflow as tf
+
+
+def _wait_for(outputs):
+    """Return once every tensor in `outputs` has been computed."""
+    # Reading one element waits for the whole computation that made the
+    # tensor (asynchronous devices included) without copying all of it back.
+    for tensor in tf.nest.flatten(outputs):
+        tf.reshape(tensor, [-1])[:1].numpy()
+
+
+def rounds(candidates, args, repeats=30, warmup=3):
+    """Seconds of each candidate's call, round by round, on the same arguments.
+
+    Args:
+        candidates: dict of str to callable. Functions of tensors, each
+            compiled here with `tf.function(jit_compile=True)`.
+        args: tuple. The positional arguments of every call.
+        repeats: int. Timed rounds; each calls every candidate once.
+            Defaults to `30`.
+        warmup: int. Untimed calls of each candidate first, the first of
+            which traces and compiles it. Defaults to `3`.
+
+    Returns:
+        A dict of the same names to lists of `repeats` wall-clock seconds,
+        entry `i` of every list from round `i`.
+    """
+    if repeats < 1:
+        raise ValueError(
+            f"`repeats` must be at least 1. Received: repeats={repeats}"
+        )
+    compiled = {
+        name: tf.function(fn, jit_compile=True) for name, fn in candidates.items()
+    }
+    names = list(compiled)
+    for _ in range(warmup):
+        for name in names:
+            _wait_for(compiled[name](*args))
+    seconds = {name: [] for name in names}
+    for repeat in range(repeats):
+        # Each round starts with the next candidate, so none always runs
+        # first, right after another one's output was written.
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            _wait_for(compiled[name](*args))
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def compare(candidates, args, repeats=30, warmup=3):
+    """Median seconds of each candidate's call on the same arguments.
+
+    Args:
+        candidates: dict of str to callable, as for `rounds`.
+        args: tuple. The positional arguments of every call.
+        repeats: int. Timed calls of each candidate. Defaults to `30`.
+        warmup: int. Untimed calls of each candidate first. Defaults to `3`.
+
+    Returns:
+        A dict of the same names to the median wall-clock seconds of a call.
+    """
+    seconds = rounds(candidates, args, repeats, warmup)
+    return {name: statistics.median(times) for name, times in seconds.items()}
+
+
+def paired_ratio(seconds, numerator, denominator):
+    """The median over rounds of one candidate's time over another's.
+
+    Two calls of one round ran moments apart, under the same load, so their
+    ratio is steadier than the ratio of two medians on a shared machine.
+
+    Args:
+        seconds: dict of str to lists, as `rounds` returns.
+        numerator: str. A candidate's name.
+        denominator: str. Another candidate's name.
+
+    Returns:
+        A float.
+    """
+    return statistics.median(
+        mine / theirs
+        for mine, theirs in zip(seconds[numerator], seconds[denominator])
+    )
+
+
+def median_time(fn, *args, repeats=30, warmup=3):
+    """Median seconds of a call of `fn(*args)` compiled with XLA.
+
+    Args:
+        fn: callable. A function of tensors.
+        *args: its positional arguments.
+        repeats: int. Timed calls. Defaults to `30`.
+        warmup: int. Untimed calls first. Defaults to `3`.
+
+    Returns:
+        The median wall-clock seconds of a call, a float.
+    """
+    return compare({"fn": fn}, args, repeats, warmup)["fn"]

@@ -1,0 +1,68 @@
+import math
+
+import pytest
+import tensorflow as tf
+
+from benchmarks import rotary_embedding
+from benchmarks import timing
+
+# A tiny shape: these tests check that the benchmark runs, not its speed,
+# which only `python -m benchmarks.rotary_embedding` measures.
+TINY_SHAPE = (1, 16, 2, 8)
+
+
+def test_rotary_embedding_benchmark_times_all_three():
+    results = rotary_embedding.run(shape=TINY_SHAPE, repeats=2, warmup=1)
+    assert set(results) == {
+        "keras_posenc",
+        "keras_hub",
+        "floor",
+        "vs_keras_hub",
+        "vs_floor",
+    }
+    for value in results.values():
+        assert math.isfinite(value) and value > 0
+
+
+def test_rotary_embedding_benchmark_prints_a_table(capsys):
+    status = rotary_embedding.main(
+        ["--shape", "1", "16", "2", "8", "--repeats", "2"]
+    )
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "(1, 16, 2, 8)" in printed
+    assert "| candidate | median (ms) |" in printed
+    for row in ("| keras_posenc |", "| keras_hub |", "| floor |"):
+        assert row in printed
+    assert "<= 1.0x" in printed and "<= 1.2x" in printed
+
+
+def test_compare_times_each_candidate_on_the_same_arguments():
+    inputs = tf.ones((4, 8))
+    medians = timing.compare(
+        {"double": lambda x: 2.0 * x, "square": tf.square},
+        (inputs,),
+        repeats=3,
+        warmup=1,
+    )
+    assert set(medians) == {"double", "square"}
+    assert all(math.isfinite(value) and value > 0 for value in medians.values())
+    assert timing.median_time(tf.square, inputs, repeats=1, warmup=0) > 0
+
+
+def test_compare_needs_a_timed_call():
+    with pytest.raises(ValueError, match="Received: repeats=0"):
+        timing.compare({"square": tf.square}, (tf.ones(2),), repeats=0)
+
+
+def test_rounds_pair_the_calls_and_paired_ratio_takes_their_median():
+    seconds = timing.rounds(
+        {"double": lambda x: 2.0 * x, "square": tf.square},
+        (tf.ones((4, 8)),),
+        repeats=4,
+        warmup=1,
+    )
+    assert [len(times) for times in seconds.values()] == [4, 4]
+    made_up = {"a": [1.0, 2.0, 9.0], "b": [2.0, 2.0, 3.0]}
+    # Round ratios 0.5, 1.0 and 3.0: the median is the middle one.
+    assert timing.paired_ratio(made_up, "a", "b") == 1.0

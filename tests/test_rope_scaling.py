@@ -1,0 +1,678 @@
+import math
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from keras_posenc import rope_scaling
+from tests import references
+
+# A float32 frequency is a handful of float32 roundings of exact inputs (the
+# base, the exponent 2i / dim, which is exact for power-of-two dims, the power,
+# one division or blend): each at most 2**-24 ~ 6e-8 relative, so a few times
+# that. 1e-6 is ~8 ulp: tight enough that any wrong formula, index or factor
+# fails by orders of magnitude, loose enough for TensorFlow's float32 `pow`.
+FREQUENCY_RTOL = 1e-6
+
+
+def frequency_rtol(dim, base):
+    """FREQUENCY_RTOL, plus the float32 rounding of 2i / dim when it is inexact.
+
+    An exponent off by 2**-24 relative moves base ** exponent by up to
+    2**-24 * ln(base) relative (8.2e-7 at base 1e6).
+    """
+    if dim & (dim - 1) == 0:
+        return FREQUENCY_RTOL
+    return FREQUENCY_RTOL + 2.0**-24 * math.log(base)
+
+
+# Half an ulp of 1 is 2**-24: four such roundings of a weight or a sum near 1.
+FLOAT32_CANCELLATION = 2.0**-22
+
+
+def reference_rtol(dim, base, scaling, sequence_length, expected):
+    """The relative tolerance of each float32 frequency against the float64 one.
+
+    frequency_rtol, plus what Hugging Face's own float32 evaluation of two
+    formulas cancels away:
+    - dynamic past the trained length: factor * L / orig - (factor - 1) is ~1
+      for L just past orig, its error ~factor * 2**-24, and the exponent
+      dim / (dim - 2) carries it into the base. At or below the trained length
+      the schedule is the default one and gets no such allowance (HF computes
+      those frequencies in Python floats).
+    - yarn: the ramp weight, within 2**-22 of 1, multiplies
+      extrapolation - interpolation = default * (1 - 1 / factor).
+    """
+    rtol = frequency_rtol(dim, base)
+    rope_type = (scaling or {}).get("rope_type")
+    original = (scaling or {}).get("original_max_position_embeddings")
+    if rope_type == "dynamic" and sequence_length is not None:
+        if sequence_length > original:
+            factor = scaling["factor"]
+            ratio = factor * sequence_length / original
+            return rtol + FLOAT32_CANCELLATION * dim / (dim - 2) * (ratio + factor) / (
+                ratio - (factor - 1)
+            )
+    if rope_type == "yarn":
+        default = references.rope_inverse_frequencies(dim, base)[0]
+        spread = np.abs(default - default / scaling["factor"])  # (dim / 2,)
+        return rtol + FLOAT32_CANCELLATION * spread / expected
+    return rtol
+
+
+# The attention factor is a Python float computed from Python floats.
+ATTENTION_RTOL = 1e-12
+
+LLAMA_3_1 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def longrope_scaling(dim, **keys):
+    """A Phi-3 style longrope dict: gentle short factors, steep long ones."""
+    return {
+        "rope_type": "longrope",
+        "short_factor": list(np.linspace(1.0, 1.25, dim // 2)),
+        "long_factor": list(np.geomspace(1.0, 48.0, dim // 2)),
+        "original_max_position_embeddings": 4096,
+        **keys,
+    }
+
+
+def direct_call(scaling, dim, max_wavelength, sequence_length=None):
+    """The schedule function named by `scaling`, called with its keys."""
+    if scaling is None:
+        return rope_scaling.default(dim, max_wavelength)
+    keys = dict(scaling)
+    schedule = getattr(rope_scaling, keys.pop("rope_type"))
+    if sequence_length is not None:
+        keys["sequence_length"] = sequence_length
+    return schedule(dim, max_wavelength, **keys)
+
+
+def assert_close(actual, expected, rtol):
+    """|actual - expected| <= rtol * |expected|, with rtol per pair or one for all."""
+    error = np.abs(np.asarray(actual, "float64") - expected)
+    bound = rtol * np.abs(expected)
+    assert np.all(error <= bound), (np.max(error / bound), actual, expected)
+
+
+def assert_matches_reference(result, dim, base, scaling, sequence_length=None):
+    inverse_frequencies, attention_factor = result
+    expected, expected_attention = references.rope_inverse_frequencies(
+        dim, base, scaling, sequence_length
+    )
+    assert inverse_frequencies.dtype == tf.float32
+    assert inverse_frequencies.shape == (dim // 2,)
+    rtol = reference_rtol(dim, base, scaling, sequence_length, expected)
+    assert_close(inverse_frequencies.numpy(), expected, rtol)
+    assert isinstance(attention_factor, float)
+    assert attention_factor == pytest.approx(expected_attention, rel=ATTENTION_RTOL)
+
+
+def test_rope_types():
+    assert rope_scaling.ROPE_TYPES == (
+        "default", "linear", "dynamic", "yarn", "llama3", "longrope"
+    )
+
+
+# The reference itself, against values worked out by hand.
+def test_reference_against_hand_computed_values():
+    frequencies, attention = references.rope_inverse_frequencies(8, 10000.0)
+    np.testing.assert_allclose(frequencies, [1.0, 0.1, 0.01, 0.001], rtol=1e-15)
+    assert attention == 1.0
+    llama, _ = references.rope_inverse_frequencies(128, 500000.0, LLAMA_3_1)
+    # Pair 30: wavelength 2 pi 500000^(30/64) ~ 2949, between 8192/4 and 8192,
+    # smooth = (8192 / wavelength - 1) / 3.
+    default_30 = 500000.0 ** (-30 / 64)
+    smooth = (8192 * default_30 / (2 * math.pi) - 1.0) / 3.0
+    assert llama[30] == pytest.approx(default_30 * ((1 - smooth) / 8 + smooth), 1e-14)
+    assert llama[0] == 1.0  # wavelength 2 pi: untouched
+    assert llama[63] == pytest.approx(500000.0 ** (-63 / 64) / 8, rel=1e-14)
+
+
+@pytest.mark.parametrize(
+    "layout, second_feature", [("half", 3), ("interleaved", 1)]
+)
+def test_rotary_reference_by_hand(layout, second_feature):
+    # Width 8, rotary_dim 6: pair 0 is features (0, 3) in "half", (0, 1) in
+    # "interleaved"; features 6 and 7 pass through.
+    inputs = np.zeros((2, 3, 8))
+    inputs[..., 0] = 1.0
+    inputs[..., 6:] = 5.0
+    positions = np.array([[0.0, 1.0, 2.5], [7.0, -1.0, 0.0]])
+    rotated = references.rotary(
+        inputs, positions, [1.0, 0.1, 0.01], attention_factor=2.0,
+        layout=layout, rotary_dim=6,
+    )
+    np.testing.assert_allclose(rotated[..., 0], 2.0 * np.cos(positions), rtol=1e-15)
+    np.testing.assert_allclose(
+        rotated[..., second_feature], 2.0 * np.sin(positions), rtol=1e-15
+    )
+    untouched = [f for f in range(6) if f not in (0, second_feature)]
+    assert np.all(rotated[..., untouched] == 0.0)
+    assert np.all(rotated[..., 6:] == 5.0)
+    # With heads: every head turns alike; (seq,) positions serve every batch.
+    heads = np.random.default_rng(0).normal(size=(2, 3, 4, 6))
+    with_heads = references.rotary(heads, positions[0], [1.0, 0.1, 0.01], layout=layout)
+    for head in range(4):
+        np.testing.assert_allclose(
+            with_heads[:, :, head],
+            references.rotary(heads[:, :, head], positions[0], [1.0, 0.1, 0.01],
+                              layout=layout),
+            rtol=1e-14,
+        )
+    np.testing.assert_allclose(
+        np.linalg.norm(with_heads, axis=-1), np.linalg.norm(heads, axis=-1)
+    )
+
+
+@pytest.mark.parametrize("dim", [2, 64, 128])
+@pytest.mark.parametrize("base", [10000.0, 500000.0, 1e6])
+def test_default(dim, base):
+    assert_matches_reference(rope_scaling.default(dim, base), dim, base, None)
+
+
+@pytest.mark.parametrize("dim, base", [(64, 10000.0), (128, 500000.0)])
+@pytest.mark.parametrize("factor", [0.5, 2.0, 8.0, 32.0])
+def test_linear(dim, base, factor):
+    scaling = {"rope_type": "linear", "factor": factor}
+    assert_matches_reference(rope_scaling.linear(dim, base, factor), dim, base, scaling)
+
+
+@pytest.mark.parametrize("dim, base", [(64, 10000.0), (128, 500000.0)])
+@pytest.mark.parametrize("factor", [2.0, 4.0])
+@pytest.mark.parametrize("sequence_length", [None, 1, 4095, 4096, 4097, 12000, 65536])
+def test_dynamic_below_and_past_the_trained_length(dim, base, factor, sequence_length):
+    scaling = {
+        "rope_type": "dynamic",
+        "factor": factor,
+        "original_max_position_embeddings": 4096,
+    }
+    result = rope_scaling.dynamic(
+        dim, base, factor, 4096, sequence_length=sequence_length
+    )
+    assert_matches_reference(result, dim, base, scaling, sequence_length)
+
+
+@pytest.mark.parametrize(
+    "factor, original, sequence_length",
+    [
+        (40.1, 4096, 4097),
+        (23.8387240757, 43, 1),
+        (23.8387240757, 43, 43),
+        (23.8387240757, 43, 44),
+        (1.1, 3000, 3001),
+    ],
+)
+def test_dynamic_with_factors_inexact_in_float32(factor, original, sequence_length):
+    # factor * L / original - (factor - 1) cancels to ~1 near the trained
+    # length, where a float32 evaluation loses ~factor * 2**-24 (see
+    # reference_rtol); at or below it the frequencies must be the default ones.
+    scaling = {
+        "rope_type": "dynamic",
+        "factor": factor,
+        "original_max_position_embeddings": original,
+    }
+    for dim in (4, 64):
+        result = rope_scaling.dynamic(
+            dim, 100.0, factor, original, sequence_length=sequence_length
+        )
+        assert_matches_reference(result, dim, 100.0, scaling, sequence_length)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "float32"])
+@pytest.mark.parametrize("sequence_length", [100, 4096, 12000])
+def test_dynamic_scalar_tensor_sequence_length(dtype, sequence_length):
+    scaling = {
+        "rope_type": "dynamic",
+        "factor": 2.0,
+        "original_max_position_embeddings": 4096,
+    }
+    result = rope_scaling.dynamic(
+        64, 10000.0, 2.0, 4096, sequence_length=tf.constant(sequence_length, dtype)
+    )
+    assert_matches_reference(result, 64, 10000.0, scaling, sequence_length)
+
+
+def test_dynamic_and_longrope_follow_a_symbolic_length_under_xla():
+    dynamic = {
+        "rope_type": "dynamic",
+        "factor": 4.0,
+        "original_max_position_embeddings": 2048,
+    }
+    longrope = longrope_scaling(64)
+
+    @tf.function(jit_compile=True, input_signature=[tf.TensorSpec([], tf.int32)])
+    def frequencies(sequence_length):
+        return (
+            rope_scaling.rope_parameters(dynamic, 64, 10000.0, sequence_length)[0],
+            rope_scaling.rope_parameters(longrope, 64, 10000.0, sequence_length)[0],
+        )
+
+    for sequence_length in (7, 2048, 4096, 4097, 30000):
+        dynamic_frequencies, longrope_frequencies = frequencies(
+            tf.constant(sequence_length)
+        )
+        for scaling, result in [
+            (dynamic, dynamic_frequencies),
+            (longrope, longrope_frequencies),
+        ]:
+            expected, _ = references.rope_inverse_frequencies(
+                64, 10000.0, scaling, sequence_length
+            )
+            rtol = reference_rtol(64, 10000.0, scaling, sequence_length, expected)
+            assert_close(result.numpy(), expected, rtol)
+
+
+YARN_CASES = {
+    "defaults": {"factor": 4.0, "original_max_position_embeddings": 4096},
+    "no_truncate": {
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+        "truncate": False,
+    },
+    "betas": {
+        "factor": 16.0,
+        "original_max_position_embeddings": 32768,
+        "beta_fast": 16.0,
+        "beta_slow": 2.0,
+    },
+    "explicit_attention_factor": {
+        "factor": 8.0,
+        "original_max_position_embeddings": 8192,
+        "attention_factor": 0.75,
+    },
+    # DeepSeek-V2 style: the ratio of two mscales.
+    "mscale_all_dim": {
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.707,
+    },
+    # One mscale alone is not enough: back to 0.1 ln(factor) + 1.
+    "mscale_alone": {
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "mscale": 0.707,
+    },
+    "factor_below_one": {"factor": 0.5, "original_max_position_embeddings": 4096},
+    # Both correction dims clip to 0: low == high, the ramp's +0.001 guard.
+    "degenerate_ramp": {"factor": 4.0, "original_max_position_embeddings": 6},
+}
+
+
+@pytest.mark.parametrize("dim, base", [(64, 10000.0), (128, 500000.0)])
+@pytest.mark.parametrize("case", sorted(YARN_CASES))
+def test_yarn(dim, base, case):
+    scaling = {"rope_type": "yarn", **YARN_CASES[case]}
+    assert_matches_reference(direct_call(scaling, dim, base), dim, base, scaling)
+
+
+@pytest.mark.parametrize(
+    "keys, expected",
+    [
+        ({"factor": 4.0}, 0.1 * math.log(4.0) + 1.0),
+        ({"factor": 4.0, "attention_factor": 0.75}, 0.75),
+        (
+            {"factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707},
+            (0.1 * math.log(40.0) + 1.0) / (0.0707 * math.log(40.0) + 1.0),
+        ),
+        ({"factor": 1.0}, 1.0),
+    ],
+)
+def test_yarn_attention_factor_by_hand(keys, expected):
+    _, attention_factor = rope_scaling.yarn(
+        64, 10000.0, original_max_position_embeddings=4096, **keys
+    )
+    assert attention_factor == pytest.approx(expected, rel=1e-12)
+
+
+def test_llama_3_1():
+    frequencies, attention_factor = rope_scaling.llama3(
+        128, 500000.0, 8.0, 1.0, 4.0, 8192
+    )
+    assert_matches_reference(
+        (frequencies, attention_factor), 128, 500000.0, LLAMA_3_1
+    )
+    # Wavelength 2 pi 500000^(i/64) is below 8192/4 for i <= 28 and above 8192
+    # for i >= 35: those pairs are kept and divided by 8, the six between blend.
+    default = references.rope_inverse_frequencies(128, 500000.0)[0]
+    frequencies = frequencies.numpy()
+    np.testing.assert_allclose(frequencies[:29], default[:29], rtol=FREQUENCY_RTOL)
+    np.testing.assert_allclose(
+        frequencies[35:], default[35:] / 8.0, rtol=FREQUENCY_RTOL
+    )
+    assert np.all(frequencies[29:35] < default[29:35])
+    assert np.all(frequencies[29:35] > default[29:35] / 8.0)
+
+
+@pytest.mark.parametrize("dim, base", [(64, 10000.0), (128, 500000.0)])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 8192},
+        {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 8192},
+        {"factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 16.0,
+         "original_max_position_embeddings": 2048},
+    ],
+)
+def test_llama3(dim, base, keys):
+    scaling = {"rope_type": "llama3", **keys}
+    assert_matches_reference(direct_call(scaling, dim, base), dim, base, scaling)
+
+
+@pytest.mark.parametrize("dim, base", [(64, 10000.0), (96, 10000.0), (128, 500000.0)])
+@pytest.mark.parametrize("sequence_length", [None, 100, 4096, 4097, 100000])
+@pytest.mark.parametrize(
+    "keys",
+    [{}, {"factor": 32.0}, {"factor": 0.5}, {"attention_factor": 1.5},
+     {"factor": 32.0, "attention_factor": 1.5}],
+)
+def test_longrope(dim, base, sequence_length, keys):
+    scaling = longrope_scaling(dim, **keys)
+    result = direct_call(scaling, dim, base, sequence_length)
+    assert_matches_reference(result, dim, base, scaling, sequence_length)
+
+
+def test_longrope_switches_to_long_factors_past_the_trained_length():
+    scaling = longrope_scaling(64, factor=32.0)
+    short, short_attention = direct_call(scaling, 64, 10000.0, 4096)
+    long, long_attention = direct_call(scaling, 64, 10000.0, 4097)
+    default = references.rope_inverse_frequencies(64, 10000.0)[0]
+    np.testing.assert_allclose(
+        short.numpy(), default / np.array(scaling["short_factor"]), rtol=FREQUENCY_RTOL
+    )
+    np.testing.assert_allclose(
+        long.numpy(), default / np.array(scaling["long_factor"]), rtol=FREQUENCY_RTOL
+    )
+    # The attention factor depends on `factor` alone, not on the length.
+    expected_attention = math.sqrt(1.0 + math.log(32.0) / math.log(4096))
+    assert short_attention == pytest.approx(expected_attention, rel=1e-12)
+    assert long_attention == pytest.approx(expected_attention, rel=1e-12)
+
+
+@pytest.mark.parametrize("sequence_length", [4096, 4097])
+def test_longrope_scalar_tensor_sequence_length(sequence_length):
+    scaling = longrope_scaling(64, factor=32.0)
+    result = direct_call(scaling, 64, 10000.0, tf.constant(sequence_length))
+    assert_matches_reference(result, 64, 10000.0, scaling, sequence_length)
+
+
+ALL_SCALINGS = [
+    None,
+    {"rope_type": "default"},
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4096},
+    {"rope_type": "yarn", **YARN_CASES["mscale_all_dim"]},
+    {"rope_type": "yarn", **YARN_CASES["no_truncate"]},
+    LLAMA_3_1,
+    longrope_scaling(64, factor=16.0),
+]
+
+
+@pytest.mark.parametrize("scaling", ALL_SCALINGS)
+@pytest.mark.parametrize("sequence_length", [None, 100, 20000])
+def test_rope_parameters_dispatches_to_the_schedule(scaling, sequence_length):
+    dim = 64
+    rope_scaling.check_scaling(scaling)
+    inverse_frequencies, attention_factor = rope_scaling.rope_parameters(
+        scaling, dim, 500000.0, sequence_length=sequence_length
+    )
+    rope_type = (scaling or {"rope_type": "default"})["rope_type"]
+    if rope_type == "default":
+        direct = rope_scaling.default(dim, 500000.0)
+    elif rope_type in ("linear", "yarn", "llama3"):
+        # Lengths only matter to dynamic and longrope.
+        direct = direct_call(scaling, dim, 500000.0)
+    else:
+        direct = direct_call(scaling, dim, 500000.0, sequence_length)
+    np.testing.assert_array_equal(inverse_frequencies.numpy(), direct[0].numpy())
+    assert attention_factor == direct[1]
+    assert_matches_reference(
+        (inverse_frequencies, attention_factor), dim, 500000.0, scaling, sequence_length
+    )
+
+
+def test_rope_parameters_leaves_the_scaling_dict_alone():
+    scaling = {"rope_type": "yarn", **YARN_CASES["betas"]}
+    copy = dict(scaling)
+    rope_scaling.check_scaling(scaling)
+    rope_scaling.rope_parameters(scaling, 64, 10000.0)
+    assert scaling == copy
+
+
+def without(scaling, key):
+    return {name: value for name, value in scaling.items() if name != key}
+
+
+BAD_SCALINGS = [
+    # (scaling, what the message must hold: a string, or a (key, value) pair
+    # written as `key=value` or `'key': value`)
+    ([("rope_type", "linear")], ["scaling", "rope_type"]),
+    ("linear", ["scaling", "linear"]),
+    ({"factor": 2.0}, ["rope_type"]),
+    ({"rope_type": "ntk", "factor": 2.0}, ["rope_type", "ntk"]),
+    ({"rope_type": "linear"}, ["factor"]),
+    ({"rope_type": "dynamic", "original_max_position_embeddings": 4096}, ["factor"]),
+    ({"rope_type": "yarn", "original_max_position_embeddings": 4096}, ["factor"]),
+    (without(LLAMA_3_1, "factor"), ["factor"]),
+    ({"rope_type": "linear", "factor": 0}, [("factor", 0)]),
+    ({"rope_type": "linear", "factor": -1}, [("factor", -1)]),
+    (
+        {"rope_type": "dynamic", "factor": 0, "original_max_position_embeddings": 4096},
+        [("factor", 0)],
+    ),
+    (
+        {"rope_type": "yarn", "factor": -1, "original_max_position_embeddings": 4096},
+        [("factor", -1)],
+    ),
+    ({**LLAMA_3_1, "factor": 0}, [("factor", 0)]),
+    ({**LLAMA_3_1, "factor": -1.0}, [("factor", -1.0)]),
+    (
+        {"rope_type": "linear", "factor": 2.0, "beta_fast": 32.0},
+        [("beta_fast", 32.0)],
+    ),
+    ({"rope_type": "default", "factor": 2.0}, [("factor", 2.0)]),
+    (
+        {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4096,
+         "low_freq_factor": 1.0},
+        [("low_freq_factor", 1.0)],
+    ),
+    ({**LLAMA_3_1, "mscale": 1.0}, [("mscale", 1.0)]),
+    (
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+         "short_factor": [1.0]},
+        ["short_factor"],
+    ),
+    ({**longrope_scaling(8), "truncate": False}, [("truncate", False)]),
+    ({"rope_type": "dynamic", "factor": 2.0}, ["original_max_position_embeddings"]),
+    ({"rope_type": "yarn", "factor": 2.0}, ["original_max_position_embeddings"]),
+    (
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+         "high_freq_factor": 4.0},
+        ["original_max_position_embeddings"],
+    ),
+    (
+        without(longrope_scaling(8), "original_max_position_embeddings"),
+        ["original_max_position_embeddings"],
+    ),
+    (without(LLAMA_3_1, "high_freq_factor"), ["high_freq_factor"]),
+    (without(longrope_scaling(8), "long_factor"), ["long_factor"]),
+]
+
+
+@pytest.mark.parametrize("scaling, fragments", BAD_SCALINGS)
+def test_bad_scaling_raises_value_error_naming_the_key_and_value(scaling, fragments):
+    for call in (
+        lambda: rope_scaling.check_scaling(scaling),
+        lambda: rope_scaling.rope_parameters(scaling, 8, 10000.0),
+    ):
+        with pytest.raises(ValueError) as error:
+            call()
+        message = str(error.value)
+        for fragment in fragments:
+            if isinstance(fragment, str):
+                assert fragment in message, (fragment, message)
+            else:
+                key, value = fragment
+                pattern = rf"{key}'?(=|: ){re.escape(repr(value))}(?![\d.])"
+                assert re.search(pattern, message), (pattern, message)
+
+
+def test_check_scaling_accepts_every_good_dict():
+    for scaling in ALL_SCALINGS + [
+        {"rope_type": "yarn", **keys} for keys in YARN_CASES.values()
+    ]:
+        assert rope_scaling.check_scaling(scaling) is None
+
+
+half_dims = st.integers(1, 96)
+bases = st.sampled_from([100.0, 10000.0, 500000.0, 1e6])
+
+
+@settings(deadline=None, max_examples=40)
+@given(half_dim=half_dims, base=bases, factor=st.floats(0.25, 64.0))
+def test_linear_is_default_over_factor(half_dim, base, factor):
+    dim = 2 * half_dim
+    default, _ = rope_scaling.default(dim, base)
+    linear, attention_factor = rope_scaling.linear(dim, base, factor)
+    # Two float32 roundings apart at most: the factor's and the quotient's.
+    np.testing.assert_allclose(
+        linear.numpy(), default.numpy().astype("float64") / factor, rtol=3e-7
+    )
+    assert attention_factor == 1.0
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    half_dim=st.integers(2, 96),
+    base=bases,
+    factor=st.floats(1.0, 64.0),
+    original=st.integers(16, 131072),
+    data=st.data(),
+)
+def test_dynamic_is_default_up_to_the_trained_length(
+    half_dim, base, factor, original, data
+):
+    dim = 2 * half_dim
+    sequence_length = data.draw(st.integers(1, original))
+    at_trained_length, _ = rope_scaling.dynamic(dim, base, factor, original)
+    below, attention_factor = rope_scaling.dynamic(
+        dim, base, factor, original, sequence_length=sequence_length
+    )
+    np.testing.assert_array_equal(below.numpy(), at_trained_length.numpy())
+    np.testing.assert_allclose(
+        below.numpy(), rope_scaling.default(dim, base)[0].numpy(), rtol=FREQUENCY_RTOL
+    )
+    assert attention_factor == 1.0
+    # Past it, the base grows with the length (factor * (L / orig - 1) + 1 > 1):
+    # every frequency but the first (always 1) falls.
+    longer, _ = rope_scaling.dynamic(
+        dim, base, factor, original, sequence_length=original * 3 + 1
+    )
+    assert longer.numpy()[0] == 1.0
+    assert np.all(longer.numpy()[1:] < below.numpy()[1:])
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    half_dim=st.integers(4, 96),
+    base=bases,
+    factor=st.floats(1.5, 32.0),
+    low_freq_factor=st.floats(0.5, 4.0),
+    band=st.floats(0.5, 8.0),
+    original=st.integers(256, 131072),
+)
+def test_llama3_keeps_high_and_divides_low_frequencies(
+    half_dim, base, factor, low_freq_factor, band, original
+):
+    dim = 2 * half_dim
+    high_freq_factor = low_freq_factor + band
+    frequencies, attention_factor = rope_scaling.llama3(
+        dim, base, factor, low_freq_factor, high_freq_factor, original
+    )
+    frequencies = frequencies.numpy()
+    default = rope_scaling.default(dim, base)[0].numpy().astype("float64")
+    wavelength = 2 * math.pi / references.rope_inverse_frequencies(dim, base)[0]
+    high = wavelength < original / high_freq_factor
+    low = wavelength > original / low_freq_factor
+    np.testing.assert_allclose(frequencies[high], default[high], rtol=FREQUENCY_RTOL)
+    np.testing.assert_allclose(
+        frequencies[low], default[low] / factor, rtol=FREQUENCY_RTOL
+    )
+    medium = ~high & ~low
+    assert np.all(frequencies[medium] <= default[medium] * (1 + FREQUENCY_RTOL))
+    assert np.all(
+        frequencies[medium] >= default[medium] / factor * (1 - FREQUENCY_RTOL)
+    )
+    assert attention_factor == 1.0
+
+
+@settings(deadline=None, max_examples=40)
+@given(
+    half_dim=st.integers(1, 64),
+    base=bases,
+    factor=st.floats(1.0, 64.0),
+    original=st.integers(64, 131072),
+    beta_fast=st.floats(8.0, 64.0),
+    beta_slow=st.floats(0.5, 2.0),
+    truncate=st.booleans(),
+)
+def test_yarn_matches_reference_and_blends_default_and_linear(
+    half_dim, base, factor, original, beta_fast, beta_slow, truncate
+):
+    dim = 2 * half_dim
+    keys = {
+        "factor": factor,
+        "original_max_position_embeddings": original,
+        "beta_fast": beta_fast,
+        "beta_slow": beta_slow,
+        "truncate": truncate,
+    }
+    frequencies, attention_factor = rope_scaling.yarn(dim, base, **keys)
+    scaling = {"rope_type": "yarn", **keys}
+    assert_matches_reference((frequencies, attention_factor), dim, base, scaling)
+    frequencies = frequencies.numpy()
+    assert attention_factor == pytest.approx(0.1 * math.log(factor) + 1.0, rel=1e-12)
+    # Each pair lies between the extrapolated (default) and interpolated
+    # (default / factor) frequency, moving towards the second as pairs slow.
+    # Within reference_rtol, a frequency moves the blend by at most
+    # 1.9e-6 / (1 - 1 / factor) + 2**-22 <= 2.2e-5 for factor >= 1.1.
+    if factor >= 1.1:
+        default = references.rope_inverse_frequencies(dim, base)[0]
+        blend = (default - frequencies) / (default - default / factor)
+        assert np.all(blend >= -1e-4) and np.all(blend <= 1 + 1e-4)
+        assert np.all(np.diff(blend) >= -1e-4)
+
+
+@settings(deadline=None, max_examples=30)
+@given(
+    half_dim=st.integers(1, 64),
+    base=bases,
+    data=st.data(),
+    sequence_length=st.integers(1, 20000),
+)
+def test_longrope_divides_default_by_its_factors(half_dim, base, data, sequence_length):
+    dim = 2 * half_dim
+    factors = st.lists(st.floats(1.0, 64.0), min_size=half_dim, max_size=half_dim)
+    short_factor, long_factor = data.draw(factors), data.draw(factors)
+    frequencies, _ = rope_scaling.longrope(
+        dim, base, short_factor, long_factor, 8192, sequence_length=sequence_length
+    )
+    rescale = long_factor if sequence_length > 8192 else short_factor
+    np.testing.assert_allclose(
+        frequencies.numpy() * np.array(rescale),
+        references.rope_inverse_frequencies(dim, base)[0],
+        rtol=frequency_rtol(dim, base),
+    )
