@@ -86,19 +86,32 @@ def run(shape=SHAPE, repeats=30, warmup=3, seed=0):
     sequence_length, dim = shape[1], shape[3]
     inputs = tf.random.stateless_normal(shape, seed=[seed, 0])
     cos, sin = _half_layout_tables(sequence_length, dim)
+    layer = keras_posenc.RotaryEmbedding()
+    hub_layer = keras_hub.layers.RotaryEmbedding()
     candidates = {
-        "keras_posenc": keras_posenc.RotaryEmbedding(),
-        "keras_hub": keras_hub.layers.RotaryEmbedding(),
+        "keras_posenc": layer,
+        "keras_hub": hub_layer,
         "floor": _floor(cos, sin),
+        # A second, separately compiled copy: how far apart two identical
+        # programs time on this machine.
+        "keras_posenc_again": keras_posenc.RotaryEmbedding(),
+    }
+    # A start index read at run time (cached decoding), which XLA cannot
+    # fold into constant tables.
+    start_index = tf.Variable(0)
+    runtime_start = {
+        "keras_posenc_runtime_start": lambda x: layer(x, start_index=start_index),
+        "keras_hub_runtime_start": lambda x: hub_layer(x, start_index=start_index),
     }
 
+    candidates.update(runtime_start)
     outputs = {
         name: tf.function(fn, jit_compile=True)(inputs).numpy()
         for name, fn in candidates.items()
     }
     largest_input = np.max(np.abs(inputs.numpy()))
     tolerance = FLOAT32_ANGLE_ERROR * sequence_length * largest_input
-    for name in ("keras_posenc", "keras_hub"):
+    for name in candidates:
         np.testing.assert_allclose(
             outputs[name],
             outputs["floor"],
@@ -112,24 +125,58 @@ def run(shape=SHAPE, repeats=30, warmup=3, seed=0):
         **{name: statistics.median(times) for name, times in seconds.items()},
         "vs_keras_hub": timing.paired_ratio(seconds, "keras_posenc", "keras_hub"),
         "vs_floor": timing.paired_ratio(seconds, "keras_posenc", "floor"),
+        "vs_itself": timing.paired_ratio(
+            seconds, "keras_posenc", "keras_posenc_again"
+        ),
+        "runtime_start_vs_keras_hub": timing.paired_ratio(
+            seconds, "keras_posenc_runtime_start", "keras_hub_runtime_start"
+        ),
+        "runtime_start_vs_floor": timing.paired_ratio(
+            seconds, "keras_posenc_runtime_start", "floor"
+        ),
     }
 
 
 def format_table(results):
     """A Markdown table of `run`'s results and whether the targets are met."""
     lines = [
-        "| candidate | median (ms) | keras_posenc / candidate | target | met |",
+        "| keras_posenc against | its median (ms) | keras_posenc / it | target | met |",
         "|---|---:|---:|---:|---|",
-        f"| keras_posenc | {results['keras_posenc'] * 1e3:.2f} | | | |",
+        f"| (keras_posenc itself) | {results['keras_posenc'] * 1e3:.2f} | | | |",
     ]
+    # Two copies of one program time this far apart here: a ratio past its
+    # target by no more than that is not told apart from meeting it.
+    noise = max(results["vs_itself"], 1 / results["vs_itself"])
     for name in ("keras_hub", "floor"):
-        ratio_name = f"vs_{name}"
-        ratio = results[ratio_name]
-        target = TARGETS[ratio_name]
+        ratio = results[f"vs_{name}"]
+        target = TARGETS[f"vs_{name}"]
+        if ratio <= target:
+            met = "yes"
+        elif ratio <= target * noise:
+            met = "within noise"
+        else:
+            met = "no"
         lines.append(
             f"| {name} | {results[name] * 1e3:.2f} | {ratio:.3f}x "
-            f"| <= {target:.1f}x | {'yes' if ratio <= target else 'no'} |"
+            f"| <= {target:.1f}x | {met} |"
         )
+    lines += [
+        f"| a second copy of itself (noise) | "
+        f"{results['keras_posenc_again'] * 1e3:.2f} | "
+        f"{results['vs_itself']:.3f}x | | |",
+        "",
+        "With a start index read at run time (cached decoding), which XLA "
+        "cannot fold into constant tables:",
+        "",
+        "| keras_posenc against | its median (ms) | keras_posenc / it |",
+        "|---|---:|---:|",
+        f"| (keras_posenc itself) | "
+        f"{results['keras_posenc_runtime_start'] * 1e3:.2f} | |",
+        f"| keras_hub | {results['keras_hub_runtime_start'] * 1e3:.2f} | "
+        f"{results['runtime_start_vs_keras_hub']:.3f}x |",
+        f"| floor | {results['floor'] * 1e3:.2f} | "
+        f"{results['runtime_start_vs_floor']:.3f}x |",
+    ]
     return "\n".join(lines)
 
 

@@ -251,21 +251,22 @@ def position_ids(sequence_length, start_index=0):
     )
 
 
-def rotate(inputs, cos, sin, layout="half"):
+def rotate(inputs, phases, layout="half"):
     """Turn each pair of features by an angle: the rotary position embedding.
 
-    Pair `i` of the last axis, `(a, b)`, becomes
-    `(a cos_i - b sin_i, b cos_i + a sin_i)`, computed in the element-wise
-    form `inputs * cos + rotate(inputs) * sin` of Su et al. (2021), eq. 34,
-    never with a rotation matrix. With `layout="half"` (GPT-NeoX, Llama,
-    Hugging Face, keras-hub) feature `i` pairs with `i + d / 2`; with
-    `layout="interleaved"` (RoFormer, GPT-J) feature `2i` pairs with `2i + 1`.
+    Pair `i` of the last axis, `(a, b)`, turned by the angle `t = phases[i]`
+    becomes `(a cos t - b sin t, b cos t + a sin t)`, computed in the
+    element-wise form `inputs * cos + rotate(inputs) * sin` of Su et al.
+    (2021), eq. 34, never with a rotation matrix. With `layout="half"`
+    (GPT-NeoX, Llama, Hugging Face, keras-hub) feature `i` pairs with
+    `i + d / 2`; with `layout="interleaved"` (RoFormer, GPT-J) feature `2i`
+    pairs with `2i + 1`.
 
     Args:
         inputs: float tensor of shape `(..., d)`, `d` even.
-        cos: tensor of shape `(..., d / 2)`, broadcastable against
-            `inputs[..., : d / 2]`, in the dtype of `inputs`.
-        sin: like `cos`.
+        phases: tensor of shape `(..., d / 2)`, one angle per pair,
+            broadcastable against `inputs[..., : d / 2]`, in the dtype of
+            `inputs`.
         layout: `"half"` or `"interleaved"`. Defaults to `"half"`.
 
     Returns:
@@ -274,24 +275,27 @@ def rotate(inputs, cos, sin, layout="half"):
     Example:
 
     >>> x = tf.constant([[1.0, 0.0, 2.0, 0.0]])  # pairs (1, 0) and (2, 0)
-    >>> cos, sin = tf.constant([[0.0, -1.0]]), tf.constant([[1.0, 0.0]])
-    >>> rotate(x, cos, sin, "interleaved").numpy()  # a quarter and a half turn
+    >>> quarter_and_half_turn = tf.constant([[np.pi / 2, np.pi]])
+    >>> turned = rotate(x, quarter_and_half_turn, "interleaved")
+    >>> np.round(turned.numpy(), 6) + 0.0
     array([[ 0.,  1., -2.,  0.]], dtype=float32)
     """
     check_rope_layout(layout)
+    # The angles are laid out at full width before cos and sin, which lets
+    # XLA fuse the whole rotation into one loop over the inputs.
     if layout == "half":
+        phases = tf.concat([phases, phases], axis=-1)  # (..., d)
         first, second = tf.split(inputs, 2, axis=-1)  # (..., d / 2) each
-        cos = tf.concat([cos, cos], axis=-1)  # (..., d)
-        sin = tf.concat([sin, sin], axis=-1)
         turned = tf.concat([-second, first], axis=-1)  # (..., d)
-        return inputs * cos + turned * sin
-    shape = tf.shape(inputs)
-    pairs = tf.reshape(
-        inputs, tf.concat([shape[:-1], [-1, 2]], 0)
-    )  # (..., d / 2, 2)
-    turned = tf.reshape(
-        tf.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape
-    )  # (..., d)
-    cos = tf.repeat(cos, 2, axis=-1)  # (..., d)
-    sin = tf.repeat(sin, 2, axis=-1)
-    return inputs * cos + turned * sin
+    else:
+        phases = tf.repeat(phases, 2, axis=-1)  # (..., d)
+        shape = tf.shape(inputs)
+        pairs = tf.reshape(
+            inputs, tf.concat([shape[:-1], [-1, 2]], 0)
+        )  # (..., d / 2, 2)
+        turned = tf.reshape(
+            tf.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape
+        )  # (..., d)
+    return inputs * tf.cos(phases) + turned * tf.sin(phases)
+
+

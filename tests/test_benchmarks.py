@@ -11,14 +11,20 @@ from benchmarks import timing
 TINY_SHAPE = (1, 16, 2, 8)
 
 
-def test_rotary_embedding_benchmark_times_all_three():
+def test_rotary_embedding_benchmark_times_every_candidate():
     results = rotary_embedding.run(shape=TINY_SHAPE, repeats=2, warmup=1)
     assert set(results) == {
         "keras_posenc",
         "keras_hub",
         "floor",
+        "keras_posenc_again",
+        "keras_posenc_runtime_start",
+        "keras_hub_runtime_start",
         "vs_keras_hub",
         "vs_floor",
+        "vs_itself",
+        "runtime_start_vs_keras_hub",
+        "runtime_start_vs_floor",
     }
     for value in results.values():
         assert math.isfinite(value) and value > 0
@@ -31,9 +37,10 @@ def test_rotary_embedding_benchmark_prints_a_table(capsys):
     assert status == 0
     printed = capsys.readouterr().out
     assert "(1, 16, 2, 8)" in printed
-    assert "| candidate | median (ms) |" in printed
-    for row in ("| keras_posenc |", "| keras_hub |", "| floor |"):
+    assert "| keras_posenc against | its median (ms) |" in printed
+    for row in ("| keras_hub |", "| floor |", "| a second copy of itself"):
         assert row in printed
+    assert "start index read at run time" in printed
     assert "<= 1.0x" in printed and "<= 1.2x" in printed
 
 
@@ -66,3 +73,34 @@ def test_rounds_pair_the_calls_and_paired_ratio_takes_their_median():
     made_up = {"a": [1.0, 2.0, 9.0], "b": [2.0, 2.0, 3.0]}
     # Round ratios 0.5, 1.0 and 3.0: the median is the middle one.
     assert timing.paired_ratio(made_up, "a", "b") == 1.0
+
+
+def rotary_results(vs_keras_hub, vs_itself):
+    """Made-up results of `rotary_embedding.run`, to format."""
+    return {
+        "keras_posenc": 0.010,
+        "keras_hub": 0.010,
+        "floor": 0.009,
+        "keras_posenc_again": 0.010,
+        "keras_posenc_runtime_start": 0.02,
+        "keras_hub_runtime_start": 0.02,
+        "vs_keras_hub": vs_keras_hub,
+        "vs_floor": 1.1,
+        "vs_itself": vs_itself,
+        "runtime_start_vs_keras_hub": 1.0,
+        "runtime_start_vs_floor": 2.0,
+    }
+
+
+@pytest.mark.parametrize(
+    "vs_keras_hub, vs_itself, met",
+    [
+        (0.99, 1.02, "| <= 1.0x | yes |"),
+        # 1.01 is past 1.0 by less than two identical copies differ.
+        (1.01, 0.98, "| <= 1.0x | within noise |"),
+        (1.05, 1.02, "| <= 1.0x | no |"),
+    ],
+)
+def test_table_tells_a_miss_from_noise(vs_keras_hub, vs_itself, met):
+    table = rotary_embedding.format_table(rotary_results(vs_keras_hub, vs_itself))
+    assert f"| keras_hub | 10.00 | {vs_keras_hub:.3f}x {met}" in table

@@ -169,29 +169,26 @@ def test_bad_arguments_raise_value_error_naming_them(call, message):
         call()
 
 
-def float32_cos_sin(positions, inverse_frequencies):
-    """cos and sin of a float64 angle table, rounded once to float32."""
-    angles = np.asarray(positions, "float64")[..., None] * inverse_frequencies
-    return np.cos(angles).astype("float32"), np.sin(angles).astype("float32")
-
-
 @pytest.mark.parametrize("layout", ops.ROPE_LAYOUTS)
 def test_rotate_turns_each_pair_by_its_angle(layout):
     rng = np.random.default_rng(0)
     inputs = rng.uniform(-1, 1, (2, 5, 3, 8)).astype("float32")  # heads = 3
-    positions = np.array([[0, 1, 2, 3, 4], [7, 100, 1000, 5000, 123456]])
-    inverse_frequencies, _ = references.rope_inverse_frequencies(8)
-    cos, sin = float32_cos_sin(positions, inverse_frequencies)  # (2, 5, 4)
+    positions = np.array([[0, 1, 2, 3, 4], [7, 100, 1000, 3000, 4095]])
+    # Frequencies of few significant bits, so that every angle
+    # position * frequency is exact in float32 and the reference turns by
+    # the very angles the function gets.
+    inverse_frequencies = np.array([1.0, 0.3125, 0.0625, 0.01171875])
+    phases = (positions[..., None] * inverse_frequencies).astype("float32")
     outputs = ops.rotate(
-        tf.constant(inputs), cos[:, :, None], sin[:, :, None], layout
-    )  # cos and sin broadcast over the heads
+        tf.constant(inputs), phases[:, :, None], layout
+    )  # (2, 5, 3, 8): the angles broadcast over the heads
     assert outputs.dtype == tf.float32
     expected = references.rotary(
         inputs, positions, inverse_frequencies, layout=layout
     )
-    # cos and sin rounded once, two products and a sum, each of terms at most
-    # 1: four roundings of 2**-24 on two terms.
-    np.testing.assert_allclose(outputs.numpy(), expected, rtol=0, atol=5e-7)
+    # float32 cos and sin within a few ulps, two products and a sum of terms
+    # at most 1.
+    np.testing.assert_allclose(outputs.numpy(), expected, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("layout", ops.ROPE_LAYOUTS)
@@ -199,10 +196,8 @@ def test_rotate_in_float64_is_the_reference(layout):
     inputs = np.random.default_rng(1).normal(size=(3, 6, 10))
     positions = np.linspace(-50.0, 3000.0, 6)
     inverse_frequencies, _ = references.rope_inverse_frequencies(10, 500000.0)
-    angles = positions[:, None] * inverse_frequencies  # (6, 5)
-    outputs = ops.rotate(
-        tf.constant(inputs), np.cos(angles), np.sin(angles), layout
-    )
+    phases = positions[:, None] * inverse_frequencies  # (6, 5)
+    outputs = ops.rotate(tf.constant(inputs), phases, layout)
     assert outputs.dtype == tf.float64
     np.testing.assert_allclose(
         outputs.numpy(),
@@ -222,8 +217,10 @@ def test_rotate_keeps_the_norm_of_each_pair(half_dim, start, layout):
     dim = 2 * half_dim
     inputs = np.random.default_rng(start).normal(size=(4, 7, dim)).astype("float32")
     inverse_frequencies, _ = references.rope_inverse_frequencies(dim)
-    cos, sin = float32_cos_sin(start + np.arange(7), inverse_frequencies)
-    outputs = ops.rotate(tf.constant(inputs), cos, sin, layout).numpy()
+    phases = ((start + np.arange(7))[:, None] * inverse_frequencies).astype(
+        "float32"
+    )  # (7, half_dim)
+    outputs = ops.rotate(tf.constant(inputs), phases, layout).numpy()
 
     def pair_norms(values):
         values = values.astype("float64")
@@ -239,4 +236,4 @@ def test_rotate_keeps_the_norm_of_each_pair(half_dim, start, layout):
 
 def test_rotate_refuses_an_unknown_layout():
     with pytest.raises(ValueError, match="layout='concat'"):
-        ops.rotate(tf.ones((1, 4)), tf.ones((1, 2)), tf.zeros((1, 2)), "concat")
+        ops.rotate(tf.ones((1, 4)), tf.zeros((1, 2)), "concat")

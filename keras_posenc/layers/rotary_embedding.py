@@ -214,19 +214,18 @@ class RotaryEmbedding(keras.layers.Layer):
             self.scaling, rotated, self.max_wavelength, length
         )
         phases = ops.angles(positions, frequencies)  # ([batch,] seq, rotated / 2)
-        cos, sin = tf.cos(phases), tf.sin(phases)
-        if attention_factor != 1.0:
-            cos, sin = cos * attention_factor, sin * attention_factor
         # Size-1 axes wherever the table has none: heads, and batch when the
         # positions are shared.
         table_axes = {sequence_axis, last} | ({0} if phases.shape.rank == 3 else set())
         for axis in range(rank):
             if axis not in table_axes:
-                cos, sin = tf.expand_dims(cos, axis), tf.expand_dims(sin, axis)
+                phases = tf.expand_dims(phases, axis)
         # (batch | 1, seq, 1, rotated / 2) for 4-D inputs
         turned = ops.rotate(
-            tf.cast(inputs[..., :rotated], "float32"), cos, sin, self.layout
+            tf.cast(inputs[..., :rotated], "float32"), phases, self.layout
         )  # like inputs, rotated features only
+        if attention_factor != 1.0:
+            turned = turned * attention_factor  # scales cos and sin alike
         outputs = tf.cast(turned, self.compute_dtype)
         if rotated < inputs.shape[-1]:
             outputs = tf.concat(
