@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_posenc  # noqa: E402
+from keras_posenc.cli import int_at_least  # noqa: E402
 from benchmarks import timing  # noqa: E402
 
 SHAPE = (8, 2048, 8, 64)
@@ -180,19 +181,6 @@ def format_table(results):
     return "\n".join(lines)
 
 
-def _positive_int(text):
-    """An argparse `type` that accepts integers of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive integer. Received: {text!r}"
-        )
-    return value
-
-
 def main(argv=None):
     """Run the benchmark and print its Markdown table.
 
@@ -213,7 +201,7 @@ def main(argv=None):
     )
     parser.add_argument(
         "--shape",
-        type=_positive_int,
+        type=int_at_least(1),
         nargs=4,
         default=SHAPE,
         metavar=("BATCH", "SEQUENCE", "HEADS", "HEAD_DIM"),
@@ -221,7 +209,7 @@ def main(argv=None):
     )
     parser.add_argument(
         "--repeats",
-        type=_positive_int,
+        type=int_at_least(1),
         default=30,
         help="timed calls of each candidate (default: 30)",
     )

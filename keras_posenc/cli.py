@@ -9,8 +9,16 @@ the plots.
 import argparse
 
 
-def _int_at_least(minimum):
-    """An argparse `type` that accepts integers of at least `minimum`."""
+def int_at_least(minimum):
+    """An argparse `type` that accepts integers of at least `minimum`.
+
+    Args:
+        minimum: int. The smallest value accepted.
+
+    Returns:
+        A function of the argument's text that returns its value, or raises
+        `argparse.ArgumentTypeError` with a one-line reason.
+    """
 
     def parse(text):
         try:
@@ -40,13 +48,13 @@ def _make_parser():
     )
     plot_parser.add_argument(
         "--length",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=128,
         help="number of positions (default: 128)",
     )
     plot_parser.add_argument(
         "--dim",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=64,
         help="encoding width (default: 64)",
     )
@@ -70,19 +78,19 @@ def _make_parser():
     )
     demo_parser.add_argument(
         "--epochs",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=10,
         help="training epochs of each model (default: 10)",
     )
     demo_parser.add_argument(
         "--seed",
-        type=_int_at_least(0),
+        type=int_at_least(0),
         default=0,
         help="seed of the data and the weights (default: 0)",
     )
     demo_parser.add_argument(
         "--samples",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=8000,
         help="number of training sequences (default: 8000)",
     )

@@ -389,68 +389,62 @@ def test_from_hf_config_llama_3_1_past_its_trained_length():
         assert np.abs(outputs.numpy() - unscaled_expected).max() > 0.5
 
 
-def test_from_hf_config_partial_rotary_factor():
-    phi_2 = {
-        "hidden_size": 2560,
-        "num_attention_heads": 32,
-        "partial_rotary_factor": 0.4,
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
-        "max_position_embeddings": 2048,
-    }
-    layer = RotaryEmbedding.from_hf_config(phi_2)
-    assert layer.rotary_dim == 32  # int(80 * 0.4)
+@pytest.mark.parametrize(
+    "config, head_dim, rotary_dim, base",
+    [
+        (  # Phi-2: rotary_dim = int(80 * 0.4)
+            {
+                "hidden_size": 2560,
+                "num_attention_heads": 32,
+                "partial_rotary_factor": 0.4,
+                "rope_theta": 10000.0,
+                "rope_scaling": None,
+                "max_position_embeddings": 2048,
+            },
+            80,
+            32,
+            10000.0,
+        ),
+        (  # GPT-NeoX names the base rotary_emb_base, the fraction rotary_pct.
+            {
+                "hidden_size": 512,
+                "num_attention_heads": 8,
+                "rotary_pct": 0.25,
+                "rotary_emb_base": 10000,
+                "max_position_embeddings": 2048,
+            },
+            64,
+            16,
+            10000.0,
+        ),
+        (  # hidden_size / num_attention_heads would be 128; head_dim says 64.
+            {
+                "hidden_size": 2048,
+                "num_attention_heads": 16,
+                "head_dim": 64,
+                "partial_rotary_factor": 0.5,
+                "rope_theta": 1000000.0,
+            },
+            64,
+            32,
+            1000000.0,
+        ),
+    ],
+    ids=["phi-2", "gpt-neox", "explicit-head-dim"],
+)
+def test_from_hf_config_partial_rotary(config, head_dim, rotary_dim, base):
+    layer = RotaryEmbedding.from_hf_config(config)
+    assert layer.rotary_dim == rotary_dim
+    assert layer.max_wavelength == base
     assert layer.scaling is None
-    inputs = random_inputs((1, 4, 2, 80))
-    inverse_frequencies, _ = references.rope_inverse_frequencies(32)
+    inputs = random_inputs((1, 4, 2, head_dim))
+    inverse_frequencies, _ = references.rope_inverse_frequencies(rotary_dim, base)
     assert_rotated(
         layer(inputs, start_index=2000),
         inputs,
         2000 + np.arange(4),
         inverse_frequencies,
-        rotary_dim=32,
-    )
-
-
-def test_from_hf_config_gpt_neox_names():
-    # GPT-NeoX's config.json calls the base rotary_emb_base and the rotated
-    # fraction rotary_pct.
-    pythia = {
-        "hidden_size": 512,
-        "num_attention_heads": 8,
-        "rotary_pct": 0.25,
-        "rotary_emb_base": 10000,
-        "max_position_embeddings": 2048,
-    }
-    layer = RotaryEmbedding.from_hf_config(pythia)
-    assert layer.rotary_dim == 16  # int(64 * 0.25)
-    inputs = random_inputs((1, 4, 2, 64))
-    inverse_frequencies, _ = references.rope_inverse_frequencies(16)
-    assert_rotated(
-        layer(inputs, start_index=7),
-        inputs,
-        7 + np.arange(4),
-        inverse_frequencies,
-        rotary_dim=16,
-    )
-
-
-def test_from_hf_config_explicit_head_dim():
-    # hidden_size / num_attention_heads would be 128; head_dim says 64.
-    config = {
-        "hidden_size": 2048,
-        "num_attention_heads": 16,
-        "head_dim": 64,
-        "partial_rotary_factor": 0.5,
-        "rope_theta": 1000000.0,
-    }
-    layer = RotaryEmbedding.from_hf_config(config)
-    assert layer.rotary_dim == 32
-    assert layer.max_wavelength == 1000000.0
-    inputs = random_inputs((1, 3, 2, 64))
-    inverse_frequencies, _ = references.rope_inverse_frequencies(32, 1000000.0)
-    assert_rotated(
-        layer(inputs), inputs, np.arange(3), inverse_frequencies, rotary_dim=32
+        rotary_dim=rotary_dim,
     )
 
 
