@@ -1,12 +1,14 @@
 """Benchmark: `RotaryEmbedding` under XLA against keras-hub and the floor.
 
-Issue 3: rotating a `(8, 2048, 8, 64)` float32 tensor with
-`keras_posenc.RotaryEmbedding()` should take at most as long as
-`keras_hub.layers.RotaryEmbedding()`, and at most 1.2 times the floor: the
+The target: rotating a `(8, 2048, 8, 64)` float32 tensor with
+`keras_posenc.RotaryEmbedding()` takes at most as long as
+`keras_hub.layers.RotaryEmbedding()`, and at most 1.2 times the floor, the
 bare rotation `x * cos + rotate_half(x) * sin` with its cos/sin tables
-computed beforehand. All three run compiled with XLA in one process, timed
-round-robin; each ratio is the median over rounds of the two calls' times
-in that round.
+computed beforehand. All run compiled with XLA in one process, in rounds
+that call each candidate once in a new order; each ratio is the median over
+rounds of the two calls' times in that round. A second copy of the layer
+measures how far two identical programs time apart, and a start index read
+at run time shows the cost of tables XLA cannot fold into constants.
 
 Run from the repository root:
 

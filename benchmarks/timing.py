@@ -2,10 +2,11 @@
 
 Every candidate is compiled with `tf.function(jit_compile=True)` and returns
 its whole output, so XLA computes all of it; each call is timed until that
-output is ready. The candidates run round-robin, so the noise of a busy
-machine falls on all of them alike.
+output is ready. The candidates run in rounds, in a new order each round, so
+the noise of a busy machine falls on all of them alike.
 """
 
+import random
 import statistics
 import time
 
@@ -48,11 +49,11 @@ def rounds(candidates, args, repeats=30, warmup=3):
         for name in names:
             _wait_for(compiled[name](*args))
     seconds = {name: [] for name in names}
-    for repeat in range(repeats):
-        # Each round starts with the next candidate, so none always runs
-        # first, right after another one's output was written.
-        shift = repeat % len(names)
-        for name in names[shift:] + names[:shift]:
+    # Each round runs the candidates in a new order: in a fixed cycle each
+    # would always follow the same one, and inherit its caches and clocks.
+    order = random.Random(0)
+    for _ in range(repeats):
+        for name in order.sample(names, len(names)):
             start = time.perf_counter()
             _wait_for(compiled[name](*args))
             seconds[name].append(time.perf_counter() - start)
