@@ -448,6 +448,33 @@ def test_from_hf_config_partial_rotary(config, head_dim, rotary_dim, base):
     )
 
 
+def test_from_hf_config_gpt_j_interleaved():
+    gpt_j = {
+        "model_type": "gptj",
+        "n_embd": 256,
+        "n_head": 4,
+        "rotary_dim": 16,
+        "n_positions": 2048,
+    }
+    layer = RotaryEmbedding.from_hf_config(gpt_j)
+    assert (layer.layout, layer.rotary_dim) == ("interleaved", 16)
+    inputs = random_inputs((1, 4, 4, 64))
+    inverse_frequencies, _ = references.rope_inverse_frequencies(16)
+    assert_rotated(
+        layer(inputs, start_index=300),
+        inputs,
+        300 + np.arange(4),
+        inverse_frequencies,
+        layout="interleaved",
+        rotary_dim=16,
+    )
+
+
+def test_from_hf_config_without_a_head_width_names_what_it_needs():
+    with pytest.raises(ValueError, match=r"head_dim.*\['rope_theta'\]"):
+        RotaryEmbedding.from_hf_config({"rope_theta": 10000.0})
+
+
 def test_from_hf_config_legacy_type_key():
     config = {
         "hidden_size": 64,

@@ -251,7 +251,10 @@ class RotaryEmbedding(keras.layers.Layer):
         the config's `original_max_position_embeddings` or
         `max_position_embeddings`, and a `"yarn"` or `"longrope"` schedule
         without `factor` takes `max_position_embeddings / original`.
-        Hugging Face pairs features in the `"half"` layout.
+        Features pair in the `"half"` layout, as Hugging Face's Llama-style
+        models pair them, except for GPT-J (`"model_type": "gptj"`), which
+        pairs them `"interleaved"` and rotates its `rotary_dim` features;
+        GPT-NeoX's `rotary_emb_base` and `rotary_pct` are read too.
 
         Args:
             config: dict. The parsed `config.json`.
@@ -298,10 +301,24 @@ class RotaryEmbedding(keras.layers.Layer):
             "partial_rotary_factor",
             config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)),
         )
-        head_dim = config.get("head_dim") or (
-            config["hidden_size"] // config["num_attention_heads"]
-        )
+        # GPT-2 style configs (GPT-J) name the widths n_embd and n_head.
+        hidden_size = config.get("hidden_size", config.get("n_embd"))
+        num_heads = config.get("num_attention_heads", config.get("n_head"))
+        head_dim = config.get("head_dim")
+        if not head_dim:
+            if not (hidden_size and num_heads):
+                raise ValueError(
+                    "`config` must give `head_dim`, or `hidden_size` and "
+                    "`num_attention_heads`. Received: config with keys "
+                    f"{sorted(config)}"
+                )
+            head_dim = hidden_size // num_heads
         rotary_dim = None if partial == 1.0 else int(head_dim * partial)
+        layout = "half"
+        if config.get("model_type") == "gptj":
+            # GPT-J pairs features 2i and 2i + 1 and gives the rotated width.
+            layout = "interleaved"
+            rotary_dim = config.get("rotary_dim")
         rope_type = parameters.get("rope_type", "default")
         scaling = None if rope_type == "default" else parameters
         if rope_type in ("dynamic", "yarn", "llama3", "longrope"):
@@ -317,7 +334,11 @@ class RotaryEmbedding(keras.layers.Layer):
                     config["max_position_embeddings"] / original
                 )
         return cls(
-            max_wavelength=base, rotary_dim=rotary_dim, scaling=scaling, **kwargs
+            max_wavelength=base,
+            layout=layout,
+            rotary_dim=rotary_dim,
+            scaling=scaling,
+            **kwargs,
         )
 
     def get_config(self):
