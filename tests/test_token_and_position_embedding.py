@@ -72,6 +72,23 @@ def test_sublayers_follow_the_dtype_policy():
     assert layer.position_embedding.dtype_policy.name == "mixed_bfloat16"
 
 
+def test_mixed_bfloat16_keeps_float_positions_in_float32():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = TokenAndPositionEmbedding(10, 8)
+    # bfloat16 would round these to 1000, 3008 and 32768 on the way in.
+    timestamps = np.array([1000.125, 3000.75, 32760.25], "float32")
+    tokens = TOKENS[:1, :3]
+    outputs = layer(tokens, positions=timestamps)
+    vocabulary = tf.cast(
+        tf.cast(layer.token_embedding.embeddings, "bfloat16"), "float64"
+    ).numpy()
+    expected = vocabulary[tokens] + references.sinusoidal(timestamps, 8)
+    # Two bfloat16 roundings of values below 3: 2 * 2**-8 * 3 at most, and
+    # float32 angles near 32768 off by 2**-9 radians.
+    error = np.abs(tf.cast(outputs, "float64").numpy() - expected)
+    assert error.max() <= 3e-2, error.max()
+
+
 def test_config_round_trip():
     layer = TokenAndPositionEmbedding(
         30, 8, sequence_length=16, position="learned", mask_zero=True
