@@ -62,27 +62,6 @@ def _base_frequencies(dim, base):
     return tf.pow(tf.cast(base, "float32"), -_exponents(dim))  # (dim / 2,)
 
 
-def _check_dynamic_dim(dim):
-    if dim < 4:
-        raise ValueError(
-            "Dynamic scaling needs at least 4 rotated features, since its base "
-            f"grows with the power dim / (dim - 2). Received: dim={dim}"
-        )
-
-
-def _check_divisors(short_factor, long_factor, dim):
-    for name, divisors in (
-        ("short_factor", short_factor),
-        ("long_factor", long_factor),
-    ):
-        if len(divisors) != dim // 2:
-            raise ValueError(
-                f"`{name}` must hold one divisor per rotated feature pair, "
-                f"{dim // 2} for {dim} rotated features. Received: {name} of "
-                f"length {len(divisors)}"
-            )
-
-
 def default(dim, max_wavelength):
     """The frequencies of Su et al. (2021): `max_wavelength ** (-2i / dim)`.
 
@@ -121,6 +100,7 @@ def linear(dim, max_wavelength, factor):
     References:
         - [Chen et al., 2023](https://arxiv.org/abs/2306.15595)
     """
+    _check_arguments("linear", {"factor": factor}, dim)
     frequencies, attention_factor = default(dim, max_wavelength)
     return frequencies / tf.cast(factor, "float32"), attention_factor
 
@@ -153,7 +133,14 @@ def dynamic(
         - [bloc97 and emozilla, 2023](https://www.reddit.com/r/LocalLLaMA/comments/14mrgpr/)
     """
     ops.check_max_wavelength(max_wavelength)
-    _check_dynamic_dim(dim)
+    _check_arguments(
+        "dynamic",
+        {
+            "factor": factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+        },
+        dim,
+    )
     original = float(original_max_position_embeddings)
     if sequence_length is None:
         sequence_length = original
@@ -214,6 +201,24 @@ def yarn(
         - [Peng et al., 2023](https://arxiv.org/abs/2309.00071)
     """
     ops.check_max_wavelength(max_wavelength)
+    _check_arguments(
+        "yarn",
+        {
+            "factor": factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+            "beta_fast": beta_fast,
+            "beta_slow": beta_slow,
+            "attention_factor": attention_factor,
+            "mscale": mscale,
+            "mscale_all_dim": mscale_all_dim,
+            "truncate": truncate,
+        },
+        dim,
+    )
+    # As in Hugging Face, None (null in a config.json) means the default.
+    beta_fast = 32.0 if beta_fast is None else beta_fast
+    beta_slow = 1.0 if beta_slow is None else beta_slow
+    truncate = True if truncate is None else truncate
     if attention_factor is None:
         if mscale and mscale_all_dim:
             attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(
@@ -278,6 +283,16 @@ def llama3(
     References:
         - [Llama Team, 2024](https://arxiv.org/abs/2407.21783)
     """
+    _check_arguments(
+        "llama3",
+        {
+            "factor": factor,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+        },
+        dim,
+    )
     frequencies, attention_factor = default(dim, max_wavelength)
     original = float(original_max_position_embeddings)
     wavelengths = 2 * math.pi / frequencies  # (dim / 2,)
@@ -328,7 +343,17 @@ def longrope(
         - [Ding et al., 2024](https://arxiv.org/abs/2402.13753)
     """
     ops.check_max_wavelength(max_wavelength)
-    _check_divisors(short_factor, long_factor, dim)
+    _check_arguments(
+        "longrope",
+        {
+            "short_factor": short_factor,
+            "long_factor": long_factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+            "attention_factor": attention_factor,
+            "factor": factor,
+        },
+        dim,
+    )
     if attention_factor is None:
         if factor is None or factor <= 1:
             attention_factor = 1.0
@@ -364,14 +389,16 @@ def _is_number(value):
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _check_key(name, value):
-    """Raise a `ValueError` unless the value of scaling key `name` is valid."""
+def _check_key(name, value, label):
+    """Raise a `ValueError` unless `value` suits the schedule argument `name`."""
     if name == "truncate":
         valid, expected = isinstance(value, bool), "a bool"
     elif name == "original_max_position_embeddings":
-        valid = isinstance(value, numbers.Integral) and not isinstance(
-            value, bool
-        ) and value > 0
+        valid = (
+            isinstance(value, numbers.Integral)
+            and not isinstance(value, bool)
+            and value > 0
+        )
         expected = "a positive integer"
     elif name in ("short_factor", "long_factor"):
         valid = (
@@ -380,11 +407,56 @@ def _check_key(name, value):
             and all(_is_number(v) and v > 0 for v in value)
         )
         expected = "a non-empty list of positive numbers"
+    elif name in ("mscale", "mscale_all_dim"):
+        # Hugging Face reads 0 as absent.
+        valid, expected = _is_number(value) and value >= 0, "a number >= 0"
     else:
         valid, expected = _is_number(value) and value > 0, "a positive number"
     if not valid:
         raise ValueError(
-            f"`scaling['{name}']` must be {expected}. Received: {name}={value!r}"
+            f"`{label}` must be {expected}. Received: {name}={value!r}"
+        )
+
+
+def _check_arguments(rope_type, arguments, dim=None, label="{}"):
+    """Raise a `ValueError` unless `arguments` suit the schedule `rope_type`.
+
+    Args:
+        rope_type: str. One of `ROPE_TYPES`.
+        arguments: dict. The schedule's arguments by name; `None` stands for
+            an optional one left out.
+        dim: optional int. The number of rotated features, when known.
+        label: str. How a message names an argument, `{}` its name.
+    """
+    required, _ = _KEYS[rope_type]
+    for name, value in arguments.items():
+        if value is not None or name in required:
+            _check_key(name, value, label.format(name))
+    if rope_type == "llama3" and not (
+        arguments["high_freq_factor"] > arguments["low_freq_factor"]
+    ):
+        raise ValueError(
+            f"`{label.format('high_freq_factor')}` must be greater than "
+            f"`{label.format('low_freq_factor')}`. Received: "
+            f"high_freq_factor={arguments['high_freq_factor']!r}, "
+            f"low_freq_factor={arguments['low_freq_factor']!r}"
+        )
+    if rope_type == "longrope":
+        short, long = (
+            len(arguments[name]) for name in ("short_factor", "long_factor")
+        )
+        pairs = "" if dim is None else f", {dim // 2} for dim={dim}"
+        if short != long or (dim is not None and short != dim // 2):
+            raise ValueError(
+                f"`{label.format('short_factor')}` and "
+                f"`{label.format('long_factor')}` must hold one divisor per "
+                f"rotated feature pair{pairs}. Received lengths {short} and "
+                f"{long}"
+            )
+    if rope_type == "dynamic" and dim is not None and dim < 4:
+        raise ValueError(
+            "Dynamic scaling needs at least 4 rotated features, since its base "
+            f"grows with the power dim / (dim - 2). Received: dim={dim}"
         )
 
 
@@ -424,32 +496,8 @@ def check_scaling(scaling, dim=None):
                 f"`scaling` needs the key {name!r} for rope_type={rope_type!r}. "
                 f"Received: scaling={scaling!r}"
             )
-    for name, value in scaling.items():
-        if name != "rope_type":
-            _check_key(name, value)
-    if rope_type == "llama3" and not (
-        scaling["high_freq_factor"] > scaling["low_freq_factor"]
-    ):
-        raise ValueError(
-            "`scaling['high_freq_factor']` must be greater than "
-            "`scaling['low_freq_factor']`. Received: "
-            f"high_freq_factor={scaling['high_freq_factor']!r}, "
-            f"low_freq_factor={scaling['low_freq_factor']!r}"
-        )
-    if rope_type == "longrope" and len(scaling["short_factor"]) != len(
-        scaling["long_factor"]
-    ):
-        raise ValueError(
-            "`scaling['short_factor']` and `scaling['long_factor']` must have "
-            "the same length. Received lengths "
-            f"{len(scaling['short_factor'])} and {len(scaling['long_factor'])}"
-        )
-    if dim is None:
-        return
-    if rope_type == "dynamic":
-        _check_dynamic_dim(dim)
-    if rope_type == "longrope":
-        _check_divisors(scaling["short_factor"], scaling["long_factor"], dim)
+    arguments = {k: v for k, v in scaling.items() if k != "rope_type"}
+    _check_arguments(rope_type, arguments, dim, label="scaling['{}']")
 
 
 def depends_on_length(scaling):
@@ -482,7 +530,10 @@ def rope_parameters(scaling, dim, max_wavelength, sequence_length=None):
     check_scaling(scaling)
     if scaling is None:
         return default(dim, max_wavelength)
-    arguments = {k: v for k, v in scaling.items() if k != "rope_type"}
+    # An optional key set to None (null in a config.json) takes its default.
+    arguments = {
+        k: v for k, v in scaling.items() if k != "rope_type" and v is not None
+    }
     if scaling["rope_type"] in _LENGTH_DEPENDENT:
         arguments["sequence_length"] = sequence_length
     return _SCHEDULES[scaling["rope_type"]](dim, max_wavelength, **arguments)

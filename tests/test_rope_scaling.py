@@ -537,6 +537,69 @@ def test_check_scaling_accepts_every_good_dict():
         assert rope_scaling.check_scaling(scaling) is None
 
 
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: rope_scaling.linear(8, 10000.0, 0), r"`factor`.*factor=0"),
+        (
+            lambda: rope_scaling.dynamic(8, 10000.0, -1.0, 64),
+            r"`factor`.*factor=-1\.0",
+        ),
+        (
+            lambda: rope_scaling.yarn(8, 10000.0, 4.0, 0),
+            r"`original_max_position_embeddings`.*=0",
+        ),
+        (
+            lambda: rope_scaling.yarn(8, 10000.0, 4.0, 64, beta_fast=0),
+            r"`beta_fast`.*beta_fast=0",
+        ),
+        (
+            lambda: rope_scaling.llama3(8, 500000.0, 8.0, 4.0, 1.0, 8192),
+            r"`high_freq_factor` must be greater",
+        ),
+        (
+            lambda: rope_scaling.longrope(8, 10000.0, [1.0] * 3, [2.0] * 3, 64),
+            r"4 for dim=8\. Received lengths 3 and 3",
+        ),
+        (
+            lambda: rope_scaling.dynamic(2, 10000.0, 2.0, 64),
+            r"at least 4 rotated features.*dim=2",
+        ),
+    ],
+)
+def test_schedules_called_directly_check_their_arguments(call, message):
+    # Past rope_parameters too, a bad argument is a ValueError, not an
+    # infinite or NaN frequency.
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_null_optional_keys_take_their_defaults():
+    # A config.json may spell a left-out key as null; Hugging Face then uses
+    # the default (beta_fast 32, beta_slow 1, truncation, the computed
+    # attention factor), and reads an mscale of 0 as absent.
+    spelled_out = {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": None,
+        "beta_slow": None,
+        "attention_factor": None,
+        "mscale": 0,
+        "mscale_all_dim": 0,
+        "truncate": None,
+    }
+    frequencies, attention_factor = rope_scaling.rope_parameters(
+        spelled_out, 64, 10000.0
+    )
+    expected, expected_attention = references.rope_inverse_frequencies(
+        64, 10000.0, {k: v for k, v in spelled_out.items() if v is not None}
+    )
+    np.testing.assert_allclose(frequencies.numpy(), expected, rtol=1e-5)
+    assert attention_factor == pytest.approx(0.1 * math.log(4.0) + 1.0)
+    assert expected_attention == pytest.approx(attention_factor)
+
+
 half_dims = st.integers(1, 96)
 bases = st.sampled_from([100.0, 10000.0, 500000.0, 1e6])
 
