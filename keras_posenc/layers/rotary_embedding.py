@@ -5,10 +5,11 @@ import tensorflow as tf
 
 from keras_posenc import ops
 from keras_posenc import rope_scaling
+from keras_posenc.layers._attention_position import AttentionPosition
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class RotaryEmbedding(keras.layers.Layer):
+class RotaryEmbedding(AttentionPosition):
     """Rotary position embedding (RoPE): rotate queries and keys by position.
 
     Each pair of features of the token at position `m` turns by the angle
@@ -200,16 +201,34 @@ class RotaryEmbedding(keras.layers.Layer):
 
     def call(self, inputs, start_index=0, positions=None):
         sequence_axis, feature_axis, rotated = self._axes(inputs.shape)
-        rank = inputs.shape.rank
-        last = rank - 1
+        last = inputs.shape.rank - 1
         if feature_axis != last:
             inputs = tf.experimental.numpy.moveaxis(inputs, feature_axis, last)
             if sequence_axis > feature_axis:
                 sequence_axis -= 1
         positions = self._positions(inputs, sequence_axis, start_index, positions)
-        length = None
-        if rope_scaling.depends_on_length(self.scaling):
-            length = tf.reduce_max(tf.cast(positions, "float32")) + 1.0
+        outputs = self._rotate(
+            inputs, sequence_axis, rotated, positions, self._length(positions)
+        )
+        if feature_axis != last:
+            outputs = tf.experimental.numpy.moveaxis(outputs, last, feature_axis)
+        return outputs
+
+    def _length(self, *positions):
+        """The current length for the schedule: the largest position + 1."""
+        if not rope_scaling.depends_on_length(self.scaling):
+            return None
+        return (
+            tf.reduce_max(
+                [tf.reduce_max(tf.cast(p, "float32")) for p in positions]
+            )
+            + 1.0
+        )
+
+    def _rotate(self, inputs, sequence_axis, rotated, positions, length):
+        """Rotate `inputs`, features last, by `positions` along `sequence_axis`."""
+        rank = inputs.shape.rank
+        last = rank - 1
         frequencies, attention_factor = rope_scaling.rope_parameters(
             self.scaling, rotated, self.max_wavelength, length
         )
@@ -231,9 +250,28 @@ class RotaryEmbedding(keras.layers.Layer):
             outputs = tf.concat(
                 [outputs, tf.cast(inputs[..., rotated:], self.compute_dtype)], -1
             )
-        if feature_axis != last:
-            outputs = tf.experimental.numpy.moveaxis(outputs, last, feature_axis)
         return outputs
+
+    def check_attention(self, num_heads, key_dim, value_dim):
+        heads_shape = (None, None, num_heads, key_dim)
+        sequence_axis, feature_axis, _ = self._axes(heads_shape)
+        if (sequence_axis, feature_axis) != (1, 3):
+            raise ValueError(
+                "Inside attention, RotaryEmbedding rotates projected heads of "
+                "shape (batch, sequence, heads, key_dim), so it needs "
+                "sequence_axis=1 and feature_axis=-1. Received: "
+                f"sequence_axis={self.sequence_axis}, "
+                f"feature_axis={self.feature_axis}"
+            )
+
+    def transform_query_key(self, query, key, query_positions, key_positions):
+        # One schedule for both, at the length of all positions together.
+        length = self._length(query_positions, key_positions)
+        rotated = self._axes(query.shape)[2]
+        return (
+            self._rotate(query, 1, rotated, query_positions, length),
+            self._rotate(key, 1, rotated, key_positions, length),
+        )
 
     def compute_output_shape(self, input_shape):
         self._axes(input_shape)

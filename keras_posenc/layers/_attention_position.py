@@ -1,0 +1,82 @@
+"""What a relative position scheme contributes to attention (private).
+
+`PositionalMultiHeadAttention` knows no scheme's internals: it asks its
+`position` layer, an `AttentionPosition`, for each of three contributions,
+which default to nothing. RoPE transforms the projected queries and keys,
+ALiBi and T5 add a bias to the logits, Shaw et al. add a content term to the
+logits and a term to the values.
+
+Positions reach these methods as int32 tensors, `query_positions` of shape
+`(batch or 1, query)` and `key_positions` of shape `(batch or 1, key)`; the
+relative distance is always `key_position - query_position`.
+"""
+
+import keras
+
+
+class AttentionPosition(keras.layers.Layer):
+    """Base of the position layers that `PositionalMultiHeadAttention` takes."""
+
+    def check_attention(self, num_heads, key_dim, value_dim):
+        """Raise a `ValueError` unless this layer can serve such attention.
+
+        Args:
+            num_heads: int. The attention's number of heads.
+            key_dim: int. The size of each head's queries and keys.
+            value_dim: int. The size of each head's values.
+        """
+
+    def build_for_attention(self, num_heads, key_dim, value_dim):
+        """Check the sizes, then create the weights they call for.
+
+        Args:
+            num_heads: int. The attention's number of heads.
+            key_dim: int. The size of each head's queries and keys.
+            value_dim: int. The size of each head's values.
+        """
+        self.check_attention(num_heads, key_dim, value_dim)
+        self.built = True
+
+    def transform_query_key(self, query, key, query_positions, key_positions):
+        """The projected queries and keys, transformed by their positions.
+
+        Args:
+            query: tensor of shape `(batch, query, heads, key_dim)`.
+            key: tensor of shape `(batch, key, heads, key_dim)`.
+            query_positions: int32 tensor of shape `(batch or 1, query)`.
+            key_positions: int32 tensor of shape `(batch or 1, key)`.
+
+        Returns:
+            A tuple `(query, key)` of the same shapes and dtypes.
+        """
+        return query, key
+
+    def logits_bias(self, query, query_positions, key_positions):
+        """A float32 term added to the attention logits, or None.
+
+        Args:
+            query: tensor of shape `(batch, query, heads, key_dim)`: the
+                projected (and transformed) queries, already scaled by
+                `1 / sqrt(key_dim)` as in the logits.
+            query_positions: int32 tensor of shape `(batch or 1, query)`.
+            key_positions: int32 tensor of shape `(batch or 1, key)`.
+
+        Returns:
+            None, or a float32 tensor broadcastable to
+            `(batch, heads, query, key)`.
+        """
+        return None
+
+    def value_term(self, attention_weights, query_positions, key_positions):
+        """A term added to the attention's weighted sum of values, or None.
+
+        Args:
+            attention_weights: float32 tensor of shape
+                `(batch, heads, query, key)`, after the softmax and dropout.
+            query_positions: int32 tensor of shape `(batch or 1, query)`.
+            key_positions: int32 tensor of shape `(batch or 1, key)`.
+
+        Returns:
+            None, or a tensor of shape `(batch, query, heads, value_dim)`.
+        """
+        return None
