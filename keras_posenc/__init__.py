@@ -23,7 +23,10 @@ if keras.backend.backend() != "tensorflow":
 
 from keras_posenc import ops  # noqa: E402
 from keras_posenc import rope_scaling  # noqa: E402
+from keras_posenc.layers import AlibiBias  # noqa: E402
 from keras_posenc.layers import PositionEmbedding  # noqa: E402
+from keras_posenc.layers import PositionalMultiHeadAttention  # noqa: E402
+from keras_posenc.layers import RelativePositionBias  # noqa: E402
 from keras_posenc.layers import RotaryEmbedding  # noqa: E402
 from keras_posenc.layers import SinusoidalPositionEncoding  # noqa: E402
 from keras_posenc.layers import TokenAndPositionEmbedding  # noqa: E402
@@ -31,7 +34,10 @@ from keras_posenc.layers import TokenAndPositionEmbedding  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "AlibiBias",
     "PositionEmbedding",
+    "PositionalMultiHeadAttention",
+    "RelativePositionBias",
     "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",

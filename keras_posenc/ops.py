@@ -5,6 +5,7 @@ imports nothing from the rest of the package. Angles and tables are float32;
 the layers cast them to their compute dtype at the very end.
 """
 
+import math
 import numbers
 
 import tensorflow as tf
@@ -299,3 +300,261 @@ def rotate(inputs, phases, layout="half"):
     return inputs * tf.cos(phases) + turned * tf.sin(phases)
 
 
+def alibi_slopes(num_heads):
+    """The slopes of ALiBi's attention biases, one per head, in float32.
+
+    As in the authors' code (Press et al. 2022, section 3): for `num_heads`
+    a power of two, the geometric sequence `2 ** (-8 * h / num_heads)` for
+    `h = 1 .. num_heads`, from `2 ** (-8 / num_heads)` down to `2 ** -8`.
+    Otherwise the slopes of the closest power of two below, `c`, followed by
+    every other slope of `2 * c` (its first, third, fifth...), the first
+    `num_heads - c` of them, so that the slopes still spread over the same
+    range.
+
+    Args:
+        num_heads: int. The number of attention heads.
+
+    Returns:
+        A float32 tensor of shape `(num_heads,)`.
+
+    Example:
+
+    >>> [float(slope) for slope in alibi_slopes(8)]  # 1/2, 1/4, ..., 1/256
+    [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625]
+    >>> [float(slope) for slope in alibi_slopes(3)]  # 2 heads', then 4's first
+    [0.0625, 0.00390625, 0.25]
+    """
+    check_positive_int("num_heads", num_heads)
+    closest = 2 ** (num_heads.bit_length() - 1)  # the power of two <= num_heads
+    exponents = [-8.0 * h / closest for h in range(1, closest + 1)]
+    # Odd h of the next power, 2 * closest: slopes between those above.
+    exponents += [
+        -8.0 * h / (2 * closest) for h in range(1, 2 * (num_heads - closest), 2)
+    ]
+    return tf.constant([2.0**exponent for exponent in exponents], "float32")
+
+
+def relative_distance_shape(query_shape, key_shape):
+    """The shape `relative_distance` gives for positions of these shapes.
+
+    Args:
+        query_shape: tuple. The shape of `query_positions`, `(query,)` or
+            `(batch or 1, query)`; sizes may be None.
+        key_shape: tuple. The shape of `key_positions`, `(key,)` or
+            `(batch or 1, key)`.
+
+    Returns:
+        A tuple `(batch or 1, query, key)`; the batch is None when unknown.
+    """
+    batches = [
+        shape[0] if len(shape) == 2 else 1 for shape in (query_shape, key_shape)
+    ]
+    unshared = [batch for batch in batches if batch != 1]
+    known = [batch for batch in unshared if batch is not None]
+    batch = known[0] if known else (None if unshared else 1)
+    return (batch, query_shape[-1], key_shape[-1])
+
+
+def relative_distance(query_positions, key_positions):
+    """The relative position `key - query` of every query and key, in int32.
+
+    The convention of every relative scheme here: a key `j` positions after
+    the query `i` is at `j - i > 0`, one before it at `j - i < 0`.
+
+    Args:
+        query_positions: integer tensor of shape `(batch or 1, query)`, or
+            `(query,)` for positions shared by the batch.
+        key_positions: integer tensor of shape `(batch or 1, key)`, or
+            `(key,)`.
+
+    Returns:
+        An int32 tensor of shape `(batch or 1, query, key)`.
+
+    Example:
+
+    >>> relative_distance([[10]], [[0, 1, 9, 10]]).numpy()  # cached decoding
+    array([[[-10,  -9,  -1,   0]]], dtype=int32)
+    >>> relative_distance(tf.range(3), tf.range(2)).shape
+    TensorShape([1, 3, 2])
+    """
+    checked = []
+    for name, positions in (
+        ("query_positions", query_positions),
+        ("key_positions", key_positions),
+    ):
+        positions = tf.convert_to_tensor(positions)
+        if not positions.dtype.is_integer or positions.shape.rank not in (1, 2):
+            raise ValueError(
+                f"`{name}` must be an integer tensor of shape (sequence,) or "
+                f"(batch, sequence). Received: {name} of dtype "
+                f"{positions.dtype.name} and shape {positions.shape}"
+            )
+        if positions.shape.rank == 1:
+            positions = positions[tf.newaxis]  # (1, sequence)
+        checked.append(tf.cast(positions, "int32"))
+    query_positions, key_positions = checked
+    query_batch, key_batch = query_positions.shape[0], key_positions.shape[0]
+    if (
+        None not in (query_batch, key_batch)
+        and 1 not in (query_batch, key_batch)
+        and query_batch != key_batch
+    ):
+        raise ValueError(
+            "`query_positions` and `key_positions` must have the same batch "
+            f"size, or 1. Received: query_positions of shape "
+            f"{query_positions.shape}, key_positions of shape "
+            f"{key_positions.shape}"
+        )
+    return (
+        key_positions[:, tf.newaxis, :] - query_positions[:, :, tf.newaxis]
+    )  # (batch or 1, query, key)
+
+
+def check_relative_position_buckets(num_buckets, max_distance, bidirectional):
+    """Raise a `ValueError` unless these make a working T5 bucketing.
+
+    Each direction needs at least one exactly-placed bucket, `max_exact =
+    buckets_per_direction // 2 >= 1`, and `max_distance` must exceed it, or
+    the log-spaced buckets, `log(distance / max_exact) /
+    log(max_distance / max_exact)`, are undefined.
+
+    Args:
+        num_buckets: int. The number of buckets; at least 2, or, if
+            `bidirectional`, even and at least 4 (half per direction).
+        max_distance: int. Greater than `max_exact`: `num_buckets // 4` if
+            `bidirectional`, else `num_buckets // 2`.
+        bidirectional: bool.
+    """
+    if not isinstance(bidirectional, bool):
+        raise ValueError(
+            "`bidirectional` must be a bool. "
+            f"Received: bidirectional={bidirectional!r}"
+        )
+    check_positive_int("num_buckets", num_buckets)
+    if bidirectional and (num_buckets < 4 or num_buckets % 2):
+        raise ValueError(
+            "`num_buckets` must be even and at least 4 when bidirectional: "
+            "half the buckets hold each direction. "
+            f"Received: num_buckets={num_buckets}"
+        )
+    if num_buckets < 2:
+        raise ValueError(
+            f"`num_buckets` must be at least 2. Received: num_buckets={num_buckets}"
+        )
+    check_positive_int("max_distance", max_distance)
+    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    if max_distance <= max_exact:
+        raise ValueError(
+            f"`max_distance` must be greater than {max_exact}, the number of "
+            "exactly placed distances per direction "
+            f"(num_buckets={num_buckets}, bidirectional={bidirectional}). "
+            f"Received: max_distance={max_distance}"
+        )
+
+
+def _log_bucket_starts(num_buckets, max_exact, max_distance):
+    """The smallest distance of each log-spaced bucket past `max_exact`.
+
+    Mesh TensorFlow's bucket of a distance `n >= max_exact` is
+    `max_exact + int(log(n / max_exact) / log(max_distance / max_exact) *
+    (num_buckets - max_exact))`, a nondecreasing function of `n`; this finds
+    where it reaches each of `max_exact + 1 .. num_buckets - 1`, in Python
+    float64, near `max_exact * (max_distance / max_exact) ** (k / (num_buckets
+    - max_exact))`.
+
+    Returns:
+        A list of `num_buckets - max_exact - 1` nondecreasing ints.
+    """
+    log_ratio = math.log(max_distance / max_exact)
+    num_log_buckets = num_buckets - max_exact
+
+    def bucket(distance):
+        return max_exact + int(
+            math.log(distance / max_exact) / log_ratio * num_log_buckets
+        )
+
+    starts = []
+    start = max_exact
+    for target in range(max_exact + 1, num_buckets):
+        estimate = max_exact * math.exp(
+            log_ratio * (target - max_exact) / num_log_buckets
+        )
+        lowest = start
+        start = max(start, math.floor(estimate) - 1)
+        while bucket(start) < target:
+            start += 1
+        while start > lowest and bucket(start - 1) >= target:
+            start -= 1
+        # Positions are int32: a start beyond is never reached.
+        starts.append(min(start, 2**31 - 1))
+    return starts
+
+
+def relative_position_bucket(
+    relative_position, bidirectional=True, num_buckets=32, max_distance=128
+):
+    """T5's bucket of each relative position `key - query`, in int32.
+
+    As Mesh TensorFlow's and Hugging Face's `_relative_position_bucket`
+    (Raffel et al. 2020, section 2.1). With `bidirectional=True` (encoders)
+    half the buckets hold keys at or before the query and half the keys
+    after it; with `bidirectional=False` (decoders) all buckets hold keys at
+    or before the query and every later key falls in bucket 0. Within a
+    direction of `b` buckets, distances `0 .. b // 2 - 1` each have their own
+    bucket; longer ones share buckets whose widths grow logarithmically up to
+    `max_distance`, and every distance from `max_distance` on falls in the
+    last bucket. As in T5, bidirectional bucket `num_buckets // 2` (distance
+    0 after the query) is never used.
+
+    The distances where each log-spaced bucket starts are found once, in
+    Python, from Mesh TensorFlow's formula, and the graph only compares
+    integers with them: the buckets are the same eagerly, under XLA and on
+    every device. A float32 log in the graph puts a distance that falls
+    exactly on a boundary, such as 40 with 128 buckets and `max_distance=50`,
+    in a bucket one lower under XLA than eagerly.
+
+    Args:
+        relative_position: integer tensor of any shape, `key - query`.
+        bidirectional: bool. Whether keys after the query get buckets of
+            their own. Defaults to `True`.
+        num_buckets: int. The number of buckets; at least 2, or, if
+            `bidirectional`, even and at least 4. Defaults to `32`.
+        max_distance: int. The distance from which all fall in the last
+            bucket of their direction. Must be greater than the exactly
+            placed distances per direction, `num_buckets // 4` if
+            `bidirectional`, else `num_buckets // 2`. Defaults to `128`.
+
+    Returns:
+        An int32 tensor of the shape of `relative_position`, with values in
+        `0 .. num_buckets - 1`.
+
+    Example:
+
+    >>> relative_position_bucket(tf.constant([-200, -20, -1, 0, 1, 20, 200])).numpy()
+    array([15, 10,  1,  0, 17, 26, 31], dtype=int32)
+    >>> relative_position_bucket(
+    ...     tf.constant([-20, -1, 0, 1, 20]), bidirectional=False
+    ... ).numpy()
+    array([17,  1,  0,  0,  0], dtype=int32)
+    """
+    check_relative_position_buckets(num_buckets, max_distance, bidirectional)
+    relative_position = tf.convert_to_tensor(relative_position)
+    if not relative_position.dtype.is_integer:
+        raise ValueError(
+            "`relative_position` must be an integer tensor. Received: "
+            f"relative_position of dtype {relative_position.dtype.name}"
+        )
+    relative_position = tf.cast(relative_position, "int32")
+    if bidirectional:
+        num_buckets //= 2
+        # Keys after the query take the upper half of the buckets.
+        offset = tf.cast(relative_position > 0, "int32") * num_buckets
+        distance = tf.abs(relative_position)
+    else:
+        offset = 0
+        distance = -tf.minimum(relative_position, 0)  # later keys: 0
+    max_exact = num_buckets // 2
+    log_bucket = tf.fill(tf.shape(distance), max_exact)
+    for start in _log_bucket_starts(num_buckets, max_exact, max_distance):
+        log_bucket += tf.cast(distance >= start, "int32")
+    return offset + tf.where(distance < max_exact, distance, log_bucket)

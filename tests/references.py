@@ -175,3 +175,58 @@ def rotary(
                 output[batch, step, ..., first] = rotated[0]
                 output[batch, step, ..., second] = rotated[1]
     return output
+
+
+# ALiBi and T5 (issue 4).
+
+
+def alibi_slopes(n):
+    """ALiBi's head slopes, as `get_slopes` in the authors' code, in float64.
+
+    Press et al. 2022 (github.com/ofirpress/attention_with_linear_biases,
+    fairseq/models/transformer.py): the geometric sequence with start and
+    ratio 2^(-8/n) for n a power of two; otherwise the closest power of two
+    below's slopes, then every other slope of twice that power.
+    """
+
+    def power_of_2_slopes(heads):
+        start = 2 ** (-(2 ** -(math.log2(heads) - 3)))
+        ratio = start
+        return [start * ratio**i for i in range(heads)]
+
+    if math.log2(n).is_integer():
+        return np.array(power_of_2_slopes(n), "float64")
+    closest_power_of_2 = 2 ** math.floor(math.log2(n))
+    return np.array(
+        power_of_2_slopes(closest_power_of_2)
+        + list(alibi_slopes(2 * closest_power_of_2)[0::2][: n - closest_power_of_2]),
+        "float64",
+    )
+
+
+def t5_bucket(relative_position, bidirectional, num_buckets, max_distance):
+    """T5's bucket of one relative position (key - query), a Python int.
+
+    Mesh TensorFlow's `_relative_position_bucket` (transformer/attention.py)
+    for a single integer, with the log in float64: `n` is the distance back
+    from the query (both directions if bidirectional, keys after the query
+    taking the upper half of the buckets).
+    """
+    bucket = 0
+    n = -relative_position
+    if bidirectional:
+        num_buckets //= 2
+        if n < 0:
+            bucket += num_buckets
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return bucket + n
+    large = max_exact + int(
+        math.log(n / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    )
+    return bucket + min(large, num_buckets - 1)

@@ -237,3 +237,217 @@ def test_rotate_keeps_the_norm_of_each_pair(half_dim, start, layout):
 def test_rotate_refuses_an_unknown_layout():
     with pytest.raises(ValueError, match="layout='concat'"):
         ops.rotate(tf.ones((1, 4)), tf.zeros((1, 2)), "concat")
+
+
+# ALiBi slopes, relative distances and T5 buckets (issue 4).
+
+
+@pytest.mark.parametrize("num_heads", list(range(1, 17)) + [24, 32])
+def test_alibi_slopes_match_the_authors_code(num_heads):
+    slopes = ops.alibi_slopes(num_heads)
+    assert slopes.dtype == tf.float32
+    assert slopes.shape == (num_heads,)
+    # Each slope is 2 ** x rounded once to float32: half an ulp.
+    np.testing.assert_allclose(
+        slopes.numpy(), references.alibi_slopes(num_heads), rtol=2.0**-24, atol=0
+    )
+
+
+def test_alibi_slopes_known_values():
+    # Press et al. 2022, section 3: 1/2, 1/4, ..., 1/256 for 8 heads, and
+    # for 16 heads 1/sqrt(2), 1/2, ..., 1/256.
+    np.testing.assert_array_equal(
+        ops.alibi_slopes(8).numpy(), [2.0**-h for h in range(1, 9)]
+    )
+    np.testing.assert_allclose(
+        ops.alibi_slopes(16).numpy(),
+        [2.0 ** (-h / 2) for h in range(1, 17)],
+        rtol=2.0**-24,
+    )
+    # Not a power of two: 4 heads' slopes, then 8 heads' first and third.
+    np.testing.assert_array_equal(
+        ops.alibi_slopes(6).numpy(), [2.0**-e for e in (2, 4, 6, 8, 1, 3)]
+    )
+
+
+@pytest.mark.parametrize(
+    "query_shape, key_shape, expected",
+    [
+        ((1, 5), (1, 7), (1, 5, 7)),
+        ((3, 5), (1, 7), (3, 5, 7)),
+        ((1, 5), (3, 7), (3, 5, 7)),
+        ((3, 5), (3, 7), (3, 5, 7)),
+        ((5,), (7,), (1, 5, 7)),
+        ((5,), (2, 7), (2, 5, 7)),
+    ],
+)
+def test_relative_distance_is_key_minus_query(query_shape, key_shape, expected):
+    rng = np.random.default_rng(0)
+    query_positions = rng.integers(-50, 5000, query_shape)
+    key_positions = rng.integers(-50, 5000, key_shape)
+    distance = ops.relative_distance(query_positions, key_positions)
+    assert distance.dtype == tf.int32
+    assert tuple(distance.shape) == expected
+    assert ops.relative_distance_shape(query_shape, key_shape) == expected
+    query = query_positions.reshape((-1,) + query_shape[-1:])
+    key = key_positions.reshape((-1,) + key_shape[-1:])
+    for b, i, j in np.ndindex(expected):
+        assert distance[b, i, j] == key[b % len(key), j] - query[b % len(query), i]
+
+
+@pytest.mark.parametrize(
+    "query_shape, key_shape, expected",
+    [
+        ((None, 5), (1, 7), (None, 5, 7)),
+        ((None, 5), (3, 7), (3, 5, 7)),
+        ((1, None), (None, None), (None, None, None)),
+        ((None,), (None,), (1, None, None)),
+    ],
+)
+def test_relative_distance_shape_with_unknown_sizes(query_shape, key_shape, expected):
+    assert ops.relative_distance_shape(query_shape, key_shape) == expected
+
+
+def test_relative_distance_with_unknown_shapes_in_a_graph():
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec((None, None), tf.int32),
+            tf.TensorSpec((None, None), tf.int64),
+        ],
+        jit_compile=True,
+    )
+    def distance(query_positions, key_positions):
+        return ops.relative_distance(query_positions, key_positions)
+
+    np.testing.assert_array_equal(
+        distance(tf.constant([[10]]), tf.constant([[0, 4, 10, 12]], "int64")),
+        [[[-10, -6, 0, 2]]],
+    )
+
+
+# T5's encoder and decoder, a boundary that a float32 log misplaces under
+# XLA (distance 40 of 128 buckets, max_distance 50), and the smallest ones.
+BUCKET_CONFIGS = [
+    (True, 32, 128),
+    (False, 32, 128),
+    (True, 64, 256),
+    (True, 128, 50),
+    (False, 64, 50),
+    (True, 6, 100),
+    (False, 20, 12),
+    (True, 4, 2),
+    (False, 2, 2),
+]
+
+
+@pytest.mark.parametrize("bidirectional, num_buckets, max_distance", BUCKET_CONFIGS)
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_relative_position_bucket_matches_mesh_tensorflow(
+    bidirectional, num_buckets, max_distance, jit_compile
+):
+    relative_positions = np.arange(-300, 301)
+    bucket = tf.function(
+        lambda relative_position: ops.relative_position_bucket(
+            relative_position, bidirectional, num_buckets, max_distance
+        ),
+        jit_compile=jit_compile,
+    )
+    buckets = bucket(tf.constant(relative_positions, "int32"))
+    assert buckets.dtype == tf.int32
+    expected = [
+        references.t5_bucket(int(p), bidirectional, num_buckets, max_distance)
+        for p in relative_positions
+    ]
+    np.testing.assert_array_equal(buckets.numpy(), expected)
+
+
+@pytest.mark.parametrize("bidirectional, num_buckets, max_distance", BUCKET_CONFIGS)
+def test_relative_position_bucket_far_away(bidirectional, num_buckets, max_distance):
+    rng = np.random.default_rng(num_buckets)
+    relative_positions = np.concatenate(
+        [rng.integers(-(10**9), 10**9, 2000), [2**31 - 1, -(2**31 - 1)]]
+    )
+    buckets = ops.relative_position_bucket(
+        tf.constant(relative_positions, "int64"),
+        bidirectional,
+        num_buckets,
+        max_distance,
+    )
+    expected = [
+        references.t5_bucket(int(p), bidirectional, num_buckets, max_distance)
+        for p in relative_positions
+    ]
+    np.testing.assert_array_equal(buckets.numpy(), expected)
+
+
+def test_relative_position_bucket_known_t5_values():
+    # Worked by hand from Raffel et al.'s code: 16 buckets a direction, 8
+    # exact, then 8 + int(2 log2(n / 8)) up to 128.
+    relative_positions = [0, -1, -7, -8, -15, -16, -31, -32, -127, -128, -1000]
+    expected = [0, 1, 7, 8, 9, 10, 11, 12, 15, 15, 15]
+    # Keys after the query: the upper 16 buckets, from 17 (bucket 16 would
+    # be distance 0, which counts as before).
+    relative_positions += [1, 7, 8, 16, 32, 64, 128, 1000]
+    expected += [17, 23, 24, 26, 28, 30, 31, 31]
+    np.testing.assert_array_equal(
+        ops.relative_position_bucket(tf.constant(relative_positions)).numpy(),
+        expected,
+    )
+    # Decoder: every key after the query in bucket 0; 16 exact, then
+    # 16 + int(16 log(n / 16) / log(8)).
+    np.testing.assert_array_equal(
+        ops.relative_position_bucket(
+            tf.constant([5, 1, 0, -1, -15, -16, -32]), bidirectional=False
+        ).numpy(),
+        [0, 0, 0, 1, 15, 16, 21],
+    )
+
+
+INT_POSITIONS = np.zeros((1, 3), "int32")
+
+
+def buckets_with(**kwargs):
+    return ops.relative_position_bucket(tf.range(3), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: ops.alibi_slopes(0), "num_heads=0"),
+        (lambda: ops.alibi_slopes(4.0), "num_heads=4.0"),
+        (lambda: ops.alibi_slopes(True), "num_heads=True"),
+        (
+            lambda: ops.relative_distance(np.zeros((1, 3)), INT_POSITIONS),
+            "query_positions of dtype float64",
+        ),
+        (
+            lambda: ops.relative_distance(INT_POSITIONS, INT_POSITIONS[None]),
+            r"key_positions of dtype int32 and shape \(1, 1, 3\)",
+        ),
+        (
+            lambda: ops.relative_distance(
+                np.zeros((2, 3), "int32"), np.zeros((3, 4), "int32")
+            ),
+            r"query_positions of shape \(2, 3\), key_positions of shape \(3, 4\)",
+        ),
+        (
+            lambda: ops.relative_position_bucket(tf.constant([1.0])),
+            "relative_position of dtype float32",
+        ),
+        (lambda: buckets_with(num_buckets=2), "num_buckets=2"),
+        (lambda: buckets_with(num_buckets=30.0), "num_buckets=30.0"),
+        (lambda: buckets_with(num_buckets=7), "num_buckets=7"),
+        (lambda: buckets_with(bidirectional=False, num_buckets=1), "num_buckets=1"),
+        (lambda: buckets_with(max_distance=8), "greater than 8.*max_distance=8"),
+        (
+            lambda: buckets_with(bidirectional=False, max_distance=16),
+            "greater than 16.*max_distance=16",
+        ),
+        (lambda: buckets_with(max_distance=0), "max_distance=0"),
+        (lambda: buckets_with(max_distance=128.0), "max_distance=128.0"),
+        (lambda: buckets_with(bidirectional=1), "bidirectional=1"),
+    ],
+)
+def test_alibi_and_t5_bad_arguments_raise_value_error_naming_them(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -12,7 +12,10 @@ def test_public_api():
     for name in keras_posenc.__all__:
         assert getattr(keras_posenc, name) is not None
     for name in (
+        "AlibiBias",
         "PositionEmbedding",
+        "PositionalMultiHeadAttention",
+        "RelativePositionBias",
         "RotaryEmbedding",
         "SinusoidalPositionEncoding",
         "TokenAndPositionEmbedding",

@@ -1,6 +1,11 @@
 """The package's layers, one public layer per file."""
 
+from keras_posenc.layers.alibi_bias import AlibiBias
 from keras_posenc.layers.position_embedding import PositionEmbedding
+from keras_posenc.layers.positional_multi_head_attention import (
+    PositionalMultiHeadAttention,
+)
+from keras_posenc.layers.relative_position_bias import RelativePositionBias
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding,
@@ -10,7 +15,10 @@ from keras_posenc.layers.token_and_position_embedding import (
 )
 
 __all__ = [
+    "AlibiBias",
     "PositionEmbedding",
+    "PositionalMultiHeadAttention",
+    "RelativePositionBias",
     "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",

@@ -26,6 +26,16 @@ class AttentionPosition(keras.layers.Layer):
             value_dim: int. The size of each head's values.
         """
 
+    def _check_num_heads(self, num_heads):
+        """For schemes with a term per head: their heads must be the attention's."""
+        if num_heads != self.num_heads:
+            raise ValueError(
+                f"`num_heads` of {type(self).__name__} must equal the "
+                "attention's number of heads. Received: "
+                f"num_heads={self.num_heads} for attention with "
+                f"num_heads={num_heads}"
+            )
+
     def build_for_attention(self, num_heads, key_dim, value_dim):
         """Check the sizes, then create the weights they call for.
 

@@ -61,6 +61,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     Example:
 
+    >>> from keras_posenc import AlibiBias
     >>> attention = PositionalMultiHeadAttention(
     ...     num_heads=2, key_dim=8, position=AlibiBias(num_heads=2)
     ... )

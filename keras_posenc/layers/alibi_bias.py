@@ -1,0 +1,148 @@
+import math
+import numbers
+
+import keras
+import tensorflow as tf
+
+from keras_posenc import ops
+from keras_posenc.layers._attention_position import AttentionPosition
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class AlibiBias(AttentionPosition):
+    """Attention with linear biases (ALiBi): a per-head penalty on distance.
+
+    Rather than encode positions in the tokens, ALiBi adds to the logit of
+    query `i` and key `j` a bias proportional to their distance, `-m_h *
+    (i - j)` for head `h` (Press et al. 2022, section 3). The slopes `m_h`
+    are geometric, from `2 ** (-8 / num_heads)` down to `2 ** -8` (see
+    `keras_posenc.ops.alibi_slopes`), so that each head attends over its own
+    range. Models trained with it extrapolate to sequences longer than those
+    they were trained on.
+
+    `symmetric=False`, the paper's form for decoders, gives
+    `-m_h * (i - j) = m_h * (j - i)`: a penalty growing with the distance to
+    earlier keys, and a growing reward for later keys, so it is only right
+    under a causal mask, which removes them. keras-hub's `AlibiBias`, which
+    adds `m_h * (j - (key_length - 1))`, differs from it by a constant per
+    query, which the softmax ignores: it is this causal form, and in an
+    encoder without a causal mask it favours the last keys, not the near
+    ones. `symmetric=True` gives `-m_h * |i - j|`, the same penalty on both
+    sides: the form for encoders.
+
+    The bias is computed from the query and key positions, not from their
+    indices, so that a query at position 10 against cached keys `0 .. 10`
+    gets the bias of position 10 (cached decoding), and left padding and
+    packed sequences need only their positions. It is float32 whatever the
+    dtype policy, as the attention logits it is added to are. The layer has
+    no weights.
+
+    Give it as the `position` of `PositionalMultiHeadAttention`, whose
+    `num_heads` it must equal; or call it on positions to get the bias.
+
+    Args:
+        num_heads: int. The attention's number of heads, one slope each.
+        symmetric: bool. `False` for the causal bias `-m (i - j)`, `True` for
+            the symmetric `-m |i - j|`. Defaults to `False`.
+        slopes: list of floats or None. One positive slope per head, to use
+            instead of the geometric ones (a checkpoint trained with other
+            slopes, say). Defaults to `None`.
+        **kwargs: other keyword arguments passed to `keras.layers.Layer`,
+            including `name`, `dtype` etc.
+
+    Call arguments:
+        query_positions: integer tensor of shape `(batch, query)`, or
+            `(query,)` for positions shared by the batch.
+        key_positions: integer tensor of shape `(batch, key)`, or `(key,)`.
+
+    Returns:
+        The bias to add to the attention logits: a float32 tensor of shape
+        `(batch or 1, num_heads, query, key)`, batch 1 when both positions
+        are shared.
+
+    Example:
+
+    >>> alibi = AlibiBias(num_heads=2)  # slopes 1/16 and 1/256
+    >>> bias = alibi(np.arange(4), np.arange(4))
+    >>> bias.shape
+    TensorShape([1, 2, 4, 4])
+    >>> [float(b) for b in bias[0, 0, 3]]  # query 3, keys 0 to 3, head 0
+    [-0.1875, -0.125, -0.0625, 0.0]
+    >>> symmetric = AlibiBias(num_heads=2, symmetric=True)
+    >>> [float(b) for b in symmetric(np.arange(4), np.arange(4))[0, 0, 1]]
+    [-0.0625, 0.0, -0.0625, -0.125]
+
+    References:
+        - [Press et al., 2022](https://arxiv.org/abs/2108.12409)
+    """
+
+    def __init__(self, num_heads, symmetric=False, slopes=None, **kwargs):
+        super().__init__(**kwargs)
+        ops.check_positive_int("num_heads", num_heads)
+        if not isinstance(symmetric, bool):
+            raise ValueError(
+                f"`symmetric` must be a bool. Received: symmetric={symmetric!r}"
+            )
+        if slopes is not None and (
+            not isinstance(slopes, (list, tuple))
+            or len(slopes) != num_heads
+            or not all(
+                isinstance(slope, numbers.Real)
+                and not isinstance(slope, bool)
+                and math.isfinite(slope)
+                and slope > 0
+                for slope in slopes
+            )
+        ):
+            raise ValueError(
+                "`slopes` must be None or a list of `num_heads` "
+                f"({num_heads}) positive numbers. Received: slopes={slopes!r}"
+            )
+        self.num_heads = num_heads
+        self.symmetric = symmetric
+        self.slopes = None if slopes is None else [float(slope) for slope in slopes]
+
+    def check_attention(self, num_heads, key_dim, value_dim):
+        self._check_num_heads(num_heads)
+
+    def logits_bias(self, query, query_positions, key_positions):
+        distance = ops.relative_distance(
+            query_positions, key_positions
+        )  # (batch or 1, query, key): j - i
+        if self.symmetric:
+            distance = -tf.abs(distance)
+        if self.slopes is None:
+            slopes = ops.alibi_slopes(self.num_heads)
+        else:
+            slopes = tf.constant(self.slopes, "float32")
+        return (
+            slopes[:, tf.newaxis, tf.newaxis]
+            * tf.cast(distance, "float32")[:, tf.newaxis]
+        )  # (batch or 1, heads, query, key)
+
+    def call(self, query_positions, key_positions):
+        return self.logits_bias(None, query_positions, key_positions)
+
+    def compute_output_shape(self, query_positions_shape, key_positions_shape):
+        batch, queries, keys = ops.relative_distance_shape(
+            query_positions_shape, key_positions_shape
+        )
+        return (batch, self.num_heads, queries, keys)
+
+    def compute_output_spec(self, query_positions, key_positions):
+        # Float32 whatever the policy, like the logits the bias joins.
+        return keras.KerasTensor(
+            self.compute_output_shape(query_positions.shape, key_positions.shape),
+            dtype="float32",
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "symmetric": self.symmetric,
+                "slopes": None if self.slopes is None else list(self.slopes),
+            }
+        )
+        return config

@@ -1,0 +1,172 @@
+import keras
+import tensorflow as tf
+
+from keras_posenc import ops
+from keras_posenc.layers._attention_position import AttentionPosition
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class RelativePositionBias(AttentionPosition):
+    """T5's relative position bias: a learned bias per head and distance bucket.
+
+    The logit of query `i` and key `j` gets a learned scalar per head, read
+    from a table of `num_buckets` rows by the bucket of the relative position
+    `j - i` (Raffel et al. 2020, section 2.1). Each distance below
+    `max_exact` has its own bucket; longer ones share buckets whose widths
+    grow logarithmically up to `max_distance`, and all distances from there
+    on share the last. With `bidirectional=True` (encoders) half the buckets
+    hold keys at or before the query and half the keys after it; with
+    `bidirectional=False` (decoders, under a causal mask) all hold keys at or
+    before the query, and every later key falls in bucket 0. The bucketing is
+    `keras_posenc.ops.relative_position_bucket`, Mesh TensorFlow's and
+    Hugging Face's.
+
+    The bias is computed from the query and key positions, not from the
+    lengths of the query and key axes, so a query at position 10 against
+    cached keys `0 .. 10` reads the buckets of distances `-10 .. 0` (cached
+    decoding), where a bias built from the axes would treat that one query
+    as position 0. Left padding and packed sequences need only their
+    positions.
+
+    The table, weight `"embeddings"` of shape `(num_buckets, num_heads)`, is
+    what Hugging Face's T5 holds as `relative_attention_bias`; it is made
+    when `PositionalMultiHeadAttention` builds, or on the first call of the
+    layer on its own, and kept and read in float32 whatever the dtype policy,
+    as is the bias, which joins the float32 logits.
+
+    Args:
+        num_heads: int. The attention's number of heads, one table column
+            each.
+        num_buckets: int. The number of buckets, the table's rows. At least
+            2, or, if `bidirectional`, even and at least 4 (half per
+            direction). Defaults to `32`.
+        max_distance: int. The distance from which all fall in the last
+            bucket of their direction. Must be greater than the number of
+            exactly placed distances per direction, `max_exact`:
+            `num_buckets // 4` if `bidirectional`, else `num_buckets // 2`;
+            at or below it the log-spaced buckets are undefined. Defaults to
+            `128`.
+        bidirectional: bool. Whether keys after the query get buckets of
+            their own. Defaults to `True`.
+        embeddings_initializer: str or `keras.initializers.Initializer`. How
+            the table starts. Defaults to `"uniform"`.
+        **kwargs: other keyword arguments passed to `keras.layers.Layer`,
+            including `name`, `dtype` etc.
+
+    Call arguments:
+        query_positions: integer tensor of shape `(batch, query)`, or
+            `(query,)` for positions shared by the batch.
+        key_positions: integer tensor of shape `(batch, key)`, or `(key,)`.
+
+    Returns:
+        The bias to add to the attention logits: a float32 tensor of shape
+        `(batch or 1, num_heads, query, key)`, batch 1 when both positions
+        are shared.
+
+    Example:
+
+    >>> t5 = RelativePositionBias(num_heads=2, num_buckets=8, max_distance=16)
+    >>> bias = t5(np.arange(5), np.arange(5))
+    >>> bias.shape
+    TensorShape([1, 2, 5, 5])
+    >>> tuple(t5.embeddings.shape)
+    (8, 2)
+    >>> cached = t5(np.array([4]), np.arange(5))  # query 4, keys 0 to 4
+    >>> bool(np.array_equal(cached[0, :, 0], bias[0, :, 4]))
+    True
+
+    References:
+        - [Raffel et al., 2020](https://arxiv.org/abs/1910.10683)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        num_buckets=32,
+        max_distance=128,
+        bidirectional=True,
+        embeddings_initializer="uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        ops.check_positive_int("num_heads", num_heads)
+        ops.check_relative_position_buckets(num_buckets, max_distance, bidirectional)
+        try:
+            initializer = keras.initializers.get(embeddings_initializer)
+        except ValueError as error:
+            raise ValueError(
+                "`embeddings_initializer` must be a Keras initializer. Received: "
+                f"embeddings_initializer={embeddings_initializer!r}"
+            ) from error
+        self.num_heads = num_heads
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bidirectional
+        self.embeddings_initializer = initializer
+
+    def check_attention(self, num_heads, key_dim, value_dim):
+        self._check_num_heads(num_heads)
+
+    def build_for_attention(self, num_heads, key_dim, value_dim):
+        self.check_attention(num_heads, key_dim, value_dim)
+        self.build()
+
+    def build(self, input_shape=None):
+        # The table depends on no input shape; the attention may have built
+        # the layer already.
+        if self.built:
+            return
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.num_buckets, self.num_heads),
+            initializer=self.embeddings_initializer,
+            # Read in float32 even inside a mixed precision attention.
+            autocast=False,
+        )
+
+    def logits_bias(self, query, query_positions, key_positions):
+        buckets = ops.relative_position_bucket(
+            ops.relative_distance(query_positions, key_positions),
+            self.bidirectional,
+            self.num_buckets,
+            self.max_distance,
+        )  # (batch or 1, query, key)
+        # Gathering from the transposed table puts heads first, so that the
+        # final transpose only swaps them with a batch of 1.
+        bias = tf.gather(
+            tf.transpose(self.embeddings), buckets, axis=1
+        )  # (heads, batch or 1, query, key)
+        return tf.cast(
+            tf.transpose(bias, [1, 0, 2, 3]), "float32"
+        )  # (batch or 1, heads, query, key)
+
+    def call(self, query_positions, key_positions):
+        return self.logits_bias(None, query_positions, key_positions)
+
+    def compute_output_shape(self, query_positions_shape, key_positions_shape):
+        batch, queries, keys = ops.relative_distance_shape(
+            query_positions_shape, key_positions_shape
+        )
+        return (batch, self.num_heads, queries, keys)
+
+    def compute_output_spec(self, query_positions, key_positions):
+        # Float32 whatever the policy, like the logits the bias joins.
+        return keras.KerasTensor(
+            self.compute_output_shape(query_positions.shape, key_positions.shape),
+            dtype="float32",
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "num_buckets": self.num_buckets,
+                "max_distance": self.max_distance,
+                "bidirectional": self.bidirectional,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+            }
+        )
+        return config
