@@ -86,7 +86,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     "RelativePositionBias or RelativePositionEmbedding layer. "
                     f"Received: position={position!r}"
                 )
-            if self._attention_axes not in (None, (1,)):
+            # Axis 1 (or -2) of the projected (batch, seq, heads, dim).
+            if self._attention_axes is not None and tuple(
+                self._attention_axes
+            ) not in ((1,), (-2,)):
                 raise ValueError(
                     "A `position` needs attention over the sequence axis "
                     "only. Received: "
