@@ -27,6 +27,7 @@ from keras_posenc.layers import AlibiBias  # noqa: E402
 from keras_posenc.layers import PositionEmbedding  # noqa: E402
 from keras_posenc.layers import PositionalMultiHeadAttention  # noqa: E402
 from keras_posenc.layers import RelativePositionBias  # noqa: E402
+from keras_posenc.layers import RelativePositionEmbedding  # noqa: E402
 from keras_posenc.layers import RotaryEmbedding  # noqa: E402
 from keras_posenc.layers import SinusoidalPositionEncoding  # noqa: E402
 from keras_posenc.layers import TokenAndPositionEmbedding  # noqa: E402
@@ -38,6 +39,7 @@ __all__ = [
     "PositionEmbedding",
     "PositionalMultiHeadAttention",
     "RelativePositionBias",
+    "RelativePositionEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from keras_posenc.layers.alibi_bias import AlibiBias
+from keras_posenc import AlibiBias
 from tests import references
 from tests.test_case import TestCase
 

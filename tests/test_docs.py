@@ -19,6 +19,7 @@ MODULES = [
     "keras_posenc.layers.rotary_embedding",
     "keras_posenc.layers.alibi_bias",
     "keras_posenc.layers.relative_position_bias",
+    "keras_posenc.layers.relative_position_embedding",
     "keras_posenc.layers.positional_multi_head_attention",
     "keras_posenc.layers.sinusoidal_position_encoding",
     "keras_posenc.layers.position_embedding",

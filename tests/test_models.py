@@ -210,6 +210,10 @@ def models():
             attention_model(keras_posenc.AlibiBias(num_heads=2)),
             embeddings,
         ),
+        "attention-shaw": (
+            attention_model(keras_posenc.RelativePositionEmbedding(max_distance=3)),
+            embeddings,
+        ),
         "attention-t5": (
             attention_model(keras_posenc.RelativePositionBias(num_heads=2)),
             embeddings,

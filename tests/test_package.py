@@ -16,6 +16,7 @@ def test_public_api():
         "PositionEmbedding",
         "PositionalMultiHeadAttention",
         "RelativePositionBias",
+        "RelativePositionEmbedding",
         "RotaryEmbedding",
         "SinusoidalPositionEncoding",
         "TokenAndPositionEmbedding",

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from keras_posenc.layers.relative_position_bias import RelativePositionBias
+from keras_posenc import RelativePositionBias
 from tests import references
 from tests.test_case import TestCase
 

@@ -6,6 +6,9 @@ from keras_posenc.layers.positional_multi_head_attention import (
     PositionalMultiHeadAttention,
 )
 from keras_posenc.layers.relative_position_bias import RelativePositionBias
+from keras_posenc.layers.relative_position_embedding import (
+    RelativePositionEmbedding,
+)
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding,
@@ -19,6 +22,7 @@ __all__ = [
     "PositionEmbedding",
     "PositionalMultiHeadAttention",
     "RelativePositionBias",
+    "RelativePositionEmbedding",
     "RotaryEmbedding",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",

@@ -116,10 +116,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 self._num_heads, self._key_dim, self._value_dim
             )
 
-    def _positions(self, positions, length, name):
+    def _positions(self, positions, inputs, name):
         """`positions` as int32 of shape (batch or 1, length), or the default."""
         if positions is None:
-            return ops.position_ids(length)[tf.newaxis]  # (1, length)
+            return ops.position_ids(tf.shape(inputs)[1])[tf.newaxis]  # (1, length)
         positions = tf.convert_to_tensor(positions)
         if not positions.dtype.is_integer:
             raise ValueError(
@@ -127,10 +127,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"{positions.dtype.name}"
             )
         try:
-            ops.check_positions(positions, None)
+            ops.check_positions(positions, inputs.shape[1], inputs.shape[0])
         except ValueError:
             raise ValueError(
-                f"`{name}` must have shape (sequence,) or (batch, sequence). "
+                f"`{name}` must have shape (sequence,) or (batch, sequence) "
+                f"for inputs of shape {inputs.shape}. "
                 f"Received: {name} of shape {positions.shape}"
             ) from None
         positions = tf.cast(positions, "int32")
@@ -174,10 +175,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         for tensor in (query, value, key):
             set_keras_mask(tensor, None)
         query_positions = self._positions(
-            query_positions, tf.shape(query)[1], "query_positions"
+            query_positions, query, "query_positions"
         )  # (batch or 1, query)
         key_positions = self._positions(
-            key_positions, tf.shape(key)[1], "key_positions"
+            key_positions, key, "key_positions"
         )  # (batch or 1, key)
         # The Keras masks and attention_mask; the causal and sliding-window
         # masks follow from positions below.
@@ -258,12 +259,14 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             bias = position.logits_bias(query, query_positions, key_positions)
             if bias is not None:
                 logits = logits + bias
-        if attention_mask is not None:
-            # Keras' masked softmax: a large negative number where masked.
-            logits = tf.where(
-                tf.expand_dims(attention_mask, 1), logits, -1e9
-            )
-        weights = tf.nn.softmax(logits, axis=-1)  # (batch, heads, query, key)
+        if attention_mask is None:
+            weights = tf.nn.softmax(logits, axis=-1)  # (batch, heads, query, key)
+        else:
+            # As Keras' masked softmax: a large negative number where masked,
+            # then zero weight there (a query with no key left gets none).
+            mask = tf.expand_dims(attention_mask, 1)  # (batch, 1, query, key)
+            weights = tf.nn.softmax(tf.where(mask, logits, -1e9), axis=-1)
+            weights = tf.where(mask, weights, 0.0)
         if self._dropout > 0.0:
             weights = self._dropout_layer(weights, training=training)
         output = tf.einsum(

@@ -1,0 +1,258 @@
+import keras
+import tensorflow as tf
+
+from keras_posenc import ops
+from keras_posenc.layers._attention_position import AttentionPosition
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class RelativePositionEmbedding(AttentionPosition):
+    """Shaw et al.'s relative position representations, on keys and values.
+
+    Relation-aware self-attention (Shaw, Uszkoreit and Vaswani 2018) gives
+    each pair of query `i` and key `j` two learned vectors, `a^K_ij` and
+    `a^V_ij`, read from tables of `2k + 1` rows by the clipped relative
+    position `clip(j - i, -k, k)`, with `k = max_distance` (section 3.2):
+    every key more than `k` positions away shares the row of distance `k`
+    (or `-k`). They enter the logits and the output (eq. 4 and 3):
+    `e_ij = q_i (k_j + a^K_ij)^T / sqrt(d)` and
+    `z_i = sum_j alpha_ij (v_j + a^V_ij)`. As in the paper, one pair of
+    tables serves all heads.
+
+    Inside `PositionalMultiHeadAttention`, which adds `q_i k_j^T / sqrt(d)`
+    and `sum_j alpha_ij v_j` itself, this layer contributes the two position
+    terms, split as in section 3.3 so that no `(query, key, key_dim)` tensor
+    is ever formed: the logits term as the products of each query with all
+    `2k + 1` rows of `a^K`, `(batch, heads, query, 2k + 1)`, gathered to
+    `(batch, heads, query, key)`; the output term as the attention weights
+    summed per clipped distance, `(batch, heads, query, 2k + 1)`, times
+    `a^V`.
+
+    Distances come from the positions of queries and keys, not from the
+    lengths of their axes, so cached decoding (one query at its position
+    against the keys so far), left padding and packed sequences need only
+    their positions.
+
+    The tables, weights `"key_embeddings"` of shape `(2k + 1, key_dim)` and
+    `"value_embeddings"` of shape `(2k + 1, value_dim)`, are sized by the
+    attention: they are made when `PositionalMultiHeadAttention` builds, or
+    by `build_for_attention(num_heads, key_dim, value_dim)` for use on the
+    layer's own. They are kept and read in float32 whatever the dtype
+    policy, and both terms are computed in float32.
+
+    Args:
+        max_distance: int. The clipping distance `k`: relative positions
+            beyond `k` either way share the table row of `k` (or `-k`).
+            Shaw et al. use `16`.
+        embeddings_initializer: str or `keras.initializers.Initializer`. How
+            the two tables start. Defaults to `"uniform"`.
+        **kwargs: other keyword arguments passed to `keras.layers.Layer`,
+            including `name`, `dtype` etc.
+
+    Call arguments:
+        query: float tensor of shape `(batch, query, heads, key_dim)`: the
+            projected queries, already scaled by `1 / sqrt(key_dim)` as in
+            the logits.
+        query_positions: integer tensor of shape `(batch, query)`, or
+            `(query,)` for positions shared by the batch.
+        key_positions: integer tensor of shape `(batch, key)`, or `(key,)`.
+
+    Returns:
+        The logits term `q_i a^K_ij^T`: a float32 tensor of shape
+        `(batch, heads, query, key)`. A call on the layer's own needs the
+        tables, so `build_for_attention` must come first.
+
+    Example:
+
+    >>> from keras_posenc import PositionalMultiHeadAttention
+    >>> shaw = RelativePositionEmbedding(max_distance=16)
+    >>> attention = PositionalMultiHeadAttention(
+    ...     num_heads=2, key_dim=8, position=shaw
+    ... )
+    >>> tokens = np.random.default_rng(0).normal(size=(1, 5, 16))
+    >>> attention(tokens, tokens).shape
+    TensorShape([1, 5, 16])
+    >>> tuple(shaw.key_embeddings.shape), tuple(shaw.value_embeddings.shape)
+    ((33, 8), (33, 8))
+    >>> alone = RelativePositionEmbedding(max_distance=2)
+    >>> alone.build_for_attention(num_heads=2, key_dim=4, value_dim=4)
+    >>> queries = np.ones((1, 1, 2, 4), "float32")  # one query, 2 heads
+    >>> alone(queries, np.array([10]), np.arange(11)).shape  # keys 0 to 10
+    TensorShape([1, 2, 1, 11])
+
+    References:
+        - [Shaw et al., 2018](https://arxiv.org/abs/1803.02155)
+    """
+
+    def __init__(self, max_distance, embeddings_initializer="uniform", **kwargs):
+        super().__init__(**kwargs)
+        ops.check_positive_int("max_distance", max_distance)
+        try:
+            initializer = keras.initializers.get(embeddings_initializer)
+        except ValueError as error:
+            raise ValueError(
+                "`embeddings_initializer` must be a Keras initializer. Received: "
+                f"embeddings_initializer={embeddings_initializer!r}"
+            ) from error
+        self.max_distance = max_distance
+        self.embeddings_initializer = initializer
+        # (num_heads, key_dim, value_dim) once the tables are made.
+        self._attention_sizes = None
+
+    def check_attention(self, num_heads, key_dim, value_dim):
+        for name, size in (
+            ("num_heads", num_heads),
+            ("key_dim", key_dim),
+            ("value_dim", value_dim),
+        ):
+            ops.check_positive_int(name, size)
+
+    def build_for_attention(self, num_heads, key_dim, value_dim):
+        self.check_attention(num_heads, key_dim, value_dim)
+        sizes = (num_heads, key_dim, value_dim)
+        if self._attention_sizes is not None:
+            # One layer may serve several attentions of the same sizes.
+            if sizes != self._attention_sizes:
+                raise ValueError(
+                    "This RelativePositionEmbedding was built for attention "
+                    "with (num_heads, key_dim, value_dim)="
+                    f"{self._attention_sizes}. Received: {sizes}"
+                )
+            return
+        rows = 2 * self.max_distance + 1
+        self.key_embeddings = self.add_weight(
+            name="key_embeddings",
+            shape=(rows, key_dim),
+            initializer=self.embeddings_initializer,
+            # Read in float32 even inside a mixed precision attention.
+            autocast=False,
+        )
+        self.value_embeddings = self.add_weight(
+            name="value_embeddings",
+            shape=(rows, value_dim),
+            initializer=self.embeddings_initializer,
+            autocast=False,
+        )
+        self._attention_sizes = sizes
+        self.built = True
+
+    def build(self, input_shape):
+        raise ValueError(
+            "RelativePositionEmbedding sizes its tables by the attention's "
+            "key_dim and value_dim: pass it to PositionalMultiHeadAttention "
+            "as `position`, or call `build_for_attention(num_heads, key_dim, "
+            "value_dim)` before calling it on its own. Received: a call on "
+            f"queries of shape {input_shape} before either"
+        )
+
+    def get_build_config(self):
+        if self._attention_sizes is None:
+            return None
+        return dict(zip(("num_heads", "key_dim", "value_dim"), self._attention_sizes))
+
+    def build_from_config(self, config):
+        if config:
+            self.build_for_attention(**config)
+
+    def _table_rows(self, query_positions, key_positions, batch_size):
+        """The table row of every query and key: `clip(j - i, -k, k) + k`.
+
+        Returns:
+            An int32 tensor of shape `(batch_size, query, key)`.
+        """
+        distance = ops.relative_distance(
+            query_positions, key_positions
+        )  # (batch or 1, query, key)
+        rows = (
+            tf.clip_by_value(distance, -self.max_distance, self.max_distance)
+            + self.max_distance
+        )  # (batch or 1, query, key)
+        # One row of indices per batch element, as the batched gather and
+        # the segment sum below take them: 1 / heads of the logits' size.
+        shape = tf.shape(rows)
+        return tf.broadcast_to(rows, [batch_size, shape[1], shape[2]])
+
+    def logits_bias(self, query, query_positions, key_positions):
+        rows = self._table_rows(
+            query_positions, key_positions, tf.shape(query)[0]
+        )  # (batch, query, key)
+        # Section 3.3's second term for every distance at once; heads last, so
+        # the gather reads contiguous rows and XLA fuses it, and the
+        # transpose after it, into the addition to the logits.
+        relative_logits = tf.einsum(
+            "btnd,rd->btrn", tf.cast(query, "float32"), self.key_embeddings
+        )  # (batch, query, 2k + 1, heads)
+        bias = tf.gather(
+            relative_logits, rows, axis=2, batch_dims=2
+        )  # (batch, query, key, heads)
+        return tf.transpose(bias, [0, 3, 1, 2])  # (batch, heads, query, key)
+
+    def value_term(self, attention_weights, query_positions, key_positions):
+        shape = tf.shape(attention_weights)
+        batch_size, queries = shape[0], shape[2]
+        distances = 2 * self.max_distance + 1
+        rows = self._table_rows(
+            query_positions, key_positions, batch_size
+        )  # (batch, query, key)
+        # One segment per batch element, query and distance. Segment sums
+        # run over leading axes, so heads go last: the transpose costs one
+        # copy of the weights, where a one-hot product would need a
+        # (query, key, 2k + 1) tensor.
+        segments = (
+            tf.reshape(tf.range(batch_size * queries), [batch_size, queries, 1])
+            * distances
+            + rows
+        )  # (batch, query, key)
+        weights = tf.transpose(
+            tf.cast(attention_weights, "float32"), [0, 2, 3, 1]
+        )  # (batch, query, key, heads)
+        summed = tf.math.unsorted_segment_sum(
+            weights, segments, batch_size * queries * distances
+        )  # (batch * query * (2k + 1), heads)
+        summed = tf.reshape(
+            summed, [batch_size, queries, distances, -1]
+        )  # (batch, query, 2k + 1, heads)
+        return tf.einsum(
+            "btrn,rd->btnd", summed, self.value_embeddings
+        )  # (batch, query, heads, value_dim)
+
+    def call(self, query, query_positions, key_positions):
+        key_dim = self._attention_sizes[1]
+        if query.shape.rank != 4 or query.shape[-1] != key_dim:
+            raise ValueError(
+                "RelativePositionEmbedding takes queries of shape (batch, "
+                f"query, heads, key_dim) with key_dim={key_dim}, the size it "
+                f"was built for. Received: query of shape {query.shape}"
+            )
+        return self.logits_bias(query, query_positions, key_positions)
+
+    def compute_output_shape(
+        self, query_shape, query_positions_shape, key_positions_shape
+    ):
+        return (
+            query_shape[0],
+            query_shape[2],
+            query_shape[1],
+            key_positions_shape[-1],
+        )
+
+    def compute_output_spec(self, query, query_positions, key_positions):
+        # Float32 whatever the policy, like the logits the term joins.
+        return keras.KerasTensor(
+            self.compute_output_shape(
+                query.shape, query_positions.shape, key_positions.shape
+            ),
+            dtype="float32",
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "max_distance": self.max_distance,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+            }
+        )
+        return config

@@ -1,0 +1,813 @@
+"""PositionalMultiHeadAttention with every scheme, against float64 references.
+
+Each scheme's outputs and attention weights are compared with a multi-head
+attention written here in NumPy, one head, query and key at a time, from the
+layer's own projection weights and the papers' formulas: RoPE rotates the
+projected queries and keys (Su et al. 2021), ALiBi adds `-m (i - j)` or
+`-m |i - j|` (Press et al. 2022), Shaw et al. (2018) add a^K to the keys and
+a^V to the values, T5 adds a learned bias per bucket of `j - i` (Raffel et
+al. 2020). Learned tables are filled with random values, so that a wrong
+index shows.
+"""
+
+import json
+import math
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_posenc import AlibiBias
+from keras_posenc import PositionalMultiHeadAttention
+from keras_posenc import RelativePositionBias
+from keras_posenc import RelativePositionEmbedding
+from keras_posenc import RotaryEmbedding
+from tests import references
+
+BATCH = 2
+LENGTH = 7
+# Not a power of two: ALiBi's slopes take the authors' interleaving rule.
+HEADS = 3
+KEY_DIM = 4
+# Unlike KEY_DIM, so that Shaw's a^K and a^V cannot stand in for each other.
+VALUE_DIM = 6
+FEATURES = 5
+VOCABULARY_SIZE = 10
+# Shaw's clipping k: a sequence of 7 reaches past it.
+SHAW_MAX_DISTANCE = 2
+# T5: distances of 0..6 fall in exact and logarithmic buckets. No integer
+# distance sits on a bucket boundary, where float32 and float64 logs could
+# disagree: below max_distance those are 4.47 (bidirectional) and 5.03,
+# 6.32 and 7.95 (unidirectional); from 10 on all clip to the last bucket.
+T5_BUCKETS = 8
+T5_MAX_DISTANCE = 10
+# Weights of this scale keep the logits of order 1: no softmax saturates.
+WEIGHT_SCALE = 0.5
+
+SCHEMES = {
+    "none": lambda: None,
+    "rotary": lambda: RotaryEmbedding(max_wavelength=100.0),
+    "alibi": lambda: AlibiBias(HEADS),
+    "alibi-symmetric": lambda: AlibiBias(HEADS, symmetric=True),
+    "shaw": lambda: RelativePositionEmbedding(SHAW_MAX_DISTANCE),
+    "t5": lambda: RelativePositionBias(
+        HEADS, num_buckets=T5_BUCKETS, max_distance=T5_MAX_DISTANCE
+    ),
+    "t5-unidirectional": lambda: RelativePositionBias(
+        HEADS,
+        num_buckets=T5_BUCKETS,
+        max_distance=T5_MAX_DISTANCE,
+        bidirectional=False,
+    ),
+}
+POSITIONED = [scheme for scheme in SCHEMES if scheme != "none"]
+
+# float32 projections, logits, softmax and sums of a few terms of order 1:
+# a few ulps (6e-8) of values below 10 each.
+FLOAT32_ATOL = 1e-5
+
+# Per-batch positions, not contiguous, with distances from -70 to 70: past
+# Shaw's clipping and into T5's logarithmic and last buckets.
+QUERY_POSITIONS = np.array([[0, 3, 4, 9, 20], [40, 41, 47, 60, 61]])
+KEY_POSITIONS = np.array([[0, 1, 2, 5, 9, 13, 31], [30, 38, 40, 41, 55, 61, 70]])
+PERMUTATION = np.array([3, 0, 6, 1, 5, 2, 4])
+
+
+def weight_named(layer, name):
+    """The one weight of `layer` called `name`, as float64."""
+    (weight,) = [weight for weight in layer.weights if weight.name == name]
+    return np.asarray(weight.numpy(), "float64")
+
+
+def project(inputs, dense):
+    """`inputs @ kernel + bias` of an EinsumDense projection, in float64."""
+    kernel = np.asarray(dense.kernel.numpy(), "float64")  # (features, heads, dim)
+    bias = np.asarray(dense.bias.numpy(), "float64")  # (heads, dim)
+    return np.einsum("bsf,fnd->bsnd", inputs, kernel) + bias
+
+
+def per_batch(positions, batch, length):
+    """`positions` (default 0..length-1) broadcast to `(batch, length)`."""
+    if positions is None:
+        positions = np.arange(length)
+    return np.broadcast_to(np.asarray(positions, "int64"), (batch, length))
+
+
+def reference_attention(
+    layer,
+    query,
+    value,
+    key=None,
+    query_positions=None,
+    key_positions=None,
+    mask=None,
+    causal=False,
+):
+    """The layer's attention recomputed in float64, head by head.
+
+    `mask` is a boolean `(batch, query, key)` (True: may attend); `causal`
+    lets each query attend to keys at its position or before. A query that
+    may attend to no key gets zero weights, as with Keras' masked softmax.
+
+    Returns:
+        The output `(batch, query, features)` and the attention weights
+        `(batch, heads, query, key)`.
+    """
+    query = np.asarray(query, "float64")
+    value = np.asarray(value, "float64")
+    key = value if key is None else np.asarray(key, "float64")
+    batch, query_length, key_length = query.shape[0], query.shape[1], key.shape[1]
+    query_positions = per_batch(query_positions, batch, query_length)
+    key_positions = per_batch(key_positions, batch, key_length)
+    queries = project(query, layer.query_dense)  # (batch, query, heads, key_dim)
+    keys = project(key, layer.key_dense)  # (batch, key, heads, key_dim)
+    values = project(value, layer.value_dense)  # (batch, key, heads, value_dim)
+    heads, key_dim = queries.shape[2], queries.shape[3]
+    position = layer.position
+    if isinstance(position, RotaryEmbedding):
+        inverse_frequencies, _ = references.rope_inverse_frequencies(
+            key_dim, position.max_wavelength
+        )
+        queries = references.rotary(
+            queries, query_positions, inverse_frequencies, layout=position.layout
+        )
+        keys = references.rotary(
+            keys, key_positions, inverse_frequencies, layout=position.layout
+        )
+    if isinstance(position, RelativePositionEmbedding):
+        key_table = weight_named(position, "key_embeddings")  # (2k + 1, key_dim)
+        value_table = weight_named(position, "value_embeddings")  # (2k + 1, value_dim)
+        clip = position.max_distance
+    if isinstance(position, AlibiBias):
+        slopes = references.alibi_slopes(heads)  # (heads,)
+    if isinstance(position, RelativePositionBias):
+        bias_table = weight_named(position, "embeddings")  # (buckets, heads)
+    allowed = np.ones((batch, query_length, key_length), bool)
+    if mask is not None:
+        allowed &= mask
+    if causal:
+        allowed &= key_positions[:, None, :] <= query_positions[:, :, None]
+
+    weights = np.zeros((batch, heads, query_length, key_length))
+    attended = np.zeros((batch, query_length, heads, values.shape[-1]))
+    for b in range(batch):
+        for n in range(heads):
+            for i in range(query_length):
+                logits = np.zeros(key_length)
+                value_vectors = values[b, :, n].copy()  # (key, value_dim)
+                for j in range(key_length):
+                    # Positions i and j of the papers: the tokens' own.
+                    i_position, j_position = query_positions[b, i], key_positions[b, j]
+                    distance = j_position - i_position
+                    key_vector = keys[b, j, n]
+                    if isinstance(position, RelativePositionEmbedding):
+                        index = min(max(distance, -clip), clip) + clip
+                        # Shaw et al. eq. 4: e_ij = q_i (k_j + a^K_ij) / sqrt(d).
+                        key_vector = key_vector + key_table[index]
+                        # Eq. 3: z_i = sum_j alpha_ij (v_j + a^V_ij).
+                        value_vectors[j] += value_table[index]
+                    logits[j] = queries[b, i, n] @ key_vector / math.sqrt(key_dim)
+                    if isinstance(position, AlibiBias):
+                        if position.symmetric:
+                            logits[j] += -slopes[n] * abs(i_position - j_position)
+                        else:
+                            logits[j] += -slopes[n] * (i_position - j_position)
+                    if isinstance(position, RelativePositionBias):
+                        bucket = references.t5_bucket(
+                            distance,
+                            position.bidirectional,
+                            position.num_buckets,
+                            position.max_distance,
+                        )
+                        logits[j] += bias_table[bucket, n]
+                row = allowed[b, i]
+                if row.any():
+                    exponentials = np.where(
+                        row, np.exp(logits - logits[row].max()), 0.0
+                    )
+                    weights[b, n, i] = exponentials / exponentials.sum()
+                attended[b, i, n] = weights[b, n, i] @ value_vectors
+    output_kernel = np.asarray(layer.output_dense.kernel.numpy(), "float64")
+    output_bias = np.asarray(layer.output_dense.bias.numpy(), "float64")
+    output = np.einsum("btnv,nvf->btf", attended, output_kernel) + output_bias
+    return output, weights
+
+
+def random_inputs(shape, seed=0):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def randomize_weights(layer, seed=1):
+    """Every weight of `layer` (a layer or a model) drawn afresh."""
+    rng = np.random.default_rng(seed)
+    for weight in layer.weights:
+        weight.assign(
+            rng.normal(scale=WEIGHT_SCALE, size=weight.shape).astype("float32")
+        )
+
+
+def make_attention(scheme, **kwargs):
+    return PositionalMultiHeadAttention(
+        HEADS, KEY_DIM, value_dim=VALUE_DIM, position=SCHEMES[scheme](), **kwargs
+    )
+
+
+def attention(scheme, seed=1):
+    """A built attention of the test sizes whose weights, tables too, are random."""
+    layer = make_attention(scheme)
+    tokens = np.zeros((1, 1, FEATURES), "float32")
+    layer(tokens, tokens)
+    randomize_weights(layer, seed)
+    return layer
+
+
+def assert_close(actual, expected, atol=FLOAT32_ATOL, err_msg=""):
+    np.testing.assert_allclose(
+        np.asarray(actual, "float64"), expected, rtol=0, atol=atol, err_msg=err_msg
+    )
+
+
+def padded_tokens(ids):
+    """Embeddings of `ids` that carry the Keras mask `ids != 0`."""
+    keras.utils.set_random_seed(6)
+    return keras.layers.Embedding(VOCABULARY_SIZE, FEATURES, mask_zero=True)(ids)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_self_attention_equals_float64_reference(scheme):
+    layer = attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    output, weights = layer(tokens, tokens, return_attention_scores=True)
+    expected_output, expected_weights = reference_attention(layer, tokens, tokens)
+    assert output.dtype == weights.dtype == tf.float32
+    assert_close(weights, expected_weights)
+    assert_close(output, expected_output)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_cross_attention_at_explicit_positions_equals_reference(scheme, causal):
+    layer = attention(scheme)
+    query = random_inputs((BATCH, 5, FEATURES), seed=2)
+    value = random_inputs((BATCH, LENGTH, FEATURES), seed=3)
+    key = random_inputs((BATCH, LENGTH, FEATURES), seed=4)
+    output, weights = layer(
+        query,
+        value,
+        key=key,
+        query_positions=QUERY_POSITIONS,
+        key_positions=KEY_POSITIONS,
+        use_causal_mask=causal,
+        return_attention_scores=True,
+    )
+    expected_output, expected_weights = reference_attention(
+        layer,
+        query,
+        value,
+        key,
+        QUERY_POSITIONS,
+        KEY_POSITIONS,
+        causal=causal,
+    )
+    assert_close(weights, expected_weights)
+    assert_close(output, expected_output)
+
+
+def copy_projections(source, target):
+    """Give `target` the query, key, value and output weights of `source`."""
+    for name in ("query_dense", "key_dense", "value_dense", "output_dense"):
+        getattr(target, name).set_weights(getattr(source, name).get_weights())
+
+
+def test_reference_sees_each_scheme():
+    # The reference's own check: each scheme's term moves the weights well
+    # past the tolerance, so an attention that ignored it would fail above.
+    query = random_inputs((BATCH, 5, FEATURES), seed=2)
+    value = random_inputs((BATCH, LENGTH, FEATURES), seed=3)
+    plain = attention("none")
+    _, plain_weights = reference_attention(
+        plain, query, value, None, QUERY_POSITIONS, KEY_POSITIONS
+    )
+    for scheme in POSITIONED:
+        layer = attention(scheme)
+        copy_projections(plain, layer)
+        _, weights = reference_attention(
+            layer, query, value, None, QUERY_POSITIONS, KEY_POSITIONS
+        )
+        assert np.abs(weights - plain_weights).max() > 0.05, scheme
+
+
+def test_without_position_it_is_keras_multi_head_attention():
+    built = []
+    for cls in (keras.layers.MultiHeadAttention, PositionalMultiHeadAttention):
+        keras.utils.set_random_seed(5)
+        layer = cls(HEADS, KEY_DIM, value_dim=VALUE_DIM)
+        zeros = np.zeros((1, 1, FEATURES), "float32")
+        layer(zeros, zeros)
+        built.append(layer)
+    theirs, ours = built
+    # The same weights, drawn alike from the same seed.
+    assert [(weight.name, weight.shape) for weight in ours.weights] == [
+        (weight.name, weight.shape) for weight in theirs.weights
+    ]
+    for mine, keras_weight in zip(ours.get_weights(), theirs.get_weights()):
+        np.testing.assert_array_equal(mine, keras_weight)
+    config = ours.get_config()
+    assert config.pop("position") is None
+    assert {k: v for k, v in config.items() if k != "name"} == {
+        k: v for k, v in theirs.get_config().items() if k != "name"
+    }
+
+    randomize_weights(theirs)
+    ours.set_weights(theirs.get_weights())
+    ids = np.array([[3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 0, 0, 0]])
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    other = random_inputs((BATCH, 4, FEATURES), seed=1)
+    attention_mask = np.random.default_rng(2).random((BATCH, 4, LENGTH)) < 0.7
+    attention_mask[:, :, 0] = True
+    # Each call takes fresh inputs: Keras' layer strips the Keras masks off
+    # the tensors it is given.
+    cases = {
+        "self": (lambda: (tokens, tokens), {}),
+        "causal": (lambda: (tokens, tokens), {"use_causal_mask": True}),
+        "cross": (lambda: (other, tokens), {"key": tokens[:, ::-1]}),
+        "attention-mask": (
+            lambda: (other, tokens),
+            {"attention_mask": attention_mask},
+        ),
+        "padding": (lambda: (padded_tokens(ids),) * 2, {}),
+        "padding-causal": (
+            lambda: (padded_tokens(ids),) * 2,
+            {"use_causal_mask": True},
+        ),
+    }
+    for name, (inputs, kwargs) in cases.items():
+        expected_output, expected_weights = theirs(
+            *inputs(), return_attention_scores=True, **kwargs
+        )
+        output, weights = ours(*inputs(), return_attention_scores=True, **kwargs)
+        np.testing.assert_array_equal(output, expected_output, err_msg=name)
+        np.testing.assert_array_equal(weights, expected_weights, err_msg=name)
+        # Keras' fused path (no scores) too.
+        np.testing.assert_array_equal(
+            ours(*inputs(), **kwargs), theirs(*inputs(), **kwargs), err_msg=name
+        )
+        # Positions shifted alike take the layer's own path: the same
+        # attention, up to float32 rounding.
+        query, value = inputs()
+        output, weights = ours(
+            query,
+            value,
+            return_attention_scores=True,
+            query_positions=np.arange(query.shape[1]) + 100,
+            key_positions=np.arange(value.shape[1]) + 100,
+            **kwargs,
+        )
+        assert_close(weights, expected_weights.numpy(), err_msg=name)
+        assert_close(output, expected_output.numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_shifting_all_positions_changes_nothing(scheme):
+    layer = attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    shifts = {
+        "shared": np.arange(LENGTH) + 100,
+        "per-batch": np.arange(LENGTH) + np.array([[100], [3]]),
+    }
+    for causal in (False, True):
+        expected = layer(tokens, tokens, use_causal_mask=causal).numpy()
+        for name, positions in shifts.items():
+            shifted = layer(
+                tokens,
+                tokens,
+                query_positions=positions,
+                key_positions=positions,
+                use_causal_mask=causal,
+            )
+            assert_close(shifted, expected, err_msg=f"{name}, causal={causal}")
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_permuting_tokens(scheme):
+    layer = attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    output = layer(tokens, tokens).numpy()
+    permuted = layer(tokens[:, PERMUTATION], tokens[:, PERMUTATION]).numpy()
+    if scheme == "none":
+        # Without positions attention is permutation-equivariant.
+        assert_close(permuted, output[:, PERMUTATION])
+    else:
+        assert np.abs(permuted - output[:, PERMUTATION]).max() > 0.05
+    # Tokens that take their positions along: the output rows permute.
+    carried = layer(
+        tokens[:, PERMUTATION],
+        tokens[:, PERMUTATION],
+        query_positions=PERMUTATION,
+        key_positions=PERMUTATION,
+    )
+    assert_close(carried, output[:, PERMUTATION])
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_cached_decoding_equals_a_causal_pass(scheme):
+    layer = attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    full = layer(tokens, tokens, use_causal_mask=True).numpy()
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec((None, None, FEATURES), "float32"),
+            tf.TensorSpec((None, None, FEATURES), "float32"),
+            tf.TensorSpec((None,), "int32"),
+        ]
+    )
+    def decode(new_tokens, cached_tokens, positions):
+        # The causal mask compares positions: all cached keys are visible.
+        return layer(
+            new_tokens,
+            cached_tokens,
+            query_positions=positions,
+            use_causal_mask=True,
+        )
+
+    for step in range(LENGTH):
+        new_token, cached = tokens[:, step : step + 1], tokens[:, : step + 1]
+        one_query = layer(new_token, cached, query_positions=[step])
+        assert_close(one_query, full[:, step : step + 1], err_msg=f"step {step}")
+        traced = decode(new_token, cached, tf.constant([step]))
+        assert_close(traced, full[:, step : step + 1], err_msg=f"step {step}")
+    # A chunk of queries at once (prefill of 3..6 after 0..2 were cached).
+    chunk = decode(tokens[:, 3:], tokens, tf.range(3, LENGTH))
+    assert_close(chunk, full[:, 3:])
+    assert decode.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_padding_masks_combine_with_every_scheme(scheme, causal):
+    layer = attention(scheme)
+    ids = np.array([[3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 0, 0, 0]])
+    padding = ids != 0  # (batch, seq)
+    tokens = padded_tokens(ids)
+    features = tokens.numpy()
+    output, weights = layer(
+        tokens, tokens, use_causal_mask=causal, return_attention_scores=True
+    )
+    # The output carries the query mask, as Keras' layer does.
+    np.testing.assert_array_equal(output._keras_mask, padding)
+    output, weights = output.numpy(), weights.numpy()
+    # Real queries give padded keys no weight...
+    assert np.all(weights[1, :, :4, 4:] == 0)
+    # ...and attend as if the padding were not there.
+    alone = layer(features[1:2, :4], features[1:2, :4], use_causal_mask=causal)
+    assert_close(output[1, :4], alone.numpy()[0])
+    expected_output, expected_weights = reference_attention(
+        layer,
+        features,
+        features,
+        mask=padding[:, :, None] & padding[:, None, :],
+        causal=causal,
+    )
+    assert_close(weights[:, :, :4], expected_weights[:, :, :4])
+    assert_close(output[padding], expected_output[padding])
+
+    # The same key mask given as value_mask or attention_mask to tensors
+    # without a Keras mask: the real queries attend alike.
+    key_mask = np.broadcast_to(padding[:, None, :], (BATCH, LENGTH, LENGTH))
+    for kwargs in ({"value_mask": padding}, {"attention_mask": key_mask}):
+        masked_output, masked_weights = layer(
+            features,
+            features,
+            use_causal_mask=causal,
+            return_attention_scores=True,
+            **kwargs,
+        )
+        assert np.all(masked_weights.numpy()[1, :, :, 4:] == 0), kwargs
+        assert_close(
+            masked_output.numpy()[padding],
+            expected_output[padding],
+            err_msg=str(kwargs),
+        )
+
+    # Padded queries, whose every key is masked, get no weights at all, as
+    # with Keras' masked softmax: no query gives a padded key weight.
+    assert np.all(weights[1, :, :, 4:] == 0)
+    assert_close(weights, expected_weights)
+    assert_close(output, expected_output)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_left_padding_with_per_batch_positions(scheme):
+    layer = attention(scheme)
+    ids = np.array([[3, 1, 4, 1, 5, 9, 2], [0, 0, 0, 6, 5, 3, 5]])
+    # Each row counts positions from its first real token.
+    positions = np.maximum(np.cumsum(ids != 0, axis=1) - 1, 0)
+    for causal in (False, True):
+        tokens = padded_tokens(ids)
+        output = layer(
+            tokens,
+            tokens,
+            query_positions=positions,
+            key_positions=positions,
+            use_causal_mask=causal,
+        ).numpy()
+        for row, start in ((0, 0), (1, 3)):
+            real = tokens[row : row + 1, start:]
+            alone = layer(real, real, use_causal_mask=causal).numpy()
+            assert_close(output[row, start:], alone[0], err_msg=f"causal={causal}")
+
+
+def test_position_weights_are_sized_for_the_attention():
+    expected = {
+        "none": {},
+        "rotary": {},
+        "alibi": {},
+        "alibi-symmetric": {},
+        # Shared across heads, as in Shaw et al.
+        "shaw": {
+            "key_embeddings": (2 * SHAW_MAX_DISTANCE + 1, KEY_DIM),
+            "value_embeddings": (2 * SHAW_MAX_DISTANCE + 1, VALUE_DIM),
+        },
+        "t5": {"embeddings": (T5_BUCKETS, HEADS)},
+        "t5-unidirectional": {"embeddings": (T5_BUCKETS, HEADS)},
+    }
+    for scheme, tables in expected.items():
+        layer = attention(scheme)
+        if layer.position is not None:
+            assert {
+                weight.name: tuple(weight.shape) for weight in layer.position.weights
+            } == tables, scheme
+        # Keras' eight projection weights and the position's, all trainable.
+        assert len(layer.trainable_weights) == 8 + len(tables), scheme
+        assert not layer.non_trainable_weights
+
+
+def test_shaw_forms_no_query_key_feature_tensor():
+    # Shaw et al. write a^K_ij and a^V_ij per query and key; the layer must
+    # work with the 2k + 1 distances instead, never holding (query, key, d).
+    layer = attention("shaw")
+    query_length, key_length = 11, 13
+    feature_sizes = {KEY_DIM, VALUE_DIM, 2 * SHAW_MAX_DISTANCE + 1}
+    assert not feature_sizes & {BATCH, HEADS, query_length, key_length}
+
+    @tf.function
+    def attend(query, value):
+        return layer(query, value, use_causal_mask=True, return_attention_scores=True)
+
+    graph = attend.get_concrete_function(
+        tf.TensorSpec((BATCH, query_length, FEATURES), "float32"),
+        tf.TensorSpec((BATCH, key_length, FEATURES), "float32"),
+    ).graph
+    shapes = [
+        tuple(tensor.shape.as_list())
+        for operation in graph.get_operations()
+        for tensor in operation.outputs
+        if tensor.shape.rank is not None
+    ]
+    query_key = [
+        shape for shape in shapes if query_length in shape and key_length in shape
+    ]
+    # The logits and weights are there to be seen...
+    assert (BATCH, HEADS, query_length, key_length) in query_key
+    # ...but nothing of a query, a key and a feature or distance axis.
+    assert [shape for shape in query_key if feature_sizes & set(shape)] == []
+    # And no shape that the graph leaves unknown could hide one.
+    assert all(None not in shape for shape in shapes if len(shape) >= 3)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_config_round_trip(scheme):
+    layer = attention(scheme)
+    # Through JSON, as in a .keras file: tuples come back as lists.
+    config = json.loads(json.dumps(layer.get_config()))
+    rebuilt = PositionalMultiHeadAttention.from_config(config)
+    if scheme == "none":
+        assert config["position"] is None
+        assert rebuilt.position is None
+    else:
+        assert config["position"]["class_name"] == type(layer.position).__name__
+        assert type(rebuilt.position) is type(layer.position)
+        assert rebuilt.position is not layer.position
+        assert rebuilt.position.get_config() == layer.position.get_config()
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    rebuilt(tokens, tokens)
+    assert json.loads(json.dumps(rebuilt.get_config())) == config
+    rebuilt.set_weights(layer.get_weights())
+    np.testing.assert_array_equal(
+        rebuilt(tokens, tokens, use_causal_mask=True),
+        layer(tokens, tokens, use_causal_mask=True),
+    )
+
+
+def attention_layer(model):
+    """The one PositionalMultiHeadAttention among a model's layers."""
+    (layer,) = [
+        layer
+        for layer in model.layers
+        if isinstance(layer, PositionalMultiHeadAttention)
+    ]
+    return layer
+
+
+def decoder_model(scheme, with_positions=False):
+    """Functional: embeddings of any length -> causal attention -> Dense."""
+    tokens = keras.Input(shape=(None, FEATURES))
+    inputs = [tokens]
+    kwargs = {}
+    if with_positions:
+        positions = keras.Input(shape=(None,), dtype="int32")
+        inputs.append(positions)
+        kwargs = {"query_positions": positions, "key_positions": positions}
+    attended = make_attention(scheme)(tokens, tokens, use_causal_mask=True, **kwargs)
+    return keras.Model(inputs, keras.layers.Dense(2)(attended))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_keras_file_round_trip_is_bit_identical(scheme, tmp_path):
+    keras.utils.set_random_seed(0)
+    model = decoder_model(scheme, with_positions=True)
+    # Off their initial values, so that a load that re-initialises shows.
+    randomize_weights(model)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path, safe_mode=True)
+    assert attention_layer(loaded).get_config() == attention_layer(model).get_config()
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    positions = np.maximum(np.arange(LENGTH) - np.array([[0], [2]]), 0)
+    expected = model.predict([tokens, positions], verbose=0)
+    np.testing.assert_array_equal(
+        loaded.predict([tokens, positions], verbose=0), expected
+    )
+    # The positions reached the attention: the model is the layers called
+    # with them, and differs from the same model at the default positions.
+    eager = attention_layer(model)(
+        tokens,
+        tokens,
+        query_positions=positions,
+        key_positions=positions,
+        use_causal_mask=True,
+    )
+    assert_close(model.layers[-1](eager), expected)
+    default_positions = np.tile(np.arange(LENGTH), (BATCH, 1))
+    default = model.predict([tokens, default_positions], verbose=0)
+    assert np.abs(default - expected).max() > 0.05
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_xla_training_step(scheme):
+    keras.utils.set_random_seed(0)
+    model = decoder_model(scheme)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=True)
+    assert model.jit_compile
+    before = {weight.path: weight.numpy() for weight in model.trainable_weights}
+    tokens = random_inputs((4, LENGTH, FEATURES))
+    targets = random_inputs((4, LENGTH, 2), seed=1)
+    history = model.fit(
+        tokens, targets, batch_size=4, epochs=1, shuffle=False, verbose=0
+    )
+    assert np.isfinite(history.history["loss"]).all()
+    # Every weight moved, the position's tables among them.
+    position = attention_layer(model).position
+    table_paths = {weight.path for weight in getattr(position, "weights", [])}
+    assert table_paths <= set(before)
+    for weight in model.trainable_weights:
+        assert not np.array_equal(weight.numpy(), before[weight.path]), weight.path
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_mixed_bfloat16(scheme):
+    float32_layer = attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    expected_output, expected_weights = float32_layer(
+        tokens, tokens, use_causal_mask=True, return_attention_scores=True
+    )
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = make_attention(scheme)
+    layer(tokens, tokens)
+    layer.set_weights(float32_layer.get_weights())
+    output, weights = layer(
+        tokens, tokens, use_causal_mask=True, return_attention_scores=True
+    )
+    assert output.dtype == weights.dtype == tf.bfloat16
+    if scheme == "none":
+        # Keras' layer, bfloat16 softmax and all.
+        keras_layer = keras.layers.MultiHeadAttention(
+            HEADS, KEY_DIM, value_dim=VALUE_DIM
+        )
+        keras_layer(tokens, tokens)
+        keras_layer.set_weights(float32_layer.get_weights())
+        keras_output, keras_weights = keras_layer(
+            tokens, tokens, use_causal_mask=True, return_attention_scores=True
+        )
+        np.testing.assert_array_equal(output, keras_output)
+        np.testing.assert_array_equal(weights, keras_weights)
+    weights = tf.cast(weights, "float64").numpy()
+    if scheme != "none":
+        # A float32 softmax: each weight w then rounds to bfloat16 (8
+        # significant bits) by at most w * 2**-8, so the rows sum to 1
+        # within 2**-8. (Keras' bfloat16 softmax misses that here.)
+        assert np.abs(weights.sum(-1) - 1).max() <= 2**-8 + 1e-6
+    future = np.triu(np.ones((LENGTH, LENGTH), bool), 1)  # (query, key)
+    assert np.all(weights[:, :, future] == 0)
+    # Inputs, projections and logits rounded to bfloat16 (2**-8 relative
+    # each, several times over) move weights by a few hundredths and
+    # outputs by a few percent of their largest.
+    assert_close(weights, expected_weights.numpy(), atol=2**-5)
+    expected_output = expected_output.numpy()
+    assert_close(
+        tf.cast(output, "float64"),
+        expected_output,
+        atol=2**-5 * np.abs(expected_output).max(),
+    )
+
+
+def test_mixed_bfloat16_adds_bias_and_normalizes_in_float32():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = make_attention("t5")
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    layer(tokens, tokens)
+    randomize_weights(layer)
+    # No content logits (zero queries): the T5 bias alone sets the weights.
+    layer.query_dense.kernel.assign(np.zeros(layer.query_dense.kernel.shape))
+    layer.query_dense.bias.assign(np.zeros(layer.query_dense.bias.shape))
+    # Biases near 200, where bfloat16 steps by 1: rounded there, they would
+    # move by up to 0.5 and the weights by up to 65%; Keras' bfloat16
+    # softmax would round its exponentials and their sum too.
+    (table,) = layer.position.weights
+    table.assign(
+        200.0 + np.random.default_rng(0).uniform(-2, 2, table.shape).astype("float32")
+    )
+    _, weights = layer(tokens, tokens, return_attention_scores=True)
+    _, expected = reference_attention(layer, tokens, tokens)
+    error = np.abs(tf.cast(weights, "float64").numpy() - expected)
+    # The bfloat16 rounding of the weights themselves (and float32 ulps of
+    # the softmax), no more.
+    assert np.all(error <= (2**-8 + 1e-6) * expected), (error / expected).max()
+
+
+def test_heads_mismatch_raises_value_error_naming_num_heads():
+    tokens = np.zeros((1, 2, FEATURES), "float32")
+    for position in (AlibiBias(5), RelativePositionBias(5)):
+        with pytest.raises(ValueError, match="num_heads") as error:
+            layer = PositionalMultiHeadAttention(HEADS, KEY_DIM, position=position)
+            layer(tokens, tokens)
+        assert re.search(r"\b5\b", str(error.value)), error.value
+        assert re.search(r"\b3\b", str(error.value)), error.value
+
+
+@pytest.mark.parametrize(
+    "position, kwargs, message",
+    [
+        (lambda: "alibi", {}, "position='alibi'"),
+        (lambda: keras.layers.Dense(3), {}, "position=<Dense"),
+        (RotaryEmbedding, {"key_dim": 5}, "even"),
+        (lambda: RotaryEmbedding(sequence_axis=2), {}, "sequence_axis=2"),
+        (lambda: RotaryEmbedding(rotary_dim=8), {}, "rotary_dim=8"),
+    ],
+    ids=["string", "other-layer", "rope-odd-key-dim", "rope-axes", "rope-too-wide"],
+)
+def test_bad_position_raises_value_error_naming_it(position, kwargs, message):
+    tokens = np.zeros((1, 2, FEATURES), "float32")
+    with pytest.raises(ValueError, match=message):
+        layer = PositionalMultiHeadAttention(
+            HEADS, **{"key_dim": KEY_DIM, **kwargs}, position=position()
+        )
+        layer(tokens, tokens)
+
+
+@pytest.mark.parametrize(
+    "call_kwargs, message",
+    [
+        ({"query_positions": np.arange(LENGTH + 1)}, r"query_positions.*\(8,\)"),
+        (
+            {"key_positions": np.zeros((BATCH, LENGTH - 1), "int32")},
+            r"key_positions.*\(2, 6\)",
+        ),
+        (
+            {"query_positions": np.zeros((3, LENGTH), "int32")},
+            r"query_positions.*\(3, 7\)",
+        ),
+        (
+            {"query_positions": np.zeros((1, 1, LENGTH), "int32")},
+            r"query_positions.*\(1, 1, 7\)",
+        ),
+        ({"key_positions": np.arange(LENGTH) + 0.5}, "key_positions.*float"),
+    ],
+    ids=["too-long", "too-short", "other-batch", "rank-3", "float"],
+)
+@pytest.mark.parametrize("scheme", ["none", "rotary", "shaw"])
+def test_bad_positions_raise_value_error_naming_them(scheme, call_kwargs, message):
+    layer = attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    with pytest.raises(ValueError, match=message):
+        layer(tokens, tokens, **call_kwargs)
+
+
+def test_position_needs_sequences_of_features():
+    layer = PositionalMultiHeadAttention(HEADS, KEY_DIM, position=AlibiBias(HEADS))
+    images = np.zeros((1, 3, 4, FEATURES), "float32")
+    with pytest.raises(ValueError, match=r"\(batch, sequence, features\)"):
+        layer(images, images)
