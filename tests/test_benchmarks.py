@@ -3,6 +3,7 @@ import math
 import pytest
 import tensorflow as tf
 
+from benchmarks import attention
 from benchmarks import rotary_embedding
 from benchmarks import timing
 
@@ -104,3 +105,86 @@ def rotary_results(vs_keras_hub, vs_itself):
 def test_table_tells_a_miss_from_noise(vs_keras_hub, vs_itself, met):
     table = rotary_embedding.format_table(rotary_results(vs_keras_hub, vs_itself))
     assert f"| keras_hub | 10.00 | {vs_keras_hub:.3f}x {met}" in table
+
+
+# A tiny attention: these tests check that the benchmark runs, in one
+# process for the times and in a fresh one per candidate for the memory,
+# not the numbers, which only `python -m benchmarks.attention` measures.
+TINY_ATTENTION = {"batch": 1, "length": 8, "heads": 2, "key_dim": 4}
+
+
+@pytest.fixture(scope="module")
+def attention_results():
+    return attention.run(**TINY_ATTENTION, repeats=2, warmup=1, memory_length=16)
+
+
+def test_attention_benchmark_times_and_measures_every_candidate(
+    attention_results,
+):
+    timed = ("plain", "plain_einsum_path") + attention.SCHEMES
+    assert set(attention_results) == {
+        *timed,
+        "plain_again",
+        *(f"{name}_vs_plain" for name in attention.SCHEMES),
+        *(f"{name}_vs_plain_einsum_path" for name in attention.SCHEMES),
+        "plain_einsum_path_vs_plain",
+        "vs_itself",
+        *(f"{name}_peak_mib" for name in attention.MEMORY_CANDIDATES),
+        *(f"{name}_memory_vs_plain" for name in attention.MEMORY_CANDIDATES),
+    }
+    for name, value in attention_results.items():
+        if name.endswith("_peak_mib"):
+            # A tiny call may fit in pages the process already holds.
+            assert math.isfinite(value) and value >= 0
+        elif not name.endswith("_memory_vs_plain"):
+            assert math.isfinite(value) and value > 0
+
+
+def test_attention_benchmark_table_has_every_scheme_and_target(
+    attention_results,
+):
+    table = attention.format_table(attention_results)
+    assert "| scheme | median (ms) | / plain | target | met |" in table
+    assert "| peak (MiB) | / plain | target | met |" in table
+    for name in attention.MEMORY_CANDIDATES:
+        assert f"| {attention.LABELS[name]} |" in table
+    assert "| a second copy of plain (noise) |" in table
+    assert "<= 1.15x" in table and "<= 1.50x" in table and "<= 1.3x" in table
+
+
+def test_attention_benchmark_prints_a_table(capsys):
+    status = attention.main(
+        [
+            "--batch", "1", "--length", "8", "--heads", "2", "--key-dim", "4",
+            "--repeats", "2", "--no-memory",
+        ]
+    )  # fmt: skip
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "(1, 8, 8) float32 input, 2 heads of key_dim 4" in printed
+    assert "| scheme | median (ms) | / plain | target | met |" in printed
+    assert "peak (MiB)" not in printed
+    for name in ("plain",) + attention.SCHEMES:
+        assert f"| {attention.LABELS[name]} |" in printed
+
+
+def test_attention_table_tells_a_miss_from_noise():
+    results = {
+        name: 0.1
+        for name in ("plain", "plain_again", "plain_einsum_path")
+        + attention.SCHEMES
+    }
+    results.update(
+        {f"{name}_vs_plain_einsum_path": 1.0 for name in attention.SCHEMES},
+        plain_einsum_path_vs_plain=1.0,
+        vs_itself=1.02,
+        rope_vs_plain=1.10,  # under 1.15
+        alibi_vs_plain=1.16,  # past 1.15 by less than the noise
+        t5_vs_plain=1.30,
+        shaw_vs_plain=1.40,  # under 1.5
+    )
+    table = attention.format_table(results)
+    assert "| 1.100x | <= 1.15x | yes |" in table
+    assert "| 1.160x | <= 1.15x | within noise |" in table
+    assert "| 1.300x | <= 1.15x | no |" in table
+    assert "| 1.400x | <= 1.50x | yes |" in table

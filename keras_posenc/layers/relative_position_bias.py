@@ -131,13 +131,18 @@ class RelativePositionBias(AttentionPosition):
             self.num_buckets,
             self.max_distance,
         )  # (batch or 1, query, key)
-        # Gathering from the transposed table puts heads first, so that the
-        # final transpose only swaps them with a batch of 1.
-        bias = tf.gather(
-            tf.transpose(self.embeddings), buckets, axis=1
-        )  # (heads, batch or 1, query, key)
+        # One scalar per (head, query, key) from the flattened (heads,
+        # buckets) table: the bias comes out laid out as the logits it joins,
+        # where gathering rows of heads would leave heads innermost and slow
+        # XLA's softmax loops on CPU.
+        table = tf.reshape(
+            tf.transpose(self.embeddings), [-1]
+        )  # (heads * buckets,)
+        head_offsets = (
+            tf.range(self.num_heads)[:, tf.newaxis, tf.newaxis] * self.num_buckets
+        )  # (heads, 1, 1)
         return tf.cast(
-            tf.transpose(bias, [1, 0, 2, 3]), "float32"
+            tf.gather(table, buckets[:, tf.newaxis] + head_offsets), "float32"
         )  # (batch or 1, heads, query, key)
 
     def call(self, query_positions, key_positions):

@@ -1,0 +1,477 @@
+"""Benchmark: one self-attention call per position scheme against plain Keras.
+
+The targets: one self-attention call `layer(x, x)` on a `(4, 1024, 512)`
+float32 input, 8 heads of key_dim 64, no mask, compiled with XLA, takes at
+most 1.15 times as long as plain `keras.layers.MultiHeadAttention(8, 64)`
+with RoPE (`RotaryEmbedding`), ALiBi (`AlibiBias`) and T5
+(`RelativePositionBias`) inside `PositionalMultiHeadAttention`, and at most
+1.5 times with Shaw et al.'s relative representations
+(`RelativePositionEmbedding`, clipping distance k = 16). At
+length 2048 the Shaw layer's call needs at most 1.3 times the memory of the
+plain one.
+
+Time: all candidates are built, then compiled with XLA and called in one
+process, in rounds that call each once in a new order; each ratio is the
+median over rounds of the two calls' times in that round. A second copy of
+the plain layer measures how far two identical programs time apart.
+
+The baseline is what a user gets from `keras.layers.MultiHeadAttention`: with
+no dropout and no attention scores asked for, Keras 3 hands the projected
+heads to `keras.ops.dot_product_attention`, which on TensorFlow is no fused
+kernel but the same einsum, softmax, einsum, with the scale applied to the
+`(batch, heads, query, key)` logits rather than to the queries. Asking for
+the scores takes Keras' other path, the one `PositionalMultiHeadAttention`
+follows (queries scaled first); a third plain candidate does that and drops
+the scores, so that XLA returns the output alone. Its column, "/ einsum
+path", tells the cost of a position scheme apart from the cost of the path:
+on XLA's CPU backend, scaling the logits costs a second logits-sized buffer
+and a pass over it, and the plain layer is the slower of the two.
+
+Memory: TensorFlow reports no memory statistics for the CPU, so each
+candidate's peak is read from the operating system, in a fresh process of
+its own (`python -m benchmarks.attention --memory-child NAME`). There the
+layer is built, the input made, and the call compiled and run once; the
+output is dropped, the peak resident set size (`VmHWM` in
+`/proc/self/status`) is reset by writing `5` to `/proc/self/clear_refs`
+(Linux), the resident size (`VmRSS`) is read, the call runs again, and its
+peak is the new `VmHWM` minus that reading: every buffer the compiled call
+allocates, its output included, and not the compiler's memory. The child
+runs with glibc's mmap threshold fixed at 128 KiB, so every allocation
+larger than that gets fresh pages and returns them when freed, and a buffer
+cannot hide in pages the first call left resident.
+
+Run from the repository root:
+
+    python -m benchmarks.attention [--length 1024] [--repeats 30] [--no-memory]
+"""
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+if not __package__:
+    # Run as `python benchmarks/attention.py`: the repository root is not on
+    # the path then, and `benchmarks` must be importable.
+    sys.path.insert(
+        0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    )
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_posenc  # noqa: E402
+from keras_posenc.cli import int_at_least  # noqa: E402
+from benchmarks import timing  # noqa: E402
+
+BATCH = 4
+LENGTH = 1024
+HEADS = 8
+KEY_DIM = 64
+MEMORY_LENGTH = 2048
+# A clipping distance from Shaw et al.'s ablation, which found no gain past
+# k = 2; the cost hardly depends on it, the tables having 2k + 1 rows.
+SHAW_MAX_DISTANCE = 16
+SCHEMES = ("rope", "alibi", "t5", "shaw")
+# The most each scheme's time may be, over plain MultiHeadAttention's.
+TARGETS = {"rope": 1.15, "alibi": 1.15, "t5": 1.15, "shaw": 1.5}
+# The most each scheme's peak memory may be, over plain's.
+MEMORY_TARGETS = {"shaw": 1.3}
+# The candidates whose peak memory is measured: all but the noise copy.
+MEMORY_CANDIDATES = ("plain", "plain_einsum_path") + SCHEMES
+LABELS = {
+    "plain": "plain `MultiHeadAttention`",
+    "plain_einsum_path": "plain, Keras' einsum path",
+    "rope": "RoPE (`RotaryEmbedding`)",
+    "alibi": "ALiBi (`AlibiBias`)",
+    "t5": "T5 (`RelativePositionBias`)",
+    "shaw": f"Shaw, k = {SHAW_MAX_DISTANCE} (`RelativePositionEmbedding`)",
+}
+_REPOSITORY_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _position(scheme, heads):
+    """The position layer of `scheme`."""
+    if scheme == "rope":
+        return keras_posenc.RotaryEmbedding()
+    if scheme == "alibi":
+        return keras_posenc.AlibiBias(heads)
+    if scheme == "t5":
+        return keras_posenc.RelativePositionBias(heads)
+    return keras_posenc.RelativePositionEmbedding(SHAW_MAX_DISTANCE)
+
+
+def _candidate(name, heads, key_dim):
+    """A built layer of candidate `name` and its self-attention call.
+
+    Args:
+        name: str. `"plain"`, `"plain_again"`, `"plain_einsum_path"` or one
+            of `SCHEMES`.
+        heads: int. Number of attention heads.
+        key_dim: int. Size of each head.
+
+    Returns:
+        A function of the input `(batch, length, heads * key_dim)` that
+        returns the attention output.
+    """
+    if name in ("plain", "plain_again", "plain_einsum_path"):
+        layer = keras.layers.MultiHeadAttention(heads, key_dim)
+    else:
+        layer = keras_posenc.PositionalMultiHeadAttention(
+            heads, key_dim, position=_position(name, heads)
+        )
+    # Built eagerly on a short input, so no weight is made under XLA.
+    short = tf.zeros((1, 2, heads * key_dim))
+    layer(short, short)
+    # Partials, not lambdas: `tf.function` counts traces per code object,
+    # and would warn of retracing when one lambda's code made every candidate.
+    if name == "plain_einsum_path":
+        return functools.partial(_self_attention_einsum_path, layer)
+    return functools.partial(_self_attention, layer)
+
+
+def _self_attention(layer, inputs):
+    return layer(inputs, inputs)
+
+
+def _self_attention_einsum_path(layer, inputs):
+    # Asking for the scores takes Keras' einsum path; the scores are dropped,
+    # so XLA computes only the output.
+    return layer(inputs, inputs, return_attention_scores=True)[0]
+
+
+def _inputs(batch, length, heads, key_dim, seed):
+    return tf.random.stateless_normal(
+        (batch, length, heads * key_dim), seed=[seed, 0]
+    )
+
+
+def _status_kib(field):
+    """A field of `/proc/self/status` in KiB, such as `VmRSS` or `VmHWM`."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])  # "VmHWM:   123456 kB"
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def measure_peak(name, batch, length, heads, key_dim, seed=0):
+    """Bytes that one compiled call of candidate `name` needs at its peak.
+
+    Meant for a fresh process (`memory_peaks` starts one per candidate):
+    memory that an earlier candidate freed but the process kept would hide
+    in the reading otherwise.
+
+    Args:
+        name: str. A name of `MEMORY_CANDIDATES`.
+        batch, length, heads, key_dim: int. The sizes of the call.
+        seed: int. Seed of the weights and the input. Defaults to `0`.
+
+    Returns:
+        The rise of the peak resident set size over the call, in bytes.
+    """
+    keras.utils.set_random_seed(seed)
+    call = tf.function(_candidate(name, heads, key_dim), jit_compile=True)
+    inputs = _inputs(batch, length, heads, key_dim, seed)
+    # Traced, compiled and run once: the second call below allocates only
+    # what a compiled call does.
+    timing._wait_for(call(inputs))
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # resets VmHWM to the current VmRSS
+    before = _status_kib("VmRSS")
+    timing._wait_for(call(inputs))
+    return (_status_kib("VmHWM") - before) * 1024
+
+
+def memory_peaks(batch, length, heads, key_dim, names=MEMORY_CANDIDATES):
+    """Peak bytes of one call of each candidate, each in a fresh process.
+
+    Args:
+        batch, length, heads, key_dim: int. The sizes of the call.
+        names: tuple of str. Candidates of `MEMORY_CANDIDATES`. Defaults to
+            all of them.
+
+    Returns:
+        A dict of the names to bytes.
+
+    Raises:
+        RuntimeError: when a child process fails, with its error output.
+    """
+    environment = dict(
+        os.environ,
+        KERAS_BACKEND="tensorflow",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        # A fixed threshold turns off glibc's sliding one: every allocation
+        # past 128 KiB is mapped anew and unmapped when freed.
+        MALLOC_MMAP_THRESHOLD_="131072",
+    )
+    peaks = {}
+    for name in names:
+        command = [
+            sys.executable,
+            "-m",
+            "benchmarks.attention",
+            "--memory-child",
+            name,
+            "--batch",
+            str(batch),
+            "--length",
+            str(length),
+            "--heads",
+            str(heads),
+            "--key-dim",
+            str(key_dim),
+        ]
+        child = subprocess.run(
+            command,
+            cwd=_REPOSITORY_ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+        )
+        if child.returncode != 0:
+            raise RuntimeError(
+                f"Measuring the memory of {name} failed "
+                f"(exit status {child.returncode}):\n{child.stderr}"
+            )
+        # The child's last line is its result; TensorFlow may print before.
+        peaks[name] = json.loads(child.stdout.strip().splitlines()[-1])["peak"]
+    return peaks
+
+
+def run(
+    batch=BATCH,
+    length=LENGTH,
+    heads=HEADS,
+    key_dim=KEY_DIM,
+    repeats=30,
+    warmup=3,
+    memory_length=MEMORY_LENGTH,
+    seed=0,
+):
+    """Time one self-attention call of each candidate, and its peak memory.
+
+    Args:
+        batch: int. Batch size. Defaults to `4`.
+        length: int. Sequence length of the timed calls. Defaults to `1024`.
+        heads: int. Number of attention heads. Defaults to `8`.
+        key_dim: int. Size of each head, even (RoPE pairs features).
+            Defaults to `64`.
+        repeats: int. Timed rounds. Defaults to `30`.
+        warmup: int. Untimed calls of each candidate first. Defaults to `3`.
+        memory_length: int or None. Sequence length of the memory
+            measurement, or `None` to skip it. Defaults to `2048`.
+        seed: int. Seed of the weights and the input. Defaults to `0`.
+
+    Returns:
+        A dict: median seconds of a call under `"plain"`, `"plain_again"`,
+        `"plain_einsum_path"` and each of `SCHEMES`; the median over rounds
+        of each scheme's time over plain's under `"<scheme>_vs_plain"` and
+        over the einsum path's under `"<scheme>_vs_plain_einsum_path"`;
+        `"plain_einsum_path_vs_plain"`; plain's over its copy's under
+        `"vs_itself"`. With `memory_length`, also the peak MiB of one call
+        of each of `MEMORY_CANDIDATES` under `"<name>_peak_mib"`, and each
+        one's over plain's under `"<name>_memory_vs_plain"` (NaN when
+        plain's is 0, as it can be for tiny calls).
+    """
+    keras.utils.set_random_seed(seed)
+    names = ("plain", "plain_einsum_path") + SCHEMES + ("plain_again",)
+    # A second, separately compiled copy of the plain layer: how far apart
+    # two identical programs time on this machine.
+    candidates = {name: _candidate(name, heads, key_dim) for name in names}
+    inputs = _inputs(batch, length, heads, key_dim, seed)
+    seconds = timing.rounds(candidates, (inputs,), repeats, warmup)
+    results = {
+        name: statistics.median(times) for name, times in seconds.items()
+    }
+    for name in SCHEMES:
+        results[f"{name}_vs_plain"] = timing.paired_ratio(seconds, name, "plain")
+        results[f"{name}_vs_plain_einsum_path"] = timing.paired_ratio(
+            seconds, name, "plain_einsum_path"
+        )
+    results["plain_einsum_path_vs_plain"] = timing.paired_ratio(
+        seconds, "plain_einsum_path", "plain"
+    )
+    results["vs_itself"] = timing.paired_ratio(seconds, "plain", "plain_again")
+    if memory_length is not None:
+        peaks = memory_peaks(
+            batch, memory_length, heads, key_dim, MEMORY_CANDIDATES
+        )
+        for name, peak in peaks.items():
+            results[f"{name}_peak_mib"] = peak / 2**20
+            results[f"{name}_memory_vs_plain"] = (
+                peak / peaks["plain"] if peaks["plain"] > 0 else float("nan")
+            )
+    return results
+
+
+def _met(ratio, target, noise=1.0):
+    if ratio <= target:
+        return "yes"
+    if ratio <= target * noise:
+        return "within noise"
+    return "no"
+
+
+def format_table(results):
+    """A Markdown table of `run`'s results and whether the targets are met."""
+    with_memory = "plain_peak_mib" in results
+    header = "| scheme | median (ms) | / plain | target | met | / einsum path |"
+    rule = "|---|---:|---:|---:|---|---:|"
+    if with_memory:
+        header += " peak (MiB) | / plain | target | met |"
+        rule += "---:|---:|---:|---|"
+    # Two copies of one program time this far apart here: a ratio past its
+    # target by no more than that is not told apart from meeting it.
+    noise = max(results["vs_itself"], 1 / results["vs_itself"])
+    lines = [header, rule]
+    for name in ("plain",) + SCHEMES + ("plain_einsum_path", "plain_again"):
+        if name == "plain_again":
+            cells = [
+                "a second copy of plain (noise)",
+                f"{results[name] * 1e3:.1f}",
+                f"{1 / results['vs_itself']:.3f}x",
+                "",
+                "",
+                "",
+            ]
+        else:
+            cells = [LABELS[name], f"{results[name] * 1e3:.1f}"]
+            if name == "plain":
+                cells += ["", "", "", ""]
+            elif name == "plain_einsum_path":
+                cells += [
+                    f"{results['plain_einsum_path_vs_plain']:.3f}x",
+                    "",
+                    "",
+                    "",
+                ]
+            else:
+                ratio = results[f"{name}_vs_plain"]
+                target = TARGETS[name]
+                cells += [
+                    f"{ratio:.3f}x",
+                    f"<= {target:.2f}x",
+                    _met(ratio, target, noise),
+                    f"{results[f'{name}_vs_plain_einsum_path']:.3f}x",
+                ]
+        if with_memory:
+            if name in MEMORY_CANDIDATES:
+                cells.append(f"{results[f'{name}_peak_mib']:.0f}")
+                if name == "plain":
+                    cells += ["", "", ""]
+                else:
+                    ratio = results[f"{name}_memory_vs_plain"]
+                    cells.append(f"{ratio:.2f}x")
+                    if name in MEMORY_TARGETS:
+                        target = MEMORY_TARGETS[name]
+                        cells += [f"<= {target:.1f}x", _met(ratio, target)]
+                    else:
+                        cells += ["", ""]
+            else:
+                cells += ["", "", "", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    """Run the benchmark and print its Markdown table.
+
+    Args:
+        argv: list of str or None. The arguments after the program name.
+            Defaults to `None`, meaning `sys.argv[1:]`.
+
+    Returns:
+        `0`, whether or not the targets are met: timings on a busy machine
+        are for a person to read.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.attention",
+        description=(
+            "Time one self-attention call under XLA with each position "
+            "scheme against plain keras.layers.MultiHeadAttention, and "
+            "measure the peak memory of one call at a longer length."
+        ),
+    )
+    parser.add_argument(
+        "--batch",
+        type=int_at_least(1),
+        default=BATCH,
+        help=f"batch size (default: {BATCH})",
+    )
+    parser.add_argument(
+        "--length",
+        type=int_at_least(1),
+        default=LENGTH,
+        help=f"sequence length of the timed calls (default: {LENGTH})",
+    )
+    parser.add_argument(
+        "--heads",
+        type=int_at_least(1),
+        default=HEADS,
+        help=f"attention heads (default: {HEADS})",
+    )
+    parser.add_argument(
+        "--key-dim",
+        type=int_at_least(2),
+        default=KEY_DIM,
+        help=f"size of each head, even (default: {KEY_DIM})",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int_at_least(1),
+        default=30,
+        help="timed rounds (default: 30)",
+    )
+    parser.add_argument(
+        "--memory-length",
+        type=int_at_least(1),
+        default=MEMORY_LENGTH,
+        help=f"sequence length of the memory measurement (default: {MEMORY_LENGTH})",
+    )
+    parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the memory measurement",
+    )
+    # One candidate's memory, printed as JSON: what `memory_peaks` runs.
+    parser.add_argument(
+        "--memory-child", choices=MEMORY_CANDIDATES, help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.memory_child is not None:
+        peak = measure_peak(
+            args.memory_child, args.batch, args.length, args.heads, args.key_dim
+        )
+        print(json.dumps({"peak": peak}))
+        return 0
+    memory_length = None if args.no_memory else args.memory_length
+    results = run(
+        args.batch,
+        args.length,
+        args.heads,
+        args.key_dim,
+        args.repeats,
+        memory_length=memory_length,
+    )
+    width = args.heads * args.key_dim
+    print(
+        f"One self-attention call on a ({args.batch}, {args.length}, {width}) "
+        f"float32 input, {args.heads} heads of key_dim {args.key_dim}, no "
+        f"mask, under XLA: median of {args.repeats} rounds"
+    )
+    if memory_length is not None:
+        print(
+            f"Peak memory of one call at ({args.batch}, {memory_length}, "
+            f"{width}), each candidate in a fresh process"
+        )
+    print()
+    print(format_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
