@@ -13,6 +13,8 @@ relative distance is always `key_position - query_position`.
 
 import keras
 
+from keras_posenc import ops
+
 
 class AttentionPosition(keras.layers.Layer):
     """Base of the position layers that `PositionalMultiHeadAttention` takes."""
@@ -90,3 +92,30 @@ class AttentionPosition(keras.layers.Layer):
             None, or a tensor of shape `(batch, query, heads, value_dim)`.
         """
         return None
+
+
+class HeadBias(AttentionPosition):
+    """Base of the schemes whose contribution is a bias per head (ALiBi, T5).
+
+    Subclasses set `num_heads` and implement `logits_bias`; called on their
+    own, `layer(query_positions, key_positions)` returns that bias.
+    """
+
+    def check_attention(self, num_heads, key_dim, value_dim):
+        self._check_num_heads(num_heads)
+
+    def call(self, query_positions, key_positions):
+        return self.logits_bias(None, query_positions, key_positions)
+
+    def compute_output_shape(self, query_positions_shape, key_positions_shape):
+        batch, queries, keys = ops.relative_distance_shape(
+            query_positions_shape, key_positions_shape
+        )
+        return (batch, self.num_heads, queries, keys)
+
+    def compute_output_spec(self, query_positions, key_positions):
+        # Float32 whatever the policy, like the logits the bias joins.
+        return keras.KerasTensor(
+            self.compute_output_shape(query_positions.shape, key_positions.shape),
+            dtype="float32",
+        )

@@ -5,11 +5,11 @@ import keras
 import tensorflow as tf
 
 from keras_posenc import ops
-from keras_posenc.layers._attention_position import AttentionPosition
+from keras_posenc.layers._attention_position import HeadBias
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class AlibiBias(AttentionPosition):
+class AlibiBias(HeadBias):
     """Attention with linear biases (ALiBi): a per-head penalty on distance.
 
     Rather than encode positions in the tokens, ALiBi adds to the logit of
@@ -102,9 +102,6 @@ class AlibiBias(AttentionPosition):
         self.symmetric = symmetric
         self.slopes = None if slopes is None else [float(slope) for slope in slopes]
 
-    def check_attention(self, num_heads, key_dim, value_dim):
-        self._check_num_heads(num_heads)
-
     def logits_bias(self, query, query_positions, key_positions):
         distance = ops.relative_distance(
             query_positions, key_positions
@@ -119,22 +116,6 @@ class AlibiBias(AttentionPosition):
             slopes[:, tf.newaxis, tf.newaxis]
             * tf.cast(distance, "float32")[:, tf.newaxis]
         )  # (batch or 1, heads, query, key)
-
-    def call(self, query_positions, key_positions):
-        return self.logits_bias(None, query_positions, key_positions)
-
-    def compute_output_shape(self, query_positions_shape, key_positions_shape):
-        batch, queries, keys = ops.relative_distance_shape(
-            query_positions_shape, key_positions_shape
-        )
-        return (batch, self.num_heads, queries, keys)
-
-    def compute_output_spec(self, query_positions, key_positions):
-        # Float32 whatever the policy, like the logits the bias joins.
-        return keras.KerasTensor(
-            self.compute_output_shape(query_positions.shape, key_positions.shape),
-            dtype="float32",
-        )
 
     def get_config(self):
         config = super().get_config()

@@ -2,11 +2,11 @@ import keras
 import tensorflow as tf
 
 from keras_posenc import ops
-from keras_posenc.layers._attention_position import AttentionPosition
+from keras_posenc.layers._attention_position import HeadBias
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class RelativePositionBias(AttentionPosition):
+class RelativePositionBias(HeadBias):
     """T5's relative position bias: a learned bias per head and distance bucket.
 
     The logit of query `i` and key `j` gets a learned scalar per head, read
@@ -104,9 +104,6 @@ class RelativePositionBias(AttentionPosition):
         self.bidirectional = bidirectional
         self.embeddings_initializer = initializer
 
-    def check_attention(self, num_heads, key_dim, value_dim):
-        self._check_num_heads(num_heads)
-
     def build_for_attention(self, num_heads, key_dim, value_dim):
         self.check_attention(num_heads, key_dim, value_dim)
         self.build()
@@ -144,22 +141,6 @@ class RelativePositionBias(AttentionPosition):
         return tf.cast(
             tf.gather(table, buckets[:, tf.newaxis] + head_offsets), "float32"
         )  # (batch or 1, heads, query, key)
-
-    def call(self, query_positions, key_positions):
-        return self.logits_bias(None, query_positions, key_positions)
-
-    def compute_output_shape(self, query_positions_shape, key_positions_shape):
-        batch, queries, keys = ops.relative_distance_shape(
-            query_positions_shape, key_positions_shape
-        )
-        return (batch, self.num_heads, queries, keys)
-
-    def compute_output_spec(self, query_positions, key_positions):
-        # Float32 whatever the policy, like the logits the bias joins.
-        return keras.KerasTensor(
-            self.compute_output_shape(query_positions.shape, key_positions.shape),
-            dtype="float32",
-        )
 
     def get_config(self):
         config = super().get_config()
