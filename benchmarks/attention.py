@@ -308,14 +308,6 @@ def run(
     return results
 
 
-def _met(ratio, target, noise=1.0):
-    if ratio <= target:
-        return "yes"
-    if ratio <= target * noise:
-        return "within noise"
-    return "no"
-
-
 def format_table(results):
     """A Markdown table of `run`'s results and whether the targets are met."""
     with_memory = "plain_peak_mib" in results
@@ -326,7 +318,7 @@ def format_table(results):
         rule += "---:|---:|---:|---|"
     # Two copies of one program time this far apart here: a ratio past its
     # target by no more than that is not told apart from meeting it.
-    noise = max(results["vs_itself"], 1 / results["vs_itself"])
+    noise = timing.noise_band(results["vs_itself"])
     lines = [header, rule]
     for name in ("plain",) + SCHEMES + ("plain_einsum_path", "plain_again"):
         if name == "plain_again":
@@ -355,7 +347,7 @@ def format_table(results):
                 cells += [
                     f"{ratio:.3f}x",
                     f"<= {target:.2f}x",
-                    _met(ratio, target, noise),
+                    timing.verdict(ratio, target, noise),
                     f"{results[f'{name}_vs_plain_einsum_path']:.3f}x",
                 ]
         if with_memory:
@@ -368,7 +360,10 @@ def format_table(results):
                     cells.append(f"{ratio:.2f}x")
                     if name in MEMORY_TARGETS:
                         target = MEMORY_TARGETS[name]
-                        cells += [f"<= {target:.1f}x", _met(ratio, target)]
+                        cells += [
+                            f"<= {target:.1f}x",
+                            timing.verdict(ratio, target),
+                        ]
                     else:
                         cells += ["", ""]
             else:

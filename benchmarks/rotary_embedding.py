@@ -147,18 +147,11 @@ def format_table(results):
         "|---|---:|---:|---:|---|",
         f"| (keras_posenc itself) | {results['keras_posenc'] * 1e3:.2f} | | | |",
     ]
-    # Two copies of one program time this far apart here: a ratio past its
-    # target by no more than that is not told apart from meeting it.
-    noise = max(results["vs_itself"], 1 / results["vs_itself"])
+    noise = timing.noise_band(results["vs_itself"])
     for name in ("keras_hub", "floor"):
         ratio = results[f"vs_{name}"]
         target = TARGETS[f"vs_{name}"]
-        if ratio <= target:
-            met = "yes"
-        elif ratio <= target * noise:
-            met = "within noise"
-        else:
-            met = "no"
+        met = timing.verdict(ratio, target, noise)
         lines.append(
             f"| {name} | {results[name] * 1e3:.2f} | {ratio:.3f}x "
             f"| <= {target:.1f}x | {met} |"

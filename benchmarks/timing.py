@@ -109,3 +109,28 @@ def median_time(fn, *args, repeats=30, warmup=3):
         The median wall-clock seconds of a call, a float.
     """
     return compare({"fn": fn}, args, repeats, warmup)["fn"]
+
+
+def verdict(ratio, target, noise=1.0):
+    """Whether a ratio meets its target: "yes", "within noise" or "no".
+
+    Args:
+        ratio: float. A measured time or memory ratio.
+        target: float. The most it may be.
+        noise: float. How far apart two copies of one program measure here
+            (1.0 or more): a ratio past the target by no more than that is
+            not told apart from meeting it. Defaults to `1.0`.
+
+    Returns:
+        A str.
+    """
+    if ratio <= target:
+        return "yes"
+    if ratio <= target * noise:
+        return "within noise"
+    return "no"
+
+
+def noise_band(self_ratio):
+    """The noise factor of `verdict` from a candidate timed against its copy."""
+    return max(self_ratio, 1 / self_ratio)
