@@ -1,12 +1,14 @@
 """The `keras-posenc` command.
 
-`keras-posenc plot` draws the sinusoidal encoding to PNG files;
-`keras-posenc demo` trains a small transformer with and without it on a task
-that only positions can solve, saves and reloads the trained model, and draws
-the plots.
+`keras-posenc plot` draws the encodings to PNG files; `keras-posenc demo`
+trains one small causal language model per encoding at one length and
+evaluates it at longer ones (train short, test long); `keras-posenc bench`
+runs the speed and memory benchmarks.
 """
 
 import argparse
+
+from keras_posenc import demo
 
 
 def int_at_least(minimum):
@@ -64,11 +66,12 @@ def _make_parser():
 
     demo_parser = commands.add_parser(
         "demo",
-        help="train with and without the encoding on an order task",
+        help="train short, test long: one small language model per encoding",
         description=(
-            "Train a one-block transformer to tell whether token A comes "
-            "before token B, with and without SinusoidalPositionEncoding; "
-            "save, reload and check the model; write the plots."
+            "Train the same small causal transformer with each encoding on "
+            "a synthetic order-2 Markov source at one length, evaluate its "
+            "negative log-likelihood per token at longer ones, save and "
+            "reload every model, and write the table and the plot."
         ),
     )
     demo_parser.add_argument(
@@ -77,22 +80,86 @@ def _make_parser():
         help="output folder (default: demo-output)",
     )
     demo_parser.add_argument(
-        "--epochs",
+        "--encodings",
+        nargs="+",
+        choices=demo.ENCODINGS,
+        default=None,
+        metavar="ENCODING",
+        help=(
+            "encodings to train, from: " + ", ".join(demo.ENCODINGS)
+            + " (default: all; rope also reports its yarn, linear and "
+            "dynamic scalings)"
+        ),
+    )
+    demo_parser.add_argument(
+        "--steps",
         type=int_at_least(1),
-        default=10,
-        help="training epochs of each model (default: 10)",
+        default=None,
+        help=(
+            f"training steps of each model (default: {demo.DEFAULT.steps}; "
+            f"{demo.QUICK.steps} with --quick)"
+        ),
+    )
+    demo_parser.add_argument(
+        "--train-length",
+        type=int_at_least(2),
+        default=None,
+        help=(
+            f"training sequence length (default: {demo.DEFAULT.train_length}; "
+            f"{demo.QUICK.train_length} with --quick)"
+        ),
+    )
+    demo_parser.add_argument(
+        "--lengths",
+        type=int_at_least(1),
+        nargs="+",
+        default=None,
+        metavar="LENGTH",
+        help=(
+            "evaluation lengths (default: "
+            + " ".join(map(str, demo.DEFAULT.lengths))
+            + "; "
+            + " ".join(map(str, demo.QUICK.lengths))
+            + " with --quick)"
+        ),
     )
     demo_parser.add_argument(
         "--seed",
         type=int_at_least(0),
         default=0,
-        help="seed of the data and the weights (default: 0)",
+        help="seed of the source, the data and the weights (default: 0)",
     )
     demo_parser.add_argument(
-        "--samples",
+        "--quick",
+        action="store_true",
+        help="a tiny configuration that runs in well under a minute",
+    )
+
+    bench_parser = commands.add_parser(
+        "bench",
+        help="run the speed and memory benchmarks and print their ratios",
+        description=(
+            "Time every layer under XLA against keras-hub, plain Keras and "
+            "precomputed tables, in one process, and measure peak memory; "
+            "print one Markdown table of ratios."
+        ),
+    )
+    bench_parser.add_argument(
+        "--out",
+        default=None,
+        help="also write the tables and the machine's description to this "
+        "Markdown file",
+    )
+    bench_parser.add_argument(
+        "--repeats",
         type=int_at_least(1),
-        default=8000,
-        help="number of training sequences (default: 8000)",
+        default=30,
+        help="timed rounds of each benchmark (default: 30)",
+    )
+    bench_parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny shapes and few rounds: checks that it runs, times nothing",
     )
     return parser
 
@@ -108,15 +175,29 @@ def main(argv=None):
         The exit status, `0` on success. Bad arguments exit with status 2
         and a one-line message.
     """
-    args = _make_parser().parse_args(argv)
-    # Imported on use: both need matplotlib (the `plot` extra); `--help` and
-    # bad arguments do not.
+    parser = _make_parser()
+    args = parser.parse_args(argv)
+    # Imported on use: `plot` needs matplotlib (the `plot` extra), `bench`
+    # keras-hub; `--help` and bad arguments need neither.
     if args.command == "plot":
         from keras_posenc import plot
 
         for path in plot.save_plots(args.out, args.length, args.dim):
             print(path)
         return 0
-    from keras_posenc import demo
+    if args.command == "bench":
+        from benchmarks import suite
 
-    return demo.run(args.out, args.epochs, args.seed, args.samples)
+        return suite.run(out=args.out, repeats=args.repeats, tiny=args.tiny)
+    config = demo.QUICK if args.quick else demo.DEFAULT
+    try:
+        config = config.replace(
+            encodings=args.encodings,
+            steps=args.steps,
+            train_length=args.train_length,
+            lengths=args.lengths,
+            seed=args.seed,
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    return demo.run(config, args.out)

@@ -1,182 +1,566 @@
-"""A task that only a model that sees positions can learn.
+"""Train short, test long: one small language model per position encoding.
 
-Each sequence holds the symbol `FIRST` once and the symbol `SECOND` once, at
-random distinct positions, among random filler ids; the label is 1 when
-`FIRST` comes before `SECOND`. Self-attention followed by average pooling is
-permutation-invariant: without a position encoding, a sequence and any
-shuffle of it get the same prediction, so such a model cannot beat chance
-(half the labels). Adding `SinusoidalPositionEncoding` is enough to solve it.
+The experiment of Press et al. 2022 (Table 2), shrunk to run on a CPU in
+minutes. A synthetic source emits sequences over `VOCABULARY_SIZE` symbols,
+each drawn from a distribution that depends on the two symbols before it (an
+order-2 Markov chain with a random transition table from a fixed seed). Its
+entropy rate is the lowest mean negative log-likelihood per token that any
+model can reach. The same small pre-norm causal transformer is trained with
+each encoding on sequences of one length, then its mean negative
+log-likelihood per token is measured on longer ones. Predicting the next
+symbol needs exactly the last two, at relative distances 0 and 1, so a model
+whose notion of position carries over to unseen lengths stays at the floor;
+one that learned absolute positions, or relative ones only up to the
+trained length, does not.
+
+Every trained model is saved to `.keras`, reloaded with `safe_mode=True` and
+checked to predict bit-identically before the reloaded model is evaluated.
 """
 
+import csv
+import dataclasses
+import math
 import os
 import sys
+import time
 
 import keras
 import numpy as np
 
 import keras_posenc
-from keras_posenc import plot
 
-SEQUENCE_LENGTH = 16
+ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "shaw", "t5")
+# RoPE schedules applied to the trained RoPE model at evaluation time, with
+# no retraining: each extends the trained length to the evaluated one.
+ROPE_SCALINGS = ("yarn", "linear", "dynamic")
 VOCABULARY_SIZE = 16
-FIRST = 1
-SECOND = 2
-EMBEDDING_DIM = 32
-NUM_HEADS = 2
-HIDDEN_DIM = 64
-BATCH_SIZE = 64
-TEST_SAMPLES = 2000
+# The Dirichlet concentration of each row of the transition table: small
+# values make peaked rows, so the two previous symbols matter.
+CONCENTRATION = 0.3
+WIDTH = 64
+NUM_HEADS = 4
+FEED_FORWARD_DIM = 256
+NUM_LAYERS = 2
+LEARNING_RATE = 2e-3
+STEPS_PER_EXECUTION = 20
+# Shaw et al.'s clipping distance, and T5's bucketing (its defaults,
+# unidirectional for a causal model).
+SHAW_MAX_DISTANCE = 16
+T5_NUM_BUCKETS = 32
+T5_MAX_DISTANCE = 128
+# Tokens scored per batch of evaluation: the batch holds this many over the
+# evaluation length sequences.
+EVALUATION_BATCH_TOKENS = 8192
+# The most ALiBi's negative log-likelihood may rise from the trained length
+# to the longest, and what Press et al. found: it extrapolates.
+ALIBI_TOLERANCE = 0.05
 
 
-def make_dataset(num_samples, rng):
-    """Token ids and order labels for `num_samples` random sequences.
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """What the demo trains and evaluates.
 
     Args:
-        num_samples: int. The number of sequences.
-        rng: `numpy.random.Generator`. The source of randomness.
-
-    Returns:
-        A tuple `(token_ids, labels)`: int32 of shape
-        `(num_samples, SEQUENCE_LENGTH)` with ids in `1 .. VOCABULARY_SIZE - 1`
-        (0 is unused), and float32 of shape `(num_samples,)`, 1 where `FIRST`
-        comes before `SECOND`.
+        encodings: tuple of str. Encodings to train, from `ENCODINGS`.
+        steps: int. Training steps of each model.
+        batch_size: int. Sequences per training step.
+        train_length: int. Tokens per training sequence.
+        lengths: tuple of int. Evaluation lengths, ascending.
+        evaluation_tokens: int. Target tokens scored at every evaluation
+            length; the same tokens at each.
+        seed: int. Seed of the source, the data and the weights.
+        jit_compile: bool. Whether training runs under XLA. Evaluation
+            runs in graph mode either way: it calls each model on a few
+            shapes, where XLA's compile time outweighs its speed.
     """
-    token_ids = rng.integers(
-        SECOND + 1, VOCABULARY_SIZE, size=(num_samples, SEQUENCE_LENGTH)
-    )  # (samples, seq) filler
-    first_at = rng.integers(0, SEQUENCE_LENGTH, size=num_samples)
-    # A nonzero offset modulo the length: `SECOND` lands uniformly on one of
-    # the other positions.
-    second_at = (
-        first_at + rng.integers(1, SEQUENCE_LENGTH, size=num_samples)
-    ) % SEQUENCE_LENGTH
-    rows = np.arange(num_samples)
-    token_ids[rows, first_at] = FIRST
-    token_ids[rows, second_at] = SECOND
-    labels = (first_at < second_at).astype("float32")
-    return token_ids.astype("int32"), labels
+
+    encodings: tuple = ENCODINGS
+    steps: int = 1000
+    batch_size: int = 32
+    train_length: int = 64
+    lengths: tuple = (64, 128, 256, 512)
+    evaluation_tokens: int = 32768
+    seed: int = 0
+    jit_compile: bool = True
+
+    def replace(self, **changes):
+        """A copy with the changes that are not `None`, checked.
+
+        Args:
+            **changes: fields of `Config`; a `None` value keeps the field.
+
+        Returns:
+            A new `Config`.
+
+        Raises:
+            ValueError: when an encoding is unknown, or when an evaluation
+                length is shorter than the training length.
+        """
+        changes = {name: value for name, value in changes.items() if value is not None}
+        if "encodings" in changes:
+            # In the order given, each once.
+            changes["encodings"] = tuple(dict.fromkeys(changes["encodings"]))
+            unknown = [name for name in changes["encodings"] if name not in ENCODINGS]
+            if unknown:
+                raise ValueError(
+                    f"`encodings` must be among {', '.join(ENCODINGS)}. "
+                    f"Received: encodings={list(changes['encodings'])}"
+                )
+        if "lengths" in changes:
+            changes["lengths"] = tuple(sorted(set(changes["lengths"])))
+        config = dataclasses.replace(self, **changes)
+        if config.lengths[0] < config.train_length:
+            raise ValueError(
+                "`lengths` must each be at least the training length "
+                f"{config.train_length}: the demo tests longer, not shorter. "
+                f"Received: lengths={list(config.lengths)}"
+            )
+        return config
 
 
-def build_model(position_encoding=True):
-    """A one-block transformer classifier over token ids.
+DEFAULT = Config()
+QUICK = Config(
+    steps=40,
+    batch_size=16,
+    train_length=16,
+    lengths=(16, 32, 64),
+    evaluation_tokens=1024,
+    jit_compile=False,
+)
+
+
+class MarkovSource:
+    """An order-2 Markov chain over `VOCABULARY_SIZE` symbols.
 
     Args:
-        position_encoding: bool. Whether to add a `SinusoidalPositionEncoding`
-            to the token embeddings. Defaults to `True`.
+        seed: int. Seed of the transition table.
+
+    Attributes:
+        transitions: float64 array `(vocab, vocab, vocab)`: entry `[a, b, c]`
+            is the probability of `c` after `a, b`.
+        pair_probabilities: float64 array `(vocab, vocab)`, the stationary
+            distribution of consecutive pairs, where sequences start.
+        entropy_rate: float. Nats per symbol: the stationary mean of the
+            entropy of the next symbol given the previous two.
+    """
+
+    def __init__(self, seed):
+        rng = np.random.default_rng(seed)
+        vocab = VOCABULARY_SIZE
+        self.transitions = rng.dirichlet(
+            np.full(vocab, CONCENTRATION), size=(vocab, vocab)
+        )  # (a, b, c)
+        # The chain on pairs: (a, b) -> (b, c) with probability P(c | a, b).
+        pair_chain = np.zeros((vocab * vocab, vocab * vocab))
+        for a in range(vocab):
+            for b in range(vocab):
+                pair_chain[a * vocab + b, b * vocab : (b + 1) * vocab] = (
+                    self.transitions[a, b]
+                )
+        eigenvalues, eigenvectors = np.linalg.eig(pair_chain.T)
+        stationary = np.real(eigenvectors[:, np.argmax(np.real(eigenvalues))])
+        self.pair_probabilities = (stationary / stationary.sum()).reshape(
+            vocab, vocab
+        )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            surprise = np.where(
+                self.transitions > 0, -np.log(self.transitions), 0.0
+            )
+        conditional_entropy = np.sum(self.transitions * surprise, axis=-1)
+        self.entropy_rate = float(
+            np.sum(self.pair_probabilities * conditional_entropy)
+        )
+
+    def sample(self, num_sequences, length, rng):
+        """Sequences from the stationary chain.
+
+        Args:
+            num_sequences: int. How many.
+            length: int. Symbols in each, at least 2.
+            rng: `numpy.random.Generator`.
+
+        Returns:
+            int32 array `(num_sequences, length)`.
+        """
+        vocab = VOCABULARY_SIZE
+        symbols = np.empty((num_sequences, length), np.int32)
+        first_pairs = rng.choice(
+            vocab * vocab, size=num_sequences, p=self.pair_probabilities.ravel()
+        )
+        symbols[:, 0], symbols[:, 1] = np.divmod(first_pairs, vocab)
+        cumulative = np.cumsum(self.transitions, axis=-1)  # (a, b, c)
+        for t in range(2, length):
+            rows = cumulative[symbols[:, t - 2], symbols[:, t - 1]]  # (n, vocab)
+            draws = rng.random((num_sequences, 1))
+            # The first symbol whose cumulative probability passes the draw;
+            # `minimum` guards against a last sum rounded below 1.
+            symbols[:, t] = np.minimum((rows < draws).sum(axis=-1), vocab - 1)
+        return symbols
+
+
+def _attention_position(encoding, scaling=None):
+    """A fresh position layer for one attention block, or `None`."""
+    if encoding == "rope":
+        return keras_posenc.RotaryEmbedding(scaling=scaling)
+    if encoding == "alibi":
+        return keras_posenc.AlibiBias(NUM_HEADS)
+    if encoding == "shaw":
+        return keras_posenc.RelativePositionEmbedding(SHAW_MAX_DISTANCE)
+    if encoding == "t5":
+        return keras_posenc.RelativePositionBias(
+            NUM_HEADS,
+            num_buckets=T5_NUM_BUCKETS,
+            max_distance=T5_MAX_DISTANCE,
+            bidirectional=False,
+        )
+    return None
+
+
+def build_model(encoding, train_length, scaling=None, jit_compile=False):
+    """The pre-norm causal transformer language model with one encoding.
+
+    Args:
+        encoding: str. One of `ENCODINGS`: `"sinusoidal"` and `"learned"`
+            add to the token embeddings; `"rope"`, `"alibi"`, `"shaw"` and
+            `"t5"` act in every attention layer; `"none"` adds nothing.
+        train_length: int. The learned table's length.
+        scaling: dict or None. The RoPE scaling of `"rope"`. Defaults to
+            `None`.
+        jit_compile: bool. Whether `fit` and `predict` run under XLA, with
+            `STEPS_PER_EXECUTION` training steps per call. Defaults to
+            `False`.
 
     Returns:
-        A compiled functional `keras.Model` from int32 token ids of shape
-        `(batch, sequence)` to probabilities of shape `(batch, 1)`.
+        A compiled functional `keras.Model` from int32 token ids
+        `(batch, seq)` to next-token logits `(batch, seq, vocab)`.
     """
     token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-    x = keras.layers.Embedding(VOCABULARY_SIZE, EMBEDDING_DIM)(
-        token_ids
-    )  # (batch, seq, embedding_dim)
-    if position_encoding:
+    x = keras.layers.Embedding(VOCABULARY_SIZE, WIDTH)(token_ids)  # (b, seq, width)
+    if encoding == "sinusoidal":
         x = keras_posenc.SinusoidalPositionEncoding()(x)
-    attended = keras.layers.MultiHeadAttention(
-        NUM_HEADS, EMBEDDING_DIM // NUM_HEADS
-    )(x, x)  # (batch, seq, embedding_dim)
-    x = keras.layers.LayerNormalization()(x + attended)
-    hidden = keras.layers.Dense(HIDDEN_DIM, activation="relu")(
-        x
-    )  # (batch, seq, hidden_dim)
-    x = keras.layers.LayerNormalization()(
-        x + keras.layers.Dense(EMBEDDING_DIM)(hidden)
-    )  # (batch, seq, embedding_dim)
-    pooled = keras.layers.GlobalAveragePooling1D()(
-        x
-    )  # (batch, embedding_dim)
-    probabilities = keras.layers.Dense(1, activation="sigmoid")(pooled)
-    model = keras.Model(token_ids, probabilities)
+    elif encoding == "learned":
+        x = keras_posenc.PositionEmbedding(train_length)(x)
+    for _ in range(NUM_LAYERS):
+        normed = keras.layers.LayerNormalization()(x)
+        attention = keras_posenc.PositionalMultiHeadAttention(
+            NUM_HEADS,
+            WIDTH // NUM_HEADS,
+            position=_attention_position(encoding, scaling),
+        )
+        x = x + attention(normed, normed, use_causal_mask=True)
+        normed = keras.layers.LayerNormalization()(x)
+        hidden = keras.layers.Dense(FEED_FORWARD_DIM, activation="gelu")(
+            normed
+        )  # (b, seq, feed_forward)
+        x = x + keras.layers.Dense(WIDTH)(hidden)  # (b, seq, width)
+    x = keras.layers.LayerNormalization()(x)
+    logits = keras.layers.Dense(VOCABULARY_SIZE)(x)  # (b, seq, vocab)
+    model = keras.Model(token_ids, logits, name=f"lm_{encoding}")
     model.compile(
-        optimizer=keras.optimizers.Adam(1e-3),
-        loss="binary_crossentropy",
-        metrics=["accuracy"],
+        optimizer=keras.optimizers.Adam(LEARNING_RATE),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        # Tiny steps: running several per compiled call saves Python's
+        # overhead, at the cost of compiling a loop.
+        steps_per_execution=STEPS_PER_EXECUTION if jit_compile else 1,
+        jit_compile=jit_compile,
     )
     return model
 
 
-def train_and_evaluate(position_encoding, train_data, test_data, epochs, seed):
-    """Build and train `build_model(position_encoding)`, from `seed`.
+def rope_scaling(schedule, length, train_length):
+    """The scaling dict of a RoPE schedule extending `train_length` to `length`.
 
     Args:
-        position_encoding: bool. Whether the model adds a position encoding.
-        train_data: tuple `(token_ids, labels)` to train on.
-        test_data: tuple `(token_ids, labels)` to measure accuracy on.
-        epochs: int. The number of passes over `train_data`.
-        seed: int. The seed of the weights and of the shuffling.
+        schedule: str. One of `ROPE_SCALINGS`.
+        length: int. The evaluated length.
+        train_length: int. The trained length.
 
     Returns:
-        A tuple `(model, accuracy)`: the trained model and its accuracy on
-        `test_data`, a float in `[0, 1]`.
+        A dict in Hugging Face's `rope_scaling` form. `linear` and `yarn`
+        take the factor `length / train_length`; `dynamic` grows its base
+        with the length it sees, from factor 1.
     """
-    keras.utils.set_random_seed(seed)
-    model = build_model(position_encoding)
-    model.fit(*train_data, batch_size=BATCH_SIZE, epochs=epochs, verbose=1)
-    _, accuracy = model.evaluate(*test_data, verbose=0)
-    return model, accuracy
+    factor = float(length) / train_length
+    if schedule == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    return {
+        "rope_type": schedule,
+        "factor": 1.0 if schedule == "dynamic" else factor,
+        "original_max_position_embeddings": train_length,
+    }
 
 
-def run(out_dir, epochs, seed, samples):
-    """Train with and without the encoding, report, save, reload, plot.
+def mean_nll(model, windows):
+    """Mean negative log-likelihood per token, in nats.
 
     Args:
-        out_dir: str or path-like. Where the model and the plots go; created
-            if needed.
-        epochs: int. The number of training epochs of each model.
-        seed: int. The seed of the data, the weights and the shuffling.
-        samples: int. The number of training sequences.
+        model: `keras.Model` from token ids to next-token logits.
+        windows: int32 array `(n, length + 1)`: the model reads the first
+            `length` symbols of each and is scored on the last `length`.
 
     Returns:
-        The exit status: `0`, or `1` if the reloaded model's predictions
-        differ from the trained model's.
+        A float.
     """
-    rng = np.random.default_rng(seed)
-    train_data = make_dataset(samples, rng)
-    test_data = make_dataset(TEST_SAMPLES, rng)
-    print(
-        f"Task: {samples} training sequences of {SEQUENCE_LENGTH} tokens, each "
-        f"holding token {FIRST} (A) once and token {SECOND} (B) once among "
-        "random fillers. Label: 1 if A comes before B."
-    )
-    print("\nTraining with SinusoidalPositionEncoding:")
-    model, accuracy = train_and_evaluate(
-        True, train_data, test_data, epochs, seed
-    )
-    print("\nTraining without a position encoding (the baseline):")
-    _, baseline_accuracy = train_and_evaluate(
-        False, train_data, test_data, epochs, seed
-    )
-    print(
-        f"\nTest accuracy on {TEST_SAMPLES} new sequences:\n"
-        f"  with SinusoidalPositionEncoding: {accuracy:7.1%}\n"
-        f"  without a position encoding:     {baseline_accuracy:7.1%}\n"
-        "Without positions the model is permutation-invariant: self-attention "
-        "and average\npooling give a sequence and every shuffle of it the same "
-        "output, so it cannot\ntell whether A comes before B and stays at "
-        "chance (about 50%)."
-    )
+    length = windows.shape[1] - 1
+    batch_size = max(1, EVALUATION_BATCH_TOKENS // length)
+    logits = model.predict(
+        windows[:, :-1], batch_size=batch_size, verbose=0
+    ).astype("float64")  # (n, length, vocab)
+    log_probabilities = logits - _logsumexp(logits)
+    targets = windows[:, 1:, None]  # (n, length, 1)
+    return float(-np.mean(np.take_along_axis(log_probabilities, targets, -1)))
 
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "demo_model.keras")
+
+def _logsumexp(logits):
+    largest = logits.max(axis=-1, keepdims=True)
+    return largest + np.log(np.sum(np.exp(logits - largest), -1, keepdims=True))
+
+
+def evaluation_windows(stream, length):
+    """Cut every row of `stream` into windows of `length` targets each.
+
+    Args:
+        stream: int32 array `(rows, longest + 1)`.
+        length: int. Targets per window, at most `longest`.
+
+    Returns:
+        int32 array `(rows * (longest // length), length + 1)`: consecutive
+        windows overlapping by one symbol, the last of one being the first
+        of the next, so every length scores the same targets.
+    """
+    per_row = (stream.shape[1] - 1) // length
+    starts = np.arange(per_row) * length  # (per_row,)
+    offsets = np.arange(length + 1)  # (length + 1,)
+    windows = stream[:, starts[:, None] + offsets]  # (rows, per_row, length + 1)
+    return windows.reshape(-1, length + 1)
+
+
+def _train(encoding, config, source, out_dir, label):
+    """Train, save, reload and check one model; return the reloaded one."""
+    rng = np.random.default_rng([config.seed, ENCODINGS.index(encoding)])
+    sequences = source.sample(
+        config.steps * config.batch_size, config.train_length + 1, rng
+    )  # (steps * batch, train_length + 1)
+    keras.utils.set_random_seed(config.seed)
+    model = build_model(encoding, config.train_length, jit_compile=config.jit_compile)
+    print(f"\n{label} Training with {encoding}:")
+    model.fit(
+        sequences[:, :-1],
+        sequences[:, 1:],
+        batch_size=config.batch_size,
+        epochs=1,
+        shuffle=False,
+        verbose=1,
+    )
+    path = os.path.join(out_dir, f"lm_{encoding}.keras")
     model.save(path)
     reloaded = keras.models.load_model(path, safe_mode=True)
-    test_ids, _ = test_data
-    predictions = model.predict(test_ids, verbose=0)  # (test_samples, 1)
-    reloaded_predictions = reloaded.predict(test_ids, verbose=0)
-    if not np.array_equal(predictions, reloaded_predictions):
-        print(
-            f"\nError: the model reloaded from {path} predicts differently "
-            "from the trained model.",
-            file=sys.stderr,
+    # Both predict in graph mode, as the evaluation does.
+    model.jit_compile = reloaded.jit_compile = False
+    probe = sequences[: config.batch_size, :-1]
+    if not np.array_equal(
+        model.predict(probe, verbose=0), reloaded.predict(probe, verbose=0)
+    ):
+        raise RuntimeError(
+            f"the model reloaded from {path} predicts differently from the "
+            "trained model."
         )
-        return 1
+    print(f"Saved to {path}; reloaded with safe_mode=True, predictions identical.")
+    return reloaded
+
+
+def _evaluate(model, encoding, config, stream):
+    """`{length: nll or None}` of `model`, `None` where undefined."""
+    scores = {}
+    for length in config.lengths:
+        if encoding == "learned" and length > config.train_length:
+            scores[length] = None  # The table has no rows past its length.
+        else:
+            scores[length] = mean_nll(model, evaluation_windows(stream, length))
+    return scores
+
+
+def _evaluate_rope_scalings(model, plain_scores, config, stream):
+    """`{"rope + schedule": {length: nll}}` of the trained RoPE model.
+
+    Up to the trained length every schedule is plain RoPE, and dynamic
+    scaling follows the length it sees: one model of it serves every length.
+    """
+    results = {}
+    for schedule in ROPE_SCALINGS:
+        scores = {}
+        scaled = None
+        for length in config.lengths:
+            if length <= config.train_length:
+                scores[length] = plain_scores[length]
+                continue
+            if scaled is None or schedule != "dynamic":
+                scaled = build_model(
+                    "rope",
+                    config.train_length,
+                    rope_scaling(schedule, length, config.train_length),
+                )
+                scaled.set_weights(model.get_weights())
+            scores[length] = mean_nll(scaled, evaluation_windows(stream, length))
+        results[f"rope + {schedule}"] = scores
+    return results
+
+
+def format_markdown(results, lengths):
+    """A Markdown table of NLL by encoding (rows) and length (columns)."""
+    lines = [
+        "| encoding | " + " | ".join(str(length) for length in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for name, scores in results.items():
+        cells = [_cell(scores[length]) for length in lengths]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value):
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def write_csv(path, results, lengths):
+    """Write the table as CSV: one row per encoding, `n/a` where undefined."""
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["encoding"] + [str(length) for length in lengths])
+        for name, scores in results.items():
+            writer.writerow([name] + [_cell(scores[length]) for length in lengths])
+
+
+def findings(results, config, entropy_rate):
+    """Lines that say whether the table shows the paper's direction.
+
+    Args:
+        results: dict of encoding name to `{length: nll or None}`.
+        config: `Config`.
+        entropy_rate: float. The source's floor.
+
+    Returns:
+        A list of str, one per comparison the trained encodings allow.
+    """
+    short, long = config.lengths[0], config.lengths[-1]
+    lines = []
+
+    def rise(name):
+        return results[name][long] - results[name][short]
+
+    if "alibi" in results:
+        lines.append(
+            f"ALiBi: {rise('alibi'):+.3f} nats from length {short} to {long} "
+            f"(within {ALIBI_TOLERANCE}: "
+            f"{'yes' if rise('alibi') <= ALIBI_TOLERANCE else 'no'})."
+        )
+    for name in ("sinusoidal", "rope", "t5", "shaw", "none"):
+        if name in results:
+            lines.append(
+                f"{name}: {rise(name):+.3f} nats from length {short} to {long}."
+            )
+    if "learned" in results:
+        lines.append(
+            f"learned: {_cell(results['learned'][short])} at {short}; n/a past "
+            f"its {config.train_length} positions."
+        )
+    # Press et al. and Peng et al. compare the schedules at 4x the trained
+    # length.
+    scaled = 4 * config.train_length
+    if scaled not in config.lengths:
+        scaled = long
+    for schedule in ("yarn", "dynamic", "linear"):
+        name = f"rope + {schedule}"
+        if name in results:
+            better = results[name][scaled] < results["rope"][scaled]
+            lines.append(
+                f"{name}: {results[name][scaled]:.3f} at {scaled} against "
+                f"plain RoPE's {results['rope'][scaled]:.3f} (better: "
+                f"{'yes' if better else 'no'})."
+            )
+    lines.append(f"Entropy rate of the source (the floor): {entropy_rate:.3f}.")
+    return lines
+
+
+def run(config, out_dir):
+    """Train every encoding short, test it long, and write the results.
+
+    Args:
+        config: `Config`. What to train and evaluate.
+        out_dir: str or path-like. Where the models, the table (`nll.md`,
+            `nll.csv`) and the plot (`nll.png`) go; created if needed.
+
+    Returns:
+        The exit status: `0`, or `1` if a reloaded model predicts
+        differently from the trained one.
+    """
+    from keras_posenc import plot
+
+    started = time.perf_counter()
+    os.makedirs(out_dir, exist_ok=True)
+    source = MarkovSource(config.seed)
+    longest = config.lengths[-1]
+    stream = source.sample(
+        math.ceil(config.evaluation_tokens / longest),
+        longest + 1,
+        np.random.default_rng([config.seed, len(ENCODINGS)]),
+    )  # (rows, longest + 1), scored at every length
     print(
-        f"\nSaved the model with the encoding to {path}, reloaded it with "
-        f"safe_mode=True:\npredictions on the {TEST_SAMPLES} test sequences "
-        "are bit-identical."
+        f"Source: an order-2 Markov chain over {VOCABULARY_SIZE} symbols "
+        f"(seed {config.seed}); its entropy rate, the floor of any model's "
+        f"loss, is {source.entropy_rate:.3f} nats per symbol."
     )
-    for plot_path in plot.save_plots(out_dir):
-        print(f"Wrote {plot_path}")
+    print(
+        f"Model: {NUM_LAYERS} pre-norm causal transformer blocks, width "
+        f"{WIDTH}, {NUM_HEADS} heads, feed-forward {FEED_FORWARD_DIM}. "
+        f"Training: {config.steps} steps of {config.batch_size} sequences of "
+        f"{config.train_length} tokens. Evaluation: mean negative "
+        f"log-likelihood per token on the same {stream.shape[0] * longest} "
+        f"tokens at lengths {', '.join(map(str, config.lengths))}."
+    )
+    results = {}
+    for number, encoding in enumerate(config.encodings, start=1):
+        label = f"[{number}/{len(config.encodings)}]"
+        try:
+            model = _train(encoding, config, source, out_dir, label)
+        except RuntimeError as error:
+            print(f"Error: {error}", file=sys.stderr)
+            return 1
+        results[encoding] = _evaluate(model, encoding, config, stream)
+        if encoding == "rope":
+            results.update(
+                _evaluate_rope_scalings(model, results["rope"], config, stream)
+            )
+
+    table = format_markdown(results, config.lengths)
+    markdown_path = os.path.join(out_dir, "nll.md")
+    with open(markdown_path, "w") as file:
+        file.write(
+            f"Mean negative log-likelihood per token (nats), trained at "
+            f"length {config.train_length}; entropy rate "
+            f"{source.entropy_rate:.3f}.\n\n{table}\n"
+        )
+    csv_path = os.path.join(out_dir, "nll.csv")
+    write_csv(csv_path, results, config.lengths)
+    figure = plot.extrapolation_curves(
+        list(config.lengths),
+        {
+            name: [scores[length] for length in config.lengths]
+            for name, scores in results.items()
+        },
+        source.entropy_rate,
+        config.train_length,
+    )
+    plot_path = os.path.join(out_dir, "nll.png")
+    figure.savefig(plot_path, dpi=100)
+
+    print(
+        f"\nMean negative log-likelihood per token (nats), trained at length "
+        f"{config.train_length}:\n\n{table}\n"
+    )
+    print("\n".join(findings(results, config, source.entropy_rate)))
+    print(
+        f"\nWrote {markdown_path}, {csv_path} and {plot_path} in "
+        f"{time.perf_counter() - started:.0f} s."
+    )
     return 0

@@ -1,4 +1,4 @@
-"""Figures of the sinusoidal encoding, drawn with matplotlib.
+"""Figures of the encodings and of the demo's results, drawn with matplotlib.
 
 An optional extra (`pip install keras-posenc[plot]`): `import keras_posenc`
 does not import this module. Figures are made with `matplotlib.figure.Figure`
@@ -6,15 +6,19 @@ rather than `pyplot`, so they need no display, hold no global state and are
 freed like any other object; in a notebook, the returned figure shows itself.
 """
 
+import math
 import numbers
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from keras_posenc import ops
+from keras_posenc import rope_scaling
 
 try:
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullLocator
 except ImportError as error:
     raise ImportError(
         "keras_posenc.plot needs matplotlib. Install it with "
@@ -121,12 +125,285 @@ def similarity_curve(length=128, dim=64, position=None, max_wavelength=10000.0):
     return figure
 
 
-def save_plots(out_dir, length=128, dim=64):
-    """Write the heatmap and the similarity curve as PNG files.
+def rope_wavelengths(
+    head_dim=128,
+    max_wavelength=10000.0,
+    factor=8.0,
+    original_max_position_embeddings=8192,
+):
+    """The RoPE wavelength of every feature pair under each scaling schedule.
 
-    Draws `encoding_heatmap(length, dim)` to `encoding_heatmap.png` and
-    `similarity_curve(length, dim)` to `similarity.png` in `out_dir`, which
-    is created if needed.
+    Feature pair `i` turns once every `2 pi / theta_i` positions. Without
+    scaling (`default`) the wavelengths grow geometrically with `i`, from
+    `2 pi` to nearly `2 pi * max_wavelength`, a straight line on the log
+    axis. Extending the context from `original_max_position_embeddings` to
+    `factor` times it, each schedule of `keras_posenc.rope_scaling` moves
+    that line differently:
+
+    - `linear` (position interpolation) divides every frequency by `factor`:
+      the whole line moves up by `factor`, the short wavelengths included.
+    - `yarn` keeps the pairs that turn more than `beta_fast = 32` times
+      within the trained length, divides by `factor` those that turn fewer
+      than `beta_slow = 1` times, and ramps between the two.
+    - `llama3` does the same by wavelength: above
+      `original / low_freq_factor` (`low_freq_factor = 1`) divided by
+      `factor`, below `original / high_freq_factor` (`high_freq_factor = 4`)
+      kept, blended between.
+    - `dynamic` (NTK) raises the base, drawn here at the extended length
+      `factor * original_max_position_embeddings`: the shortest wavelength
+      stays, the others grow the more the longer they are.
+
+    Horizontal lines mark the trained length and `factor` times it: a pair
+    whose wavelength is past the trained length never completed a turn in
+    training, which is why the schedules leave the short wavelengths alone
+    and stretch the long ones.
+
+    Args:
+        head_dim: int. The number of rotated features, even and at least 4;
+            the figure has `head_dim / 2` pairs. Defaults to `128`.
+        max_wavelength: float. The base, `rope_theta`. Defaults to
+            `10000.0`.
+        factor: float. The context extension factor, greater than 1.
+            Defaults to `8.0`.
+        original_max_position_embeddings: int. The trained context length.
+            Defaults to `8192`.
+
+    Returns:
+        A `matplotlib.figure.Figure` with one line per schedule, in the
+        order default, linear, yarn, llama3, dynamic, then the two
+        horizontal lines.
+
+    References:
+        - [Su et al., 2021](https://arxiv.org/abs/2104.09864)
+        - [Chen et al., 2023](https://arxiv.org/abs/2306.15595)
+        - [Peng et al., 2023](https://arxiv.org/abs/2309.00071)
+        - [Llama Team, 2024](https://arxiv.org/abs/2407.21783)
+    """
+    if (
+        isinstance(head_dim, bool)
+        or not isinstance(head_dim, numbers.Integral)
+        or head_dim < 4
+        or head_dim % 2
+    ):
+        raise ValueError(
+            "`head_dim` must be an even integer of at least 4: features are "
+            f"rotated in pairs. Received: head_dim={head_dim!r}"
+        )
+    ops.check_max_wavelength(max_wavelength)
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, numbers.Real)
+        or not factor > 1
+    ):
+        raise ValueError(
+            "`factor` must be a number greater than 1. "
+            f"Received: factor={factor!r}"
+        )
+    ops.check_positive_int(
+        "original_max_position_embeddings", original_max_position_embeddings
+    )
+    original = original_max_position_embeddings
+    extended = factor * original
+    schedules = {
+        "default (no scaling)": None,
+        "linear": {"rope_type": "linear", "factor": factor},
+        "yarn": {
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": original,
+        },
+        "llama3": {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": original,
+        },
+        f"dynamic (at length {extended:.10g})": {
+            "rope_type": "dynamic",
+            "factor": factor,
+            "original_max_position_embeddings": original,
+        },
+    }
+    pairs = range(head_dim // 2)
+    figure = Figure(figsize=(8, 5), layout="constrained")
+    axes = figure.add_subplot()
+    for label, scaling in schedules.items():
+        inverse_frequencies, _ = rope_scaling.rope_parameters(
+            scaling, head_dim, max_wavelength, sequence_length=extended
+        )  # (head_dim / 2,)
+        wavelengths = 2 * math.pi / inverse_frequencies.numpy().astype("float64")
+        axes.plot(pairs, wavelengths, label=label)
+    axes.axhline(
+        original,
+        color="black",
+        linestyle="--",
+        label=f"trained length ({original})",
+    )
+    axes.axhline(
+        extended,
+        color="black",
+        linestyle=":",
+        label=f"{factor:g} x trained length ({extended:.10g})",
+    )
+    axes.set_yscale("log")
+    axes.set_xlabel("feature pair i")
+    axes.set_ylabel(r"wavelength $2\pi / \theta_i$ (positions)")
+    axes.set_title(
+        f"RoPE wavelengths (head_dim={head_dim}, "
+        f"max_wavelength={max_wavelength:g}, factor={factor:g})"
+    )
+    # The lines rise to the right: the lower right corner is free.
+    axes.legend(loc="lower right")
+    return figure
+
+
+# One marker per line, so that encodings past the ten colors of the cycle
+# still differ.
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">", "h")
+
+
+def _is_finite_number(value):
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+
+
+def _check_extrapolation_inputs(lengths, nll, entropy_rate, train_length):
+    """Raise a `ValueError` unless these suit `extrapolation_curves`."""
+    if (
+        not isinstance(lengths, (list, tuple))
+        or not lengths
+        or not all(
+            isinstance(length, numbers.Integral)
+            and not isinstance(length, bool)
+            and length > 0
+            for length in lengths
+        )
+        or any(a >= b for a, b in zip(lengths, lengths[1:]))
+    ):
+        raise ValueError(
+            "`lengths` must be a non-empty list of positive integers in "
+            f"ascending order. Received: lengths={lengths!r}"
+        )
+    if not isinstance(nll, dict) or not nll:
+        raise ValueError(
+            "`nll` must be a non-empty dict from encoding name to a list of "
+            f"values. Received: nll={nll!r}"
+        )
+    for name, values in nll.items():
+        if (
+            not isinstance(values, (list, tuple))
+            or len(values) != len(lengths)
+            or not all(
+                value is None or _is_finite_number(value) for value in values
+            )
+        ):
+            raise ValueError(
+                f"`nll[{name!r}]` must be a list of {len(lengths)} finite "
+                "numbers or None, one per entry of `lengths`. "
+                f"Received: nll[{name!r}]={values!r}"
+            )
+    if not _is_finite_number(entropy_rate) or entropy_rate < 0:
+        raise ValueError(
+            "`entropy_rate` must be a finite number >= 0. "
+            f"Received: entropy_rate={entropy_rate!r}"
+        )
+    ops.check_positive_int("train_length", train_length)
+
+
+def extrapolation_curves(lengths, nll, entropy_rate, train_length):
+    """Loss per token against evaluation length: train short, test long.
+
+    One line per encoding, with a marker at each evaluation length where its
+    loss is defined; `None` (a learned table asked for positions it does not
+    have) leaves that point out and breaks the line there. A dashed line
+    marks the source's entropy rate, the lowest loss any model can reach,
+    and a dotted one the length the models were trained at.
+
+    The y axis stops at `max(entropy_rate + 1.5, m + 1)`, where `m` is the
+    largest loss at the evaluation lengths up to the trained length (the
+    shortest length, if all are longer), or lower if every loss fits below
+    it. So an encoding whose loss explodes past the trained length does not
+    squash the others into a flat band at the bottom; its line leaves the
+    top of the axes, and its legend entry gives its largest loss.
+
+    Args:
+        lengths: list of int. The evaluation lengths, positive and
+            ascending, drawn on a log-2 axis with a tick at each.
+        nll: dict. From encoding name (str) to a list of `len(lengths)`
+            mean negative log-likelihoods per token in nats, one per length,
+            each a float or `None` where undefined. Drawn in the dict's
+            order.
+        entropy_rate: float. The source's entropy rate in nats per token.
+        train_length: int. The sequence length the models were trained at.
+
+    Returns:
+        A `matplotlib.figure.Figure`.
+    """
+    _check_extrapolation_inputs(lengths, nll, entropy_rate, train_length)
+    in_training = [
+        index for index, length in enumerate(lengths) if length <= train_length
+    ] or [0]
+    defined = [
+        value for values in nll.values() for value in values if value is not None
+    ]
+    trained_losses = [
+        values[index]
+        for values in nll.values()
+        for index in in_training
+        if values[index] is not None
+    ]
+    limit = max([entropy_rate + 1.5] + [loss + 1.0 for loss in trained_losses])
+    top = min(max(defined, default=limit), limit)
+    bottom = min([entropy_rate] + defined)
+    # Equal losses still get a visible range.
+    margin = 0.05 * max(top - bottom, 0.1)
+
+    figure = Figure(figsize=(9, 5), layout="constrained")
+    axes = figure.add_subplot()
+    for number, (name, values) in enumerate(nll.items()):
+        losses = np.array(
+            [np.nan if value is None else value for value in values], "float64"
+        )  # (len(lengths),)
+        largest = max(
+            (value for value in values if value is not None), default=None
+        )
+        label = name
+        if largest is not None and largest > top + margin:
+            label = f"{name} (off the axis, up to {largest:.2f})"
+        axes.plot(
+            lengths,
+            losses,
+            marker=_MARKERS[number % len(_MARKERS)],
+            label=label,
+        )
+    axes.axhline(
+        entropy_rate, color="black", linestyle="--", label="entropy rate (floor)"
+    )
+    axes.axvline(
+        train_length, color="gray", linestyle=":", label="trained length"
+    )
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(lengths, labels=[str(length) for length in lengths])
+    axes.xaxis.set_minor_locator(NullLocator())
+    axes.set_ylim(bottom - margin, top + margin)
+    axes.set_xlabel("evaluation length (tokens)")
+    axes.set_ylabel("NLL per token (nats)")
+    axes.set_title("Train short, test long")
+    figure.legend(loc="outside right upper")
+    return figure
+
+
+def save_plots(out_dir, length=128, dim=64):
+    """Write the heatmap, the similarity curve and the RoPE wavelengths as PNGs.
+
+    Draws `encoding_heatmap(length, dim)` to `encoding_heatmap.png`,
+    `similarity_curve(length, dim)` to `similarity.png` and
+    `rope_wavelengths()` (its defaults, a Llama-sized head) to
+    `rope_wavelengths.png` in `out_dir`, which is created if needed.
 
     Args:
         out_dir: str or path-like. The folder to write to.
@@ -134,12 +411,13 @@ def save_plots(out_dir, length=128, dim=64):
         dim: int. The encoding width. Defaults to `64`.
 
     Returns:
-        The list of the two written paths, as strings.
+        The list of the three written paths, as strings, in that order.
     """
     os.makedirs(out_dir, exist_ok=True)
     figures = {
         "encoding_heatmap.png": encoding_heatmap(length, dim),
         "similarity.png": similarity_curve(length, dim),
+        "rope_wavelengths.png": rope_wavelengths(),
     }
     paths = []
     for filename, figure in figures.items():

@@ -1,14 +1,18 @@
+import contextlib
+import csv
+import io
+import math
 import os
 
 import keras
 import numpy as np
 import pytest
 
-from keras_posenc import SinusoidalPositionEncoding
+from keras_posenc import demo
 from keras_posenc.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-PLOT_NAMES = ["encoding_heatmap.png", "similarity.png"]
+PLOT_NAMES = ["encoding_heatmap.png", "similarity.png", "rope_wavelengths.png"]
 
 def assert_pngs(out_dir):
     for name in PLOT_NAMES:
@@ -23,7 +27,7 @@ def test_plot_writes_the_pngs_and_prints_their_paths(tmp_path, capsys):
         ["plot", "--length", "32", "--dim", "16", "--out", str(out_dir)]
     )
     assert status == 0
-    assert sorted(os.listdir(out_dir)) == PLOT_NAMES
+    assert sorted(os.listdir(out_dir)) == sorted(PLOT_NAMES)
     assert_pngs(out_dir)
     printed = capsys.readouterr().out.split()
     assert printed == [str(out_dir / name) for name in PLOT_NAMES]
@@ -35,9 +39,16 @@ def test_plot_writes_the_pngs_and_prints_their_paths(tmp_path, capsys):
         (["plot", "--length", "0"], "argument --length: must be an integer"),
         (["plot", "--dim", "-3"], "argument --dim: must be an integer"),
         (["plot", "--dim", "wide"], "Received: 'wide'"),
-        (["demo", "--epochs", "0"], "argument --epochs: must be an integer"),
-        (["demo", "--samples", "0"], "argument --samples: must be an integer"),
+        (["demo", "--steps", "0"], "argument --steps: must be an integer"),
+        (["demo", "--lengths", "128", "0"], "argument --lengths: must be an integer"),
+        (["demo", "--lengths", "-64"], "argument --lengths: must be an integer"),
+        (["demo", "--train-length", "1"], "argument --train-length: must be"),
         (["demo", "--seed", "-1"], "argument --seed: must be an integer"),
+        (["demo", "--encodings", "xpos"], "argument --encodings: invalid choice: 'xpos'"),
+        (["demo", "--encodings"], "argument --encodings: expected at least one"),
+        (["demo", "--lengths", "32"], "`lengths` must each be at least the training length 64"),
+        (["demo", "--quick", "--train-length", "40"], "Received: lengths=[16, 32, 64]"),
+        (["bench", "--repeats", "0"], "argument --repeats: must be an integer"),
         (["train"], "invalid choice: 'train'"),
         ([], "the following arguments are required"),
     ],
@@ -56,29 +67,78 @@ def test_bad_arguments_exit_with_a_one_line_message(argv, message, capsys):
     assert message in error_lines[0]
 
 
-def test_demo_trains_saves_reloads_and_plots(tmp_path, capsys):
-    out_dir = tmp_path / "demo"
-    argv = ["demo", "--epochs", "1", "--samples", "64", "--out", str(out_dir)]
+QUICK_LENGTHS = [str(length) for length in demo.QUICK.lengths]
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    """The quick demo's output folder and what it printed."""
+    out_dir = tmp_path_factory.mktemp("demo")
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        status = main(["demo", "--quick", "--out", str(out_dir)])
+    return status, out_dir, printed.getvalue()
+
+
+def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
+    status, out_dir, printed = quick_demo
+    assert status == 0
+    names = list(demo.ENCODINGS) + [
+        f"rope + {schedule}" for schedule in demo.ROPE_SCALINGS
+    ]
+    with open(out_dir / "nll.csv", newline="") as file:
+        rows = list(csv.reader(file))
+    assert rows[0] == ["encoding"] + QUICK_LENGTHS
+    assert sorted(row[0] for row in rows[1:]) == sorted(names)
+    ceiling = math.log(demo.VOCABULARY_SIZE) + 2.0
+    for name, *cells in rows[1:]:
+        for length, cell in zip(demo.QUICK.lengths, cells):
+            if name == "learned" and length > demo.QUICK.train_length:
+                assert cell == "n/a"
+            else:
+                assert 0.0 < float(cell) < ceiling, (name, length, cell)
+    with open(out_dir / "nll.md") as file:
+        markdown = file.read()
+    assert "| encoding | " + " | ".join(QUICK_LENGTHS) + " |" in markdown
+    assert "| learned | " in markdown and "n/a" in markdown
+    assert "entropy rate" in printed and "nats per symbol" in printed
+    assert "Entropy rate of the source (the floor)" in printed
+    assert "predictions identical" in printed
+    with open(out_dir / "nll.png", "rb") as file:
+        assert file.read(8) == PNG_SIGNATURE
+
+
+@pytest.mark.parametrize("encoding", demo.ENCODINGS)
+def test_quick_demo_models_reload(quick_demo, encoding):
+    _, out_dir, _ = quick_demo
+    model = keras.models.load_model(
+        out_dir / f"lm_{encoding}.keras", safe_mode=True
+    )
+    token_ids = np.zeros((2, demo.QUICK.train_length), "int32")
+    logits = model.predict(token_ids, verbose=0)
+    assert logits.shape == (2, demo.QUICK.train_length, demo.VOCABULARY_SIZE)
+    assert np.all(np.isfinite(logits))
+
+
+def test_demo_trains_the_chosen_encodings(tmp_path, capsys):
+    argv = [
+        "demo", "--quick", "--encodings", "alibi", "learned", "--steps", "3",
+        "--lengths", "16", "48", "--seed", "5", "--out", str(tmp_path),
+    ]
     assert main(argv) == 0
+    with open(tmp_path / "nll.csv", newline="") as file:
+        rows = list(csv.reader(file))
+    assert rows[0] == ["encoding", "16", "48"]
+    assert [row[0] for row in rows[1:]] == ["alibi", "learned"]
+    assert rows[2][2] == "n/a"
     printed = capsys.readouterr().out
-    assert "with SinusoidalPositionEncoding:" in printed
-    assert "without a position encoding:" in printed
-    assert "permutation-invariant" in printed
-    assert "bit-identical" in printed
-    assert sorted(os.listdir(out_dir)) == ["demo_model.keras"] + PLOT_NAMES
-    assert_pngs(out_dir)
-    reloaded = keras.models.load_model(
-        out_dir / "demo_model.keras", safe_mode=True
-    )
-    assert any(
-        isinstance(layer, SinusoidalPositionEncoding)
-        for layer in reloaded.layers
-    )
-    token_ids = np.ones((3, 16), "int32")
-    assert reloaded.predict(token_ids, verbose=0).shape == (3, 1)
+    assert "3 steps" in printed and "(seed 5)" in printed
+    assert sorted(path.name for path in tmp_path.glob("*.keras")) == [
+        "lm_alibi.keras",
+        "lm_learned.keras",
+    ]
 
 
-def test_demo_fails_when_the_reloaded_model_differs(
+def test_demo_fails_when_a_reloaded_model_differs(
     tmp_path, capsys, monkeypatch
 ):
     load_model = keras.models.load_model
@@ -90,7 +150,10 @@ def test_demo_fails_when_the_reloaded_model_differs(
         return model
 
     monkeypatch.setattr(keras.models, "load_model", load_perturbed_model)
-    argv = ["demo", "--epochs", "1", "--samples", "64", "--out", str(tmp_path)]
+    argv = [
+        "demo", "--quick", "--encodings", "alibi", "--steps", "1",
+        "--out", str(tmp_path),
+    ]
     assert main(argv) == 1
     assert "predicts differently" in capsys.readouterr().err
-    assert not os.path.exists(tmp_path / "similarity.png")
+    assert not (tmp_path / "nll.csv").exists()

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_posenc
+from keras_posenc import demo
 from keras_posenc import plot
 
 MODULES = [
@@ -34,6 +35,16 @@ PUBLIC_FUNCTIONS = [
     plot.encoding_heatmap,
     plot.similarity_curve,
     plot.save_plots,
+    plot.rope_wavelengths,
+    plot.extrapolation_curves,
+    demo.Config.replace,
+    demo.MarkovSource.sample,
+    demo.build_model,
+    demo.rope_scaling,
+    demo.mean_nll,
+    demo.evaluation_windows,
+    demo.findings,
+    demo.run,
     keras_posenc.ops.sinusoidal,
     keras_posenc.ops.translation_matrix,
     keras_posenc.ops.inverse_frequencies,

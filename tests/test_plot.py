@@ -1,4 +1,7 @@
+import io
+import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -72,12 +75,246 @@ def test_heatmap_bad_arguments(arguments, message):
         plot.encoding_heatmap(**arguments)
 
 
-def test_save_plots_writes_two_pngs(tmp_path):
+SCHEDULES = ("default", "linear", "yarn", "llama3", "dynamic")
+
+
+def expected_scalings(factor, original):
+    """The schedules `rope_wavelengths` draws, as Hugging Face configs."""
+    return {
+        "default": None,
+        "linear": {"rope_type": "linear", "factor": factor},
+        "yarn": {
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": original,
+        },
+        "llama3": {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": original,
+        },
+        "dynamic": {
+            "rope_type": "dynamic",
+            "factor": factor,
+            "original_max_position_embeddings": original,
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "head_dim, max_wavelength, factor, original",
+    [(128, 10000.0, 8.0, 8192), (64, 500000.0, 4.0, 2048), (16, 10000.0, 2.5, 512)],
+)
+def test_rope_wavelengths_match_the_reference(
+    head_dim, max_wavelength, factor, original
+):
+    figure = plot.rope_wavelengths(head_dim, max_wavelength, factor, original)
+    axes = figure.axes[0]
+    *curves, trained, extended = axes.lines
+    assert len(curves) == len(SCHEDULES)
+    scalings = expected_scalings(factor, original)
+    for curve, schedule in zip(curves, SCHEDULES):
+        assert curve.get_label().startswith(schedule)
+        assert list(curve.get_xdata()) == list(range(head_dim // 2))
+        inverse_frequencies, _ = references.rope_inverse_frequencies(
+            head_dim,
+            max_wavelength,
+            scalings[schedule],
+            # Dynamic scaling is drawn at the extended length.
+            sequence_length=factor * original,
+        )
+        np.testing.assert_allclose(
+            curve.get_ydata(), 2 * math.pi / inverse_frequencies, rtol=2e-5
+        )
+    assert list(trained.get_ydata()) == [original] * 2
+    assert list(extended.get_ydata()) == [factor * original] * 2
+    assert str(original) in trained.get_label()
+    assert axes.get_yscale() == "log"
+    assert axes.get_legend() is not None
+    assert f"head_dim={head_dim}" in axes.get_title()
+
+
+def test_rope_wavelengths_show_what_each_schedule_does():
+    figure = plot.rope_wavelengths()
+    default, linear, yarn, llama3, dynamic = (
+        np.asarray(line.get_ydata()) for line in figure.axes[0].lines[:5]
+    )
+    # Su et al.: wavelength 2 pi * base^(2i / d), geometric in i.
+    pairs = np.arange(64)
+    np.testing.assert_allclose(
+        default, 2 * math.pi * 10000.0 ** (2 * pairs / 128), rtol=2e-5
+    )
+    np.testing.assert_allclose(linear, 8.0 * default, rtol=2e-5)
+    # YaRN and llama3 keep the short wavelengths and stretch the long ones
+    # by the full factor; dynamic keeps only the first.
+    for scaled in (yarn, llama3):
+        np.testing.assert_allclose(scaled[:20], default[:20], rtol=2e-5)
+        np.testing.assert_allclose(scaled[-10:], 8.0 * default[-10:], rtol=2e-5)
+        assert np.all(scaled >= default * (1 - 1e-6))
+        assert np.all(scaled <= 8.0 * default * (1 + 1e-6))
+    assert dynamic[0] == pytest.approx(2 * math.pi, rel=1e-6)
+    assert np.all(np.diff(dynamic / default) > 0)
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"head_dim": 7}, "head_dim=7"),
+        ({"head_dim": 2}, "head_dim=2"),
+        ({"head_dim": 64.0}, "head_dim=64.0"),
+        ({"head_dim": True}, "head_dim=True"),
+        ({"max_wavelength": 1.0}, "max_wavelength=1.0"),
+        ({"factor": 1.0}, "factor=1.0"),
+        ({"factor": -8.0}, "factor=-8.0"),
+        ({"factor": "8"}, "factor='8'"),
+        ({"factor": True}, "factor=True"),
+        (
+            {"original_max_position_embeddings": 0},
+            "original_max_position_embeddings=0",
+        ),
+        (
+            {"original_max_position_embeddings": 4096.0},
+            "original_max_position_embeddings=4096.0",
+        ),
+    ],
+)
+def test_rope_wavelengths_bad_arguments(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        plot.rope_wavelengths(**arguments)
+
+
+LENGTHS = [64, 128, 256, 512, 1024]
+NLL = {
+    "none": [2.10, 2.11, 2.11, 2.12, 2.12],
+    "learned": [1.80, 1.79, None, None, None],
+    "rope": [1.78, 1.77, 2.60, 4.10, 5.90],
+    "alibi": [1.78, 1.77, 1.77, 1.77, 1.77],
+    "shaw": [None, 1.79, None, 1.85, 1.86],
+}
+
+
+def test_extrapolation_curves_draw_the_data():
+    figure = plot.extrapolation_curves(LENGTHS, NLL, 1.70, 128)
+    axes = figure.axes[0]
+    *curves, floor, trained = axes.lines
+    assert len(curves) == len(NLL)
+    for curve, (name, values) in zip(curves, NLL.items()):
+        assert curve.get_label().startswith(name)
+        assert curve.get_marker() not in ("None", None, "")
+        assert list(curve.get_xdata()) == LENGTHS
+        drawn = np.asarray(curve.get_ydata(), "float64")
+        expected = np.array([np.nan if v is None else v for v in values])
+        # None points are not drawn: NaN, which matplotlib skips.
+        np.testing.assert_array_equal(drawn, expected)
+    assert floor.get_label() == "entropy rate (floor)"
+    assert list(floor.get_ydata()) == [1.70] * 2
+    assert floor.get_linestyle() == "--"
+    assert trained.get_label() == "trained length"
+    assert list(trained.get_xdata()) == [128] * 2
+    assert trained.get_linestyle() == ":"
+    assert axes.get_xscale() == "log"
+    assert list(axes.get_xticks()) == LENGTHS
+    assert [label.get_text() for label in axes.get_xticklabels()] == [
+        str(length) for length in LENGTHS
+    ]
+    assert axes.get_title() == "Train short, test long"
+    (legend,) = figure.legends
+    assert [text.get_text() for text in legend.get_texts()][-2:] == [
+        "entropy rate (floor)",
+        "trained length",
+    ]
+    figure.savefig(io.BytesIO(), format="png")
+
+
+def test_extrapolation_curves_keep_the_good_encodings_readable():
+    figure = plot.extrapolation_curves(LENGTHS, NLL, 1.70, 128)
+    axes = figure.axes[0]
+    bottom, top = axes.get_ylim()
+    # The axis stops at max(entropy_rate + 1.5, largest loss up to the
+    # trained length + 1) = max(3.2, 2.11 + 1), plus a 5% margin: every
+    # loss but RoPE's past the trained length stays on it.
+    margin = 0.05 * (3.2 - 1.70)
+    assert top == pytest.approx(3.2 + margin)
+    assert bottom == pytest.approx(1.70 - margin)
+    assert axes.lines[2].get_label() == "rope (off the axis, up to 5.90)"
+    assert [line.get_label() for line in axes.lines[:5]] == [
+        "none",
+        "learned",
+        "rope (off the axis, up to 5.90)",
+        "alibi",
+        "shaw",
+    ]
+    # Trained at 64, a loss of 3.0 there lifts the axis to 4.0.
+    nll = {"t5": [3.0, 3.5, 9.0]}
+    figure = plot.extrapolation_curves([64, 128, 256], nll, 1.70, 64)
+    margin = 0.05 * (4.0 - 1.70)
+    assert figure.axes[0].get_ylim()[1] == pytest.approx(4.0 + margin)
+    assert figure.axes[0].lines[0].get_label() == "t5 (off the axis, up to 9.00)"
+
+
+def test_extrapolation_curves_show_everything_when_it_fits():
+    nll = {"alibi": [1.9, 1.95, 2.0], "t5": [1.8, 2.2, 2.6]}
+    figure = plot.extrapolation_curves([32, 64, 128], nll, 1.5, 64)
+    bottom, top = figure.axes[0].get_ylim()
+    assert bottom < 1.5 and top > 2.6
+    assert [line.get_label() for line in figure.axes[0].lines[:2]] == [
+        "alibi",
+        "t5",
+    ]
+
+
+def test_extrapolation_curves_single_length_and_undefined_lines():
+    nll = {"learned": [None], "rope": [1.9]}
+    figure = plot.extrapolation_curves([256], nll, 1.5, 128)
+    learned, rope = figure.axes[0].lines[:2]
+    assert np.isnan(learned.get_ydata()[0])
+    assert list(rope.get_ydata()) == [1.9]
+    figure.savefig(io.BytesIO(), format="png")
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"lengths": []}, "lengths=[]"),
+        ({"lengths": [128, 64, 256]}, "lengths=[128, 64, 256]"),
+        ({"lengths": [64, 64, 256]}, "lengths=[64, 64, 256]"),
+        ({"lengths": [0, 128, 256]}, "lengths=[0, 128, 256]"),
+        ({"lengths": [64.0, 128, 256]}, "lengths=[64.0, 128, 256]"),
+        ({"lengths": 64}, "lengths=64"),
+        ({"nll": {}}, "nll={}"),
+        ({"nll": [1.0] * 5}, "nll=[1.0, 1.0"),
+        ({"nll": {"rope": [1.0] * 4}}, "nll['rope']=[1.0, 1.0, 1.0, 1.0]"),
+        ({"nll": {"rope": [1.0] * 4 + ["2"]}}, "nll['rope']=[1.0, 1.0, 1.0, 1.0, '2']"),
+        ({"nll": {"rope": [1.0] * 4 + [float("nan")]}}, "nll['rope']="),
+        ({"nll": {"rope": [1.0] * 4 + [True]}}, "nll['rope']="),
+        ({"entropy_rate": -0.5}, "entropy_rate=-0.5"),
+        ({"entropy_rate": float("inf")}, "entropy_rate=inf"),
+        ({"entropy_rate": None}, "entropy_rate=None"),
+        ({"train_length": 0}, "train_length=0"),
+        ({"train_length": 128.0}, "train_length=128.0"),
+    ],
+)
+def test_extrapolation_curves_bad_inputs(arguments, message):
+    arguments = {
+        "lengths": LENGTHS,
+        "nll": NLL,
+        "entropy_rate": 1.70,
+        "train_length": 128,
+        **arguments,
+    }
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plot.extrapolation_curves(**arguments)
+
+
+def test_save_plots_writes_three_pngs(tmp_path):
     out_dir = tmp_path / "nested" / "plots"
     paths = plot.save_plots(out_dir, length=64, dim=32)
     assert [os.path.basename(path) for path in paths] == [
         "encoding_heatmap.png",
         "similarity.png",
+        "rope_wavelengths.png",
     ]
     for path in paths:
         with open(path, "rb") as file:
