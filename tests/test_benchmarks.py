@@ -1,11 +1,14 @@
 import math
+import os
 
 import pytest
 import tensorflow as tf
 
+from benchmarks import absolute
 from benchmarks import attention
 from benchmarks import rotary_embedding
 from benchmarks import timing
+from keras_posenc.cli import main
 
 # A tiny shape: these tests check that the benchmark runs, not its speed,
 # which only `python -m benchmarks.rotary_embedding` measures.
@@ -188,3 +191,126 @@ def test_attention_table_tells_a_miss_from_noise():
     assert "| 1.160x | <= 1.15x | within noise |" in table
     assert "| 1.300x | <= 1.15x | no |" in table
     assert "| 1.400x | <= 1.50x | yes |" in table
+
+
+# Tiny sizes: these tests check that the benchmark runs and that its
+# candidates agree, not their speed, which `python -m benchmarks.absolute`
+# measures.
+TINY_ABSOLUTE = {"shape": (1, 16, 8), "vocabulary_size": 50}
+
+
+def test_absolute_benchmark_times_every_candidate():
+    results = absolute.run(**TINY_ABSOLUTE, repeats=2, warmup=1)
+    expected = set()
+    for encoding in absolute.ENCODINGS:
+        others = ["floor", "itself"]
+        names = ["keras_posenc", "keras_posenc_again", "floor"]
+        if encoding in absolute.WITH_KERAS_HUB:
+            others.append("keras_hub")
+            names.append("keras_hub")
+        expected |= {f"{encoding}_{name}" for name in names}
+        expected |= {f"{encoding}_vs_{other}" for other in others}
+    assert set(results) == expected
+    assert "token_sinusoidal_keras_hub" not in results
+    for value in results.values():
+        assert math.isfinite(value) and value > 0
+
+
+def test_absolute_benchmark_prints_a_table(capsys):
+    status = absolute.main(
+        ["--shape", "1", "16", "8", "--vocabulary-size", "50", "--repeats", "1"]
+    )
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "(1, 16, 8) float32 tensor" in printed
+    header = "| encoding | keras_posenc (ms) | keras-hub (ms) | floor (ms) |"
+    assert header in printed
+    for encoding in absolute.ENCODINGS:
+        assert f"| {absolute.LABELS[encoding]} |" in printed
+    assert "<= 1.0x" in printed and "<= 1.1x" in printed
+    assert "keras-hub has no token embedding with a sinusoidal" in printed
+
+
+def absolute_results(vs_keras_hub, vs_itself):
+    """Made-up results of `absolute.run`, to format."""
+    results = {}
+    for encoding in absolute.ENCODINGS:
+        results.update(
+            {
+                f"{encoding}_keras_posenc": 0.003,
+                f"{encoding}_keras_posenc_again": 0.003,
+                f"{encoding}_floor": 0.003,
+                f"{encoding}_vs_floor": 1.05,
+                f"{encoding}_vs_itself": vs_itself,
+            }
+        )
+        if encoding in absolute.WITH_KERAS_HUB:
+            results[f"{encoding}_keras_hub"] = 0.003
+            results[f"{encoding}_vs_keras_hub"] = vs_keras_hub
+    return results
+
+
+@pytest.mark.parametrize(
+    "vs_keras_hub, vs_itself, met",
+    [
+        (0.99, 1.02, "| <= 1.0x | yes |"),
+        # 1.01 is past 1.0 by less than two identical copies differ.
+        (1.01, 0.98, "| <= 1.0x | within noise |"),
+        (1.05, 1.02, "| <= 1.0x | no |"),
+    ],
+)
+def test_absolute_table_tells_a_miss_from_noise(vs_keras_hub, vs_itself, met):
+    table = absolute.format_table(absolute_results(vs_keras_hub, vs_itself))
+    row = (
+        "| `PositionEmbedding` | 3.00 | 3.00 | 3.00 "
+        f"| {vs_keras_hub:.3f}x {met} 1.050x | <= 1.1x | yes |"
+    )
+    assert row in table
+    # No keras-hub layer: no keras-hub ratio, the floor's alone.
+    assert (
+        "| `TokenAndPositionEmbedding`, sinusoidal | 3.00 | (none) | 3.00 "
+        "|  |  |  | 1.050x | <= 1.1x | yes |"
+    ) in table
+
+
+def test_absolute_benchmark_checks_that_candidates_agree():
+    candidates = {"floor": tf.identity, "off_by_one": lambda x: x + 1.0}
+    with pytest.raises(AssertionError, match="off_by_one and the floor"):
+        absolute._check_agreement("learned", candidates, tf.zeros((1, 4, 2)), 4)
+
+
+def test_bench_writes_the_machine_and_every_table(tmp_path, capsys):
+    out = tmp_path / "results" / "bench.md"
+    assert main(["bench", "--tiny", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Timing additive encodings" in printed
+    assert printed.rstrip().endswith(str(out))
+    written = out.read_text()
+    assert written in printed
+    assert f"TensorFlow {tf.__version__}" in written
+    assert f"{os.cpu_count()} logical cores" in written
+    assert "GPUs seen by TensorFlow:" in written
+    assert "fresh child process" in written
+    for header in (
+        "| encoding | keras_posenc (ms) |",
+        "| keras_posenc against | its median (ms) |",
+        "| scheme | median (ms) | / plain | target | met |",
+        "| peak (MiB) | / plain | target | met |",
+    ):
+        assert header in written
+
+
+def test_bench_refuses_zero_repeats(capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["bench", "--repeats", "0"])
+    assert raised.value.code == 2
+    error_lines = [
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if "error:" in line
+    ]
+    assert len(error_lines) == 1
+    assert error_lines[0].startswith("keras-posenc")
+    assert "argument --repeats: must be an integer of at least 1" in (
+        error_lines[0]
+    )

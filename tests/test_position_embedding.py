@@ -129,3 +129,42 @@ def test_bad_input_rank_says_what_was_expected():
         PositionEmbedding(8)(np.zeros((2, 8), "float32"))
     with pytest.raises(ValueError, match="features"):
         PositionEmbedding(8).build((2, 8, None))
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_start_index_tensor_in_a_graph_with_unknown_length(jit_compile):
+    layer = PositionEmbedding(12, merge_mode=None)
+    full, _ = embedded(layer, np.zeros((2, 12, 3), "float32"))
+    call = tf.function(
+        lambda x, start: layer(x, start_index=start),
+        input_signature=[
+            tf.TensorSpec((None, None, 3), "float32"),
+            tf.TensorSpec((), "int32"),
+        ],
+        jit_compile=jit_compile,
+    )
+    chunk = call(tf.zeros((2, 5, 3)), tf.constant(7))
+    np.testing.assert_array_equal(chunk.numpy(), full[:, 7:12])
+
+
+def test_start_index_past_the_table_fails_in_a_graph():
+    layer = PositionEmbedding(8)
+    call = tf.function(lambda x, start: layer(x, start_index=start))
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="sequence_length=8"
+    ):
+        call(tf.zeros((1, 4, 4)), tf.constant(5))
+
+
+def test_consecutive_positions_slice_the_table_under_xla():
+    # A gather of consecutive rows costs XLA a copy of them before the add.
+    layer = PositionEmbedding(16)
+    start = tf.Variable(2)  # read when the call runs
+    for call, inputs in (
+        (lambda x: layer(x), tf.zeros((2, 16, 4))),
+        (lambda x: layer(x, start_index=start), tf.zeros((2, 8, 4))),
+    ):
+        hlo = tf.function(call, jit_compile=True).experimental_get_compiler_ir(
+            inputs
+        )(stage="optimized_hlo")
+        assert " gather(" not in hlo

@@ -17,7 +17,8 @@ class AbsoluteEncoding(keras.layers.Layer):
     """Base of the layers that add an encoding of positions to embeddings.
 
     Subclasses implement `_encode(positions, dim)`, returning a table of shape
-    `positions.shape + (dim,)` in any float dtype.
+    `positions.shape + (dim,)` in any float dtype, and may override
+    `_encode_consecutive` for the default positions `start_index, ...`.
     """
 
     def __init__(self, merge_mode="add", output_dim=None, **kwargs):
@@ -75,13 +76,25 @@ class AbsoluteEncoding(keras.layers.Layer):
         ops.check_positions(positions, inputs.shape[1], inputs.shape[0])
         return positions
 
+    def _encode_consecutive(self, inputs, start_index, dim):
+        """The encoding of positions `start_index, start_index + 1, ...`.
+
+        Encodes `_positions(inputs, start_index, None)` with `_encode`; a
+        subclass overrides it where consecutive positions cost less.
+        """
+        return self._encode(self._positions(inputs, start_index, None), dim)
+
     def call(self, inputs, start_index=0, positions=None):
         inputs = tf.cast(inputs, self.compute_dtype)
         dim = self._encoding_dim(inputs.shape)
-        positions = self._positions(inputs, start_index, positions)
-        encoding = tf.cast(
-            self._encode(positions, dim), self.compute_dtype
-        )  # (seq, dim) or (batch, seq, dim)
+        if positions is None:
+            encoding = self._encode_consecutive(
+                inputs, start_index, dim
+            )  # (seq, dim)
+        else:
+            positions = self._positions(inputs, start_index, positions)
+            encoding = self._encode(positions, dim)  # (..., seq, dim)
+        encoding = tf.cast(encoding, self.compute_dtype)
         if self.merge_mode == "add":
             return inputs + encoding
         encoding = tf.broadcast_to(

@@ -114,21 +114,45 @@ class PositionEmbedding(AbsoluteEncoding):
                 "PositionEmbedding needs integer `positions`. "
                 f"Received positions of dtype {positions.dtype.name}"
             )
+        with tf.control_dependencies(self._range_assertions(positions)):
+            positions = tf.identity(positions)
+        return tf.gather(self.embeddings, positions)  # (..., dim)
+
+    def _encode_consecutive(self, inputs, start_index, dim):
+        # A slice of the table, not a gather of its rows: XLA copies gathered
+        # rows to a buffer of their own before adding them, and reads a slice
+        # in place.
+        positions = self._positions(inputs, start_index, None)  # (seq,)
+        with tf.control_dependencies(self._range_assertions(positions)):
+            start = tf.identity(tf.cast(start_index, "int32"))
+        return tf.slice(
+            self.embeddings, [start, 0], [tf.shape(positions)[0], dim]
+        )  # (seq, dim)
+
+    def _range_assertions(self, positions):
+        """Check that `positions` are rows of the table.
+
+        Eagerly the check runs at once. In a graph its result is known only
+        when the graph runs: the returned assertions are to run before the
+        lookup. XLA drops them; the static and eager checks are the ones it
+        keeps.
+
+        Args:
+            positions: integer tensor of any shape.
+
+        Returns:
+            A list of the graph's assertions, empty when eager.
+        """
         in_range = tf.reduce_all(
             (positions >= 0) & (positions < self.sequence_length)
         )
-        if tf.executing_eagerly():
-            if not in_range:
-                self._check_range(
-                    int(tf.reduce_min(positions)), int(tf.reduce_max(positions))
-                )
-        else:
-            # Known only when the graph runs. XLA drops this check; the
-            # static and eager checks are the ones it keeps.
-            assertion = tf.debugging.Assert(in_range, [self._range_message()])
-            with tf.control_dependencies([assertion]):
-                positions = tf.identity(positions)
-        return tf.gather(self.embeddings, positions)  # (..., dim)
+        if not tf.executing_eagerly():
+            return [tf.debugging.Assert(in_range, [self._range_message()])]
+        if not in_range:
+            self._check_range(
+                int(tf.reduce_min(positions)), int(tf.reduce_max(positions))
+            )
+        return []
 
     def _range_message(self):
         return (

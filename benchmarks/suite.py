@@ -1,0 +1,244 @@
+"""All the speed and memory benchmarks in one run: `keras-posenc bench`.
+
+Runs, in this one process, `benchmarks.absolute` (the additive encodings
+against keras-hub and the precomputed-table floor),
+`benchmarks.rotary_embedding` (RoPE against keras-hub and its floor) and
+`benchmarks.attention` (one self-attention call per position scheme against
+plain `keras.layers.MultiHeadAttention`, and the peak memory of each, Shaw's
+included), and prints a description of the machine followed by each
+benchmark's table of ratios, as Markdown. Every call is compiled with XLA;
+ratios are medians over rounds of paired calls (see `benchmarks.timing`).
+
+Peak memory is the one measurement made outside this process: TensorFlow
+reports no memory statistics for the CPU, so `benchmarks.attention` reads
+each candidate's peak resident set size from the operating system, in a
+fresh child process per candidate, where nothing an earlier candidate left
+behind can hide in the reading.
+
+Run from the repository root, or anywhere once the package is installed:
+
+    keras-posenc bench [--out bench.md] [--repeats 30] [--tiny]
+"""
+
+import datetime
+import os
+import platform
+import sys
+
+import keras
+import keras_hub
+import tensorflow as tf
+
+from benchmarks import absolute
+from benchmarks import attention
+from benchmarks import rotary_embedding
+
+# Sizes of `tiny=True`: enough to run every candidate, too small to time.
+TINY_ABSOLUTE = {"shape": (1, 16, 8), "vocabulary_size": 50}
+TINY_ROTARY_SHAPE = (1, 16, 2, 8)
+TINY_ATTENTION = {"batch": 1, "length": 8, "heads": 2, "key_dim": 4}
+TINY_MEMORY_LENGTH = 16
+TINY_REPEATS = 2
+TINY_WARMUP = 1
+WARMUP = 3
+
+METHOD = (
+    "Every candidate is compiled with XLA (`jit_compile=True`) and timed in "
+    "this one process, in rounds that call each candidate of a benchmark "
+    "once, in a new order each round; a ratio is the median over rounds of "
+    "the two calls' times in a round, so the load of a busy machine falls "
+    "on both alike. A second copy of one candidate measures how far two "
+    "identical programs time apart: a ratio past its target by no more "
+    'than that reads "within noise". Peak memory is read from the '
+    "operating system (`VmHWM`, Linux), each candidate in a fresh child "
+    "process, since TensorFlow reports no memory statistics for the CPU."
+)
+
+
+def _cpu_model():
+    """The CPU's model name, from /proc/cpuinfo where there is one."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory():
+    """The machine's memory in GiB, as text, from /proc/meminfo."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    kib = int(line.split()[1])  # "MemTotal:  24576000 kB"
+                    return f"{kib / 2**20:.1f} GiB"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _gpus():
+    """The GPUs TensorFlow sees, by name, or "none"."""
+    names = [
+        tf.config.experimental.get_device_details(device).get(
+            "device_name", device.name
+        )
+        for device in tf.config.list_physical_devices("GPU")
+    ]
+    return ", ".join(names) or "none"
+
+
+def describe_machine():
+    """The machine and the software the benchmarks ran on, as Markdown.
+
+    Returns:
+        A str: a bullet list of the CPU model, logical cores, memory, the
+        GPUs TensorFlow sees, the versions of TensorFlow, Keras, keras-hub
+        and Python, and today's date.
+    """
+    return "\n".join(
+        [
+            f"- CPU: {_cpu_model()}, {os.cpu_count()} logical cores",
+            f"- Memory: {_memory()}",
+            f"- GPUs seen by TensorFlow: {_gpus()}",
+            f"- TensorFlow {tf.__version__}, Keras {keras.__version__}, "
+            f"keras-hub {keras_hub.__version__}, "
+            f"Python {platform.python_version()}",
+            f"- Date: {datetime.date.today().isoformat()}",
+        ]
+    )
+
+
+def _progress(message):
+    print(message, flush=True)
+
+
+def run(out=None, repeats=30, tiny=False):
+    """Run every benchmark, print their tables, and write them to `out`.
+
+    Args:
+        out: str or None. A Markdown file to write the machine's
+            description and the tables to (its folders are made), or `None`.
+            Defaults to `None`.
+        repeats: int. Timed rounds of each benchmark; at least 1. Ignored
+            with `tiny`. Defaults to `30`.
+        tiny: bool. Tiny shapes, 2 rounds, 1 warm-up call and a short memory
+            length: checks that everything runs, in seconds, and times
+            nothing. Defaults to `False`.
+
+    Returns:
+        `0`, whether or not the targets are met: timings on a busy machine
+        are for a person to read.
+    """
+    if repeats < 1:
+        raise ValueError(
+            f"`repeats` must be at least 1. Received: repeats={repeats}"
+        )
+    if tiny:
+        repeats, warmup = TINY_REPEATS, TINY_WARMUP
+        absolute_sizes = TINY_ABSOLUTE
+        rotary_shape = TINY_ROTARY_SHAPE
+        attention_sizes = TINY_ATTENTION
+        memory_length = TINY_MEMORY_LENGTH
+    else:
+        warmup = WARMUP
+        absolute_sizes = {
+            "shape": absolute.SHAPE,
+            "vocabulary_size": absolute.VOCABULARY_SIZE,
+        }
+        rotary_shape = rotary_embedding.SHAPE
+        attention_sizes = {
+            "batch": attention.BATCH,
+            "length": attention.LENGTH,
+            "heads": attention.HEADS,
+            "key_dim": attention.KEY_DIM,
+        }
+        memory_length = attention.MEMORY_LENGTH
+
+    _progress(
+        "Timing additive encodings (SinusoidalPositionEncoding, "
+        "PositionEmbedding, TokenAndPositionEmbedding) ..."
+    )
+    absolute_results = absolute.run(
+        **absolute_sizes, repeats=repeats, warmup=warmup
+    )
+    _progress("Timing RotaryEmbedding ...")
+    rotary_results = rotary_embedding.run(rotary_shape, repeats, warmup)
+    _progress(
+        "Timing attention per position scheme, then measuring each one's "
+        "peak memory in a fresh process ..."
+    )
+    attention_results = attention.run(
+        **attention_sizes,
+        repeats=repeats,
+        warmup=warmup,
+        memory_length=memory_length,
+    )
+
+    width = attention_sizes["heads"] * attention_sizes["key_dim"]
+    attention_input = (
+        attention_sizes["batch"],
+        attention_sizes["length"],
+        width,
+    )
+    memory_input = (attention_sizes["batch"], memory_length, width)
+    report = "\n".join(
+        [
+            "# keras-posenc benchmarks",
+            "",
+            describe_machine(),
+            "",
+            METHOD,
+            "",
+            "## Additive encodings",
+            "",
+            absolute.describe(
+                absolute_sizes["shape"],
+                absolute_sizes["vocabulary_size"],
+                repeats,
+            )
+            + ". Targets: at most 1.0x keras-hub, at most 1.1x the floor.",
+            "",
+            absolute.format_table(absolute_results),
+            "",
+            "## Rotary embedding",
+            "",
+            f"`RotaryEmbedding` on a {rotary_shape} float32 tensor under XLA: "
+            f"median of {repeats} rounds. Targets: at most 1.0x keras-hub, "
+            "at most 1.2x the floor (the bare rotation with precomputed "
+            "cos/sin tables).",
+            "",
+            rotary_embedding.format_table(rotary_results),
+            "",
+            "## Attention per position scheme",
+            "",
+            f"One self-attention call on a {attention_input} float32 input, "
+            f"{attention_sizes['heads']} heads of key_dim "
+            f"{attention_sizes['key_dim']}, no mask, under XLA: median of "
+            f"{repeats} rounds, against plain `MultiHeadAttention`. Peak "
+            f"memory of one call at {memory_input}, each candidate in a "
+            "fresh process.",
+            "",
+            attention.format_table(attention_results),
+            "",
+        ]
+    )
+    print()
+    print(report)
+    if out is not None:
+        folder = os.path.dirname(os.path.abspath(out))
+        os.makedirs(folder, exist_ok=True)
+        with open(out, "w") as file:
+            file.write(report)
+        print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    # `python -m benchmarks.suite [--out FILE] [--repeats N] [--tiny]`.
+    from keras_posenc import cli
+
+    sys.exit(cli.main(["bench", *sys.argv[1:]]))
