@@ -27,18 +27,23 @@ path", tells the cost of a position scheme apart from the cost of the path:
 on XLA's CPU backend, scaling the logits costs a second logits-sized buffer
 and a pass over it, and the plain layer is the slower of the two.
 
-Memory: TensorFlow reports no memory statistics for the CPU, so each
-candidate's peak is read from the operating system, in a fresh process of
-its own (`python -m benchmarks.attention --memory-child NAME`). There the
-layer is built, the input made, and the call compiled and run once; the
-output is dropped, the peak resident set size (`VmHWM` in
-`/proc/self/status`) is reset by writing `5` to `/proc/self/clear_refs`
-(Linux), the resident size (`VmRSS`) is read, the call runs again, and its
-peak is the new `VmHWM` minus that reading: every buffer the compiled call
-allocates, its output included, and not the compiler's memory. The child
-runs with glibc's mmap threshold fixed at 128 KiB, so every allocation
-larger than that gets fresh pages and returns them when freed, and a buffer
-cannot hide in pages the first call left resident.
+Memory: each candidate's call is compiled with XLA for the CPU, as it is
+timed, and its peak is the memory XLA's buffer assignment gives that one
+module: `experimental_get_compiler_ir(inputs)` of the `tf.function` returns,
+at stage `"optimized_hlo_proto_serialized"`, an `HloProto` that holds it.
+Counted are the block of temporary buffers, which XLA's heap simulation of
+the schedule sizes to the most that is live at once, the output, and the
+constants folded into the program (index tables, at short lengths). Left
+out are the parameters, the input and the weights: they exist before and
+after the call, and differ between candidates by a few KiB of tables. The
+call is compiled, not run, so measuring a long length allocates none of it;
+the allocations are those of the timed call, one for one (an
+`XLA_FLAGS=--xla_dump_to` dump of it shows the same), and only the scratch
+that kernels take for themselves, such as a matrix product's packing
+blocks, is not in them. The operating system's peak (`VmHWM`) cannot tell
+this: TensorFlow keeps a compiled call's buffers from its first call, so a
+second call reads about 8 MiB whatever the candidate, and the first one
+mixes in the compiler's memory.
 
 Run from the repository root:
 
@@ -47,10 +52,8 @@ Run from the repository root:
 
 import argparse
 import functools
-import json
 import os
 import statistics
-import subprocess
 import sys
 
 if not __package__:
@@ -62,6 +65,7 @@ if not __package__:
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.compiler.xla.service import hlo_pb2  # noqa: E402
 
 import keras_posenc  # noqa: E402
 from keras_posenc.cli import int_at_least  # noqa: E402
@@ -90,7 +94,6 @@ LABELS = {
     "t5": "T5 (`RelativePositionBias`)",
     "shaw": f"Shaw, k = {SHAW_MAX_DISTANCE} (`RelativePositionEmbedding`)",
 }
-_REPOSITORY_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _position(scheme, heads):
@@ -149,45 +152,45 @@ def _inputs(batch, length, heads, key_dim, seed):
     )
 
 
-def _status_kib(field):
-    """A field of `/proc/self/status` in KiB, such as `VmRSS` or `VmHWM`."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])  # "VmHWM:   123456 kB"
-    raise RuntimeError(f"/proc/self/status has no {field}")
+def compiled_bytes(function, *args):
+    """Bytes that XLA assigns to one compiled call of `function(*args)`.
+
+    Args:
+        function: `tf.function`. Compiled with `jit_compile=True`.
+        *args: Its positional arguments, tensors.
+
+    Returns:
+        The bytes of every buffer allocation of the compiled program but its
+        parameters: the temporary buffers' block, the output and the
+        constants.
+    """
+    serialized = function.experimental_get_compiler_ir(*args)(
+        stage="optimized_hlo_proto_serialized"
+    )
+    assignment = hlo_pb2.HloProto.FromString(serialized).buffer_assignment
+    return sum(
+        allocation.size
+        for allocation in assignment.buffer_allocations
+        if not allocation.is_entry_computation_parameter
+    )
 
 
-def measure_peak(name, batch, length, heads, key_dim, seed=0):
+def measure_peak(name, batch, length, heads, key_dim):
     """Bytes that one compiled call of candidate `name` needs at its peak.
-
-    Meant for a fresh process (`memory_peaks` starts one per candidate):
-    memory that an earlier candidate freed but the process kept would hide
-    in the reading otherwise.
 
     Args:
         name: str. A name of `MEMORY_CANDIDATES`.
         batch, length, heads, key_dim: int. The sizes of the call.
-        seed: int. Seed of the weights and the input. Defaults to `0`.
 
     Returns:
-        The rise of the peak resident set size over the call, in bytes.
+        The bytes XLA assigns to the call, as `compiled_bytes` counts them.
     """
-    keras.utils.set_random_seed(seed)
     call = tf.function(_candidate(name, heads, key_dim), jit_compile=True)
-    inputs = _inputs(batch, length, heads, key_dim, seed)
-    # Traced, compiled and run once: the second call below allocates only
-    # what a compiled call does.
-    timing._wait_for(call(inputs))
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")  # resets VmHWM to the current VmRSS
-    before = _status_kib("VmRSS")
-    timing._wait_for(call(inputs))
-    return (_status_kib("VmHWM") - before) * 1024
+    return compiled_bytes(call, tf.zeros((batch, length, heads * key_dim)))
 
 
 def memory_peaks(batch, length, heads, key_dim, names=MEMORY_CANDIDATES):
-    """Peak bytes of one call of each candidate, each in a fresh process.
+    """Peak bytes of one call of each candidate.
 
     Args:
         batch, length, heads, key_dim: int. The sizes of the call.
@@ -196,50 +199,11 @@ def memory_peaks(batch, length, heads, key_dim, names=MEMORY_CANDIDATES):
 
     Returns:
         A dict of the names to bytes.
-
-    Raises:
-        RuntimeError: when a child process fails, with its error output.
     """
-    environment = dict(
-        os.environ,
-        KERAS_BACKEND="tensorflow",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        # A fixed threshold turns off glibc's sliding one: every allocation
-        # past 128 KiB is mapped anew and unmapped when freed.
-        MALLOC_MMAP_THRESHOLD_="131072",
-    )
-    peaks = {}
-    for name in names:
-        command = [
-            sys.executable,
-            "-m",
-            "benchmarks.attention",
-            "--memory-child",
-            name,
-            "--batch",
-            str(batch),
-            "--length",
-            str(length),
-            "--heads",
-            str(heads),
-            "--key-dim",
-            str(key_dim),
-        ]
-        child = subprocess.run(
-            command,
-            cwd=_REPOSITORY_ROOT,
-            env=environment,
-            capture_output=True,
-            text=True,
-        )
-        if child.returncode != 0:
-            raise RuntimeError(
-                f"Measuring the memory of {name} failed "
-                f"(exit status {child.returncode}):\n{child.stderr}"
-            )
-        # The child's last line is its result; TensorFlow may print before.
-        peaks[name] = json.loads(child.stdout.strip().splitlines()[-1])["peak"]
-    return peaks
+    return {
+        name: measure_peak(name, batch, length, heads, key_dim)
+        for name in names
+    }
 
 
 def run(
@@ -274,8 +238,7 @@ def run(
         `"plain_einsum_path_vs_plain"`; plain's over its copy's under
         `"vs_itself"`. With `memory_length`, also the peak MiB of one call
         of each of `MEMORY_CANDIDATES` under `"<name>_peak_mib"`, and each
-        one's over plain's under `"<name>_memory_vs_plain"` (NaN when
-        plain's is 0, as it can be for tiny calls).
+        one's over plain's under `"<name>_memory_vs_plain"`.
     """
     keras.utils.set_random_seed(seed)
     names = ("plain", "plain_einsum_path") + SCHEMES + ("plain_again",)
@@ -302,9 +265,7 @@ def run(
         )
         for name, peak in peaks.items():
             results[f"{name}_peak_mib"] = peak / 2**20
-            results[f"{name}_memory_vs_plain"] = (
-                peak / peaks["plain"] if peaks["plain"] > 0 else float("nan")
-            )
+            results[f"{name}_memory_vs_plain"] = peak / peaks["plain"]
     return results
 
 
@@ -432,17 +393,7 @@ def main(argv=None):
         action="store_true",
         help="skip the memory measurement",
     )
-    # One candidate's memory, printed as JSON: what `memory_peaks` runs.
-    parser.add_argument(
-        "--memory-child", choices=MEMORY_CANDIDATES, help=argparse.SUPPRESS
-    )
     args = parser.parse_args(argv)
-    if args.memory_child is not None:
-        peak = measure_peak(
-            args.memory_child, args.batch, args.length, args.heads, args.key_dim
-        )
-        print(json.dumps({"peak": peak}))
-        return 0
     memory_length = None if args.no_memory else args.memory_length
     results = run(
         args.batch,
@@ -461,7 +412,8 @@ def main(argv=None):
     if memory_length is not None:
         print(
             f"Peak memory of one call at ({args.batch}, {memory_length}, "
-            f"{width}), each candidate in a fresh process"
+            f"{width}), as XLA assigns it: temporary buffers, output and "
+            "constants"
         )
     print()
     print(format_table(results))

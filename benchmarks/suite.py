@@ -9,11 +9,10 @@ included), and prints a description of the machine followed by each
 benchmark's table of ratios, as Markdown. Every call is compiled with XLA;
 ratios are medians over rounds of paired calls (see `benchmarks.timing`).
 
-Peak memory is the one measurement made outside this process: TensorFlow
-reports no memory statistics for the CPU, so `benchmarks.attention` reads
-each candidate's peak resident set size from the operating system, in a
-fresh child process per candidate, where nothing an earlier candidate left
-behind can hide in the reading.
+Peak memory is not timed but read from XLA: `benchmarks.attention` takes
+each candidate's compiled call's buffer assignment (its temporary buffers,
+output and constants; not its input and weights), which is exact and the
+same from run to run.
 
 Run from the repository root, or anywhere once the package is installed:
 
@@ -49,9 +48,11 @@ METHOD = (
     "the two calls' times in a round, so the load of a busy machine falls "
     "on both alike. A second copy of one candidate measures how far two "
     "identical programs time apart: a ratio past its target by no more "
-    'than that reads "within noise". Peak memory is read from the '
-    "operating system (`VmHWM`, Linux), each candidate in a fresh child "
-    "process, since TensorFlow reports no memory statistics for the CPU."
+    'than that reads "within noise". Peak memory is the bytes that '
+    "XLA's buffer assignment gives one compiled call: its temporary "
+    "buffers, at the most that is live at once, its output and its "
+    "constants, not its input and weights; exact, and the same from run "
+    "to run."
 )
 
 
@@ -168,8 +169,8 @@ def run(out=None, repeats=30, tiny=False):
     _progress("Timing RotaryEmbedding ...")
     rotary_results = rotary_embedding.run(rotary_shape, repeats, warmup)
     _progress(
-        "Timing attention per position scheme, then measuring each one's "
-        "peak memory in a fresh process ..."
+        "Timing attention per position scheme, then reading each one's "
+        "peak memory from XLA's buffer assignment ..."
     )
     attention_results = attention.run(
         **attention_sizes,
@@ -219,8 +220,7 @@ def run(out=None, repeats=30, tiny=False):
             f"{attention_sizes['heads']} heads of key_dim "
             f"{attention_sizes['key_dim']}, no mask, under XLA: median of "
             f"{repeats} rounds, against plain `MultiHeadAttention`. Peak "
-            f"memory of one call at {memory_input}, each candidate in a "
-            "fresh process.",
+            f"memory of one call at {memory_input}, as XLA assigns it.",
             "",
             attention.format_table(attention_results),
             "",

@@ -110,9 +110,8 @@ def test_table_tells_a_miss_from_noise(vs_keras_hub, vs_itself, met):
     assert f"| keras_hub | 10.00 | {vs_keras_hub:.3f}x {met}" in table
 
 
-# A tiny attention: these tests check that the benchmark runs, in one
-# process for the times and in a fresh one per candidate for the memory,
-# not the numbers, which only `python -m benchmarks.attention` measures.
+# A tiny attention: these tests check that the benchmark runs, not the
+# numbers, which only `python -m benchmarks.attention` measures.
 TINY_ATTENTION = {"batch": 1, "length": 8, "heads": 2, "key_dim": 4}
 
 
@@ -135,12 +134,43 @@ def test_attention_benchmark_times_and_measures_every_candidate(
         *(f"{name}_peak_mib" for name in attention.MEMORY_CANDIDATES),
         *(f"{name}_memory_vs_plain" for name in attention.MEMORY_CANDIDATES),
     }
-    for name, value in attention_results.items():
-        if name.endswith("_peak_mib"):
-            # A tiny call may fit in pages the process already holds.
-            assert math.isfinite(value) and value >= 0
-        elif not name.endswith("_memory_vs_plain"):
-            assert math.isfinite(value) and value > 0
+    for value in attention_results.values():
+        assert math.isfinite(value) and value > 0
+
+
+def test_attention_peak_holds_the_logits_and_grows_as_length_squared():
+    sizes = {"batch": 1, "heads": 2, "key_dim": 4}
+    peaks = {
+        length: attention.measure_peak("plain", length=length, **sizes)
+        for length in (64, 128)
+    }
+    for length, peak in peaks.items():
+        # Bytes of the float32 logits, (batch, heads, query, key).
+        logits = sizes["batch"] * sizes["heads"] * length * length * 4
+        assert peak >= logits
+    # Twice the length, four times the logits; the projections grow twice.
+    assert 3.5 < peaks[128] / peaks[64] <= 4
+
+
+def _logits(inputs):
+    return tf.einsum("bqd,bkd->bqk", inputs, inputs)  # (batch, query, key)
+
+
+def _logits_and_their_exponentials(inputs):
+    logits = _logits(inputs)
+    return logits, tf.exp(logits)
+
+
+def test_compiled_bytes_count_each_tensor_the_call_keeps():
+    inputs = tf.ones((2, 64, 8))
+    logits_bytes = 2 * 64 * 64 * 4
+    alone, with_exponentials = (
+        attention.compiled_bytes(tf.function(fn, jit_compile=True), inputs)
+        for fn in (_logits, _logits_and_their_exponentials)
+    )
+    assert alone >= logits_bytes
+    # A second (batch, query, key) tensor, and a few bytes for the tuple.
+    assert logits_bytes <= with_exponentials - alone < logits_bytes + 64
 
 
 def test_attention_benchmark_table_has_every_scheme_and_target(
@@ -290,7 +320,7 @@ def test_bench_writes_the_machine_and_every_table(tmp_path, capsys):
     assert f"TensorFlow {tf.__version__}" in written
     assert f"{os.cpu_count()} logical cores" in written
     assert "GPUs seen by TensorFlow:" in written
-    assert "fresh child process" in written
+    assert "buffer assignment" in written
     for header in (
         "| encoding | keras_posenc (ms) |",
         "| keras_posenc against | its median (ms) |",
