@@ -26,6 +26,7 @@ import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import keras_posenc
 
@@ -305,15 +306,11 @@ def mean_nll(model, windows):
     batch_size = max(1, EVALUATION_BATCH_TOKENS // length)
     logits = model.predict(
         windows[:, :-1], batch_size=batch_size, verbose=0
-    ).astype("float64")  # (n, length, vocab)
-    log_probabilities = logits - _logsumexp(logits)
-    targets = windows[:, 1:, None]  # (n, length, 1)
-    return float(-np.mean(np.take_along_axis(log_probabilities, targets, -1)))
-
-
-def _logsumexp(logits):
-    largest = logits.max(axis=-1, keepdims=True)
-    return largest + np.log(np.sum(np.exp(logits - largest), -1, keepdims=True))
+    )  # (n, length, vocab)
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        windows[:, 1:], tf.cast(logits, "float64")
+    )  # (n, length)
+    return float(tf.reduce_mean(losses))
 
 
 def evaluation_windows(stream, length):
