@@ -71,8 +71,8 @@ class Config:
             length; the same tokens at each.
         seed: int. Seed of the source, the data and the weights.
         jit_compile: bool. Whether training runs under XLA. Evaluation
-            runs in graph mode either way: it calls each model on a few
-            shapes, where XLA's compile time outweighs its speed.
+            calls the models eagerly either way: a few calls per shape,
+            where tracing and compiling would cost more than they save.
     """
 
     encodings: tuple = ENCODINGS
@@ -227,7 +227,7 @@ def build_model(encoding, train_length, scaling=None, jit_compile=False):
         train_length: int. The learned table's length.
         scaling: dict or None. The RoPE scaling of `"rope"`. Defaults to
             `None`.
-        jit_compile: bool. Whether `fit` and `predict` run under XLA, with
+        jit_compile: bool. Whether `fit` runs under XLA, with
             `STEPS_PER_EXECUTION` training steps per call. Defaults to
             `False`.
 
@@ -302,15 +302,17 @@ def mean_nll(model, windows):
     Returns:
         A float.
     """
-    length = windows.shape[1] - 1
-    batch_size = max(1, EVALUATION_BATCH_TOKENS // length)
-    logits = model.predict(
-        windows[:, :-1], batch_size=batch_size, verbose=0
-    )  # (n, length, vocab)
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        windows[:, 1:], tf.cast(logits, "float64")
-    )  # (n, length)
-    return float(tf.reduce_mean(losses))
+    batch_size = max(1, EVALUATION_BATCH_TOKENS // (windows.shape[1] - 1))
+    losses = []
+    for start in range(0, len(windows), batch_size):
+        batch = windows[start : start + batch_size]  # (batch, length + 1)
+        logits = model(batch[:, :-1], training=False)  # (batch, length, vocab)
+        losses.append(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(
+                batch[:, 1:], tf.cast(logits, "float64")
+            )
+        )  # (batch, length)
+    return float(tf.reduce_mean(tf.concat(losses, axis=0)))
 
 
 def evaluation_windows(stream, length):
@@ -352,11 +354,9 @@ def _train(encoding, config, source, out_dir, label):
     path = os.path.join(out_dir, f"lm_{encoding}.keras")
     model.save(path)
     reloaded = keras.models.load_model(path, safe_mode=True)
-    # Both predict in graph mode, as the evaluation does.
-    model.jit_compile = reloaded.jit_compile = False
     probe = sequences[: config.batch_size, :-1]
     if not np.array_equal(
-        model.predict(probe, verbose=0), reloaded.predict(probe, verbose=0)
+        model(probe, training=False), reloaded(probe, training=False)
     ):
         raise RuntimeError(
             f"the model reloaded from {path} predicts differently from the "
