@@ -30,17 +30,22 @@ def check_rope_layout(layout):
         )
 
 
-def check_max_wavelength(max_wavelength):
-    """Raise a `ValueError` unless `max_wavelength` is a number above 1."""
+def check_number_above_one(name, value):
+    """Raise a `ValueError` naming `name` unless `value` is a number above 1."""
     if (
-        isinstance(max_wavelength, bool)
-        or not isinstance(max_wavelength, numbers.Real)
-        or not max_wavelength > 1
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not value > 1
     ):
         raise ValueError(
-            "`max_wavelength` must be a number greater than 1. "
-            f"Received: max_wavelength={max_wavelength!r}"
+            f"`{name}` must be a number greater than 1. "
+            f"Received: {name}={value!r}"
         )
+
+
+def check_max_wavelength(max_wavelength):
+    """Raise a `ValueError` unless `max_wavelength` is a number above 1."""
+    check_number_above_one("max_wavelength", max_wavelength)
 
 
 def check_positive_int(name, value, allow_none=False):

@@ -190,15 +190,7 @@ def rope_wavelengths(
             f"rotated in pairs. Received: head_dim={head_dim!r}"
         )
     ops.check_max_wavelength(max_wavelength)
-    if (
-        isinstance(factor, bool)
-        or not isinstance(factor, numbers.Real)
-        or not factor > 1
-    ):
-        raise ValueError(
-            "`factor` must be a number greater than 1. "
-            f"Received: factor={factor!r}"
-        )
+    ops.check_number_above_one("factor", factor)
     ops.check_positive_int(
         "original_max_position_embeddings", original_max_position_embeddings
     )

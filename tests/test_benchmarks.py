@@ -328,19 +328,3 @@ def test_bench_writes_the_machine_and_every_table(tmp_path, capsys):
         "| peak (MiB) | / plain | target | met |",
     ):
         assert header in written
-
-
-def test_bench_refuses_zero_repeats(capsys):
-    with pytest.raises(SystemExit) as raised:
-        main(["bench", "--repeats", "0"])
-    assert raised.value.code == 2
-    error_lines = [
-        line
-        for line in capsys.readouterr().err.splitlines()
-        if "error:" in line
-    ]
-    assert len(error_lines) == 1
-    assert error_lines[0].startswith("keras-posenc")
-    assert "argument --repeats: must be an integer of at least 1" in (
-        error_lines[0]
-    )
