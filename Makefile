@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test clean
+.PHONY: demo test docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,plot]"
+	$(BIN)/python -m pip install --quiet -e ".[test,plot,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -17,6 +17,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+	$(BIN)/mkdocs build --strict --quiet
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info demo-output .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info demo-output site .pytest_cache .hypothesis

@@ -1,0 +1,142 @@
+"""A mkdocs hook: draw the site's figures into docs/figures/ before each build.
+
+The encoding figures come from `keras_posenc.plot`. Two small ones that
+`plot` does not have, ALiBi's bias matrix and T5's buckets, are drawn here.
+The results figure redraws the train-short-test-long table of README.md,
+since running the demo takes minutes. A figure is written only when its
+bytes change, so that `mkdocs serve` does not rebuild forever.
+"""
+
+import io
+import os
+import re
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# The train-short-test-long table of README.md: its header row.
+_TABLE_HEADER = re.compile(r"^\| encoding((?: \| \d+)+) \|$")
+
+
+def _write(figure, path):
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    data = buffer.getvalue()
+    if os.path.exists(path):
+        with open(path, "rb") as existing:
+            if existing.read() == data:
+                return
+    with open(path, "wb") as output:
+        output.write(data)
+
+
+def _alibi_bias_figure(num_heads=8, length=16):
+    """ALiBi's causal bias for query and key positions, of the first and last head."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    import keras_posenc
+
+    alibi = keras_posenc.AlibiBias(num_heads=num_heads)
+    positions = np.arange(length)
+    bias = alibi(positions, positions).numpy()[0]  # (heads, query, key)
+    # Keys after the query are masked in a causal model.
+    causal = np.tril(np.ones((length, length), bool))
+    figure = Figure(figsize=(9, 4), layout="constrained")
+    for number, head in enumerate((0, num_heads - 1)):
+        axes = figure.add_subplot(1, 2, number + 1)
+        image = axes.imshow(
+            np.where(causal, bias[head], np.nan), cmap="viridis", vmax=0.0
+        )
+        figure.colorbar(image, ax=axes, shrink=0.8)
+        slope = float(keras_posenc.ops.alibi_slopes(num_heads)[head])
+        axes.set_title(f"head {head + 1} of {num_heads}, slope {slope:g}")
+        axes.set_xticks(range(0, length, 4))
+        axes.set_yticks(range(0, length, 4))
+        axes.set_xlabel("key position j")
+        axes.set_ylabel("query position i")
+    figure.suptitle("ALiBi bias -m (i - j) under a causal mask")
+    return figure
+
+
+def _t5_buckets_figure(num_buckets=32, max_distance=128, span=160):
+    """T5's bucket of every relative position, both directions and one."""
+    import tensorflow as tf
+    from matplotlib.figure import Figure
+
+    import keras_posenc
+
+    relative = tf.range(-span, span + 1)  # (2 span + 1,)
+    figure = Figure(figsize=(8, 4), layout="constrained")
+    axes = figure.add_subplot()
+    for bidirectional in (True, False):
+        buckets = keras_posenc.ops.relative_position_bucket(
+            relative, bidirectional, num_buckets, max_distance
+        )  # (2 span + 1,)
+        axes.step(
+            relative.numpy(),
+            buckets.numpy(),
+            where="mid",
+            label=f"bidirectional={bidirectional}",
+        )
+    for distance in (-max_distance, max_distance):
+        axes.axvline(distance, color="gray", linestyle=":")
+    axes.set_xlabel("relative position j - i")
+    axes.set_ylabel("bucket")
+    axes.set_title(
+        f"T5 buckets (num_buckets={num_buckets}, max_distance={max_distance})"
+    )
+    axes.legend()
+    return figure
+
+
+def _readme_results(readme_path):
+    """The lengths and the NLL rows of README.md's train-short-test-long table."""
+    with open(readme_path, encoding="utf-8") as readme:
+        lines = readme.read().splitlines()
+    for index, line in enumerate(lines):
+        match = _TABLE_HEADER.match(line)
+        if match:
+            break
+    else:
+        raise ValueError(
+            f"No table with the header `| encoding | 64 | ...` in {readme_path}."
+        )
+    lengths = [int(length) for length in match.group(1).split("|") if length.strip()]
+    nll = {}
+    # Skip the header and its |---| line; the table ends at the first
+    # line that is not a row.
+    for row in lines[index + 2 :]:
+        if not row.startswith("|"):
+            break
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        nll[cells[0]] = [None if cell == "n/a" else float(cell) for cell in cells[1:]]
+    return lengths, nll
+
+
+def on_pre_build(config):
+    from keras_posenc import demo
+    from keras_posenc import plot
+
+    out_dir = os.path.join(config["docs_dir"], "figures")
+    os.makedirs(out_dir, exist_ok=True)
+    lengths, nll = _readme_results(
+        os.path.join(os.path.dirname(config["config_file_path"]), "README.md")
+    )
+    demo_config = demo.Config()
+    figures = {
+        "encoding_heatmap.png": plot.encoding_heatmap(),
+        "encoding_heatmap_concat.png": plot.encoding_heatmap(layout="concat"),
+        "similarity.png": plot.similarity_curve(),
+        "rope_wavelengths.png": plot.rope_wavelengths(),
+        "alibi_bias.png": _alibi_bias_figure(),
+        "t5_buckets.png": _t5_buckets_figure(),
+        "extrapolation.png": plot.extrapolation_curves(
+            lengths,
+            nll,
+            demo.MarkovSource(demo_config.seed).entropy_rate,
+            demo_config.train_length,
+        ),
+    }
+    for filename, figure in figures.items():
+        _write(figure, os.path.join(out_dir, filename))
