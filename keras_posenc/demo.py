@@ -469,11 +469,13 @@ def findings(results, config, entropy_rate):
     for schedule in ("yarn", "dynamic", "linear"):
         name = f"rope + {schedule}"
         if name in results:
-            better = results[name][scaled] < results["rope"][scaled]
+            # Judged at the printed precision, so equal figures read "tie".
+            ours = round(results[name][scaled], 3)
+            plain = round(results["rope"][scaled], 3)
+            verdict = "yes" if ours < plain else "tie" if ours == plain else "no"
             lines.append(
-                f"{name}: {results[name][scaled]:.3f} at {scaled} against "
-                f"plain RoPE's {results['rope'][scaled]:.3f} (better: "
-                f"{'yes' if better else 'no'})."
+                f"{name}: {ours:.3f} at {scaled} against "
+                f"plain RoPE's {plain:.3f} (better: {verdict})."
             )
     lines.append(f"Entropy rate of the source (the floor): {entropy_rate:.3f}.")
     return lines

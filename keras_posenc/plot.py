@@ -3,7 +3,8 @@
 An optional extra (`pip install keras-posenc[plot]`): `import keras_posenc`
 does not import this module. Figures are made with `matplotlib.figure.Figure`
 rather than `pyplot`, so they need no display, hold no global state and are
-freed like any other object; in a notebook, the returned figure shows itself.
+freed like any other object. In a notebook, run `%matplotlib inline` first and
+the figure a cell returns is drawn below it.
 """
 
 import math

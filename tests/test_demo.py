@@ -171,6 +171,8 @@ def test_findings_state_the_directions():
         "rope": {64: 1.90, 128: 2.1, 256: 2.5, 512: 3.0},
         "rope + yarn": {64: 1.90, 128: 2.0, 256: 2.1, 512: 2.2},
         "rope + linear": {64: 1.90, 128: 2.2, 256: 2.9, 512: 3.5},
+        # Lower, but not at the three decimals printed.
+        "rope + dynamic": {64: 1.90, 128: 2.1, 256: 2.4998, 512: 3.0},
     }
     lines = demo.findings(results, config, entropy_rate=1.85)
     assert "ALiBi: +0.020 nats from length 64 to 512 (within 0.05: yes)." in lines
@@ -179,6 +181,7 @@ def test_findings_state_the_directions():
     # The schedules are compared at 4x the trained length.
     assert "rope + yarn: 2.100 at 256 against plain RoPE's 2.500 (better: yes)." in lines
     assert "rope + linear: 2.900 at 256 against plain RoPE's 2.500 (better: no)." in lines
+    assert "rope + dynamic: 2.500 at 256 against plain RoPE's 2.500 (better: tie)." in lines
     short_config = config.replace(lengths=[64, 128])
     lines = demo.findings(results, short_config, entropy_rate=1.85)
     assert "rope + yarn: 2.000 at 128 against plain RoPE's 2.100 (better: yes)." in lines
