@@ -56,29 +56,39 @@ METHOD = (
 )
 
 
-def _cpu_model():
-    """The CPU's model name, from /proc/cpuinfo where there is one."""
+def _proc_field(path, name):
+    """The value of field `name` in a /proc file such as /proc/meminfo.
+
+    Returns:
+        The text after the field's colon, stripped, or `None` where the file
+        or the field is missing.
+    """
     try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        with open(path) as file:
+            for line in file:
+                field, _, value = line.partition(":")
+                if field.strip() == name:
+                    return value.strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def _cpu_model():
+    """The CPU's model name, from /proc/cpuinfo where there is one."""
+    return (
+        _proc_field("/proc/cpuinfo", "model name")
+        or platform.processor()
+        or "unknown"
+    )
 
 
 def _memory():
     """The machine's memory in GiB, as text, from /proc/meminfo."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemTotal:"):
-                    kib = int(line.split()[1])  # "MemTotal:  24576000 kB"
-                    return f"{kib / 2**20:.1f} GiB"
-    except OSError:
-        pass
-    return "unknown"
+    total = _proc_field("/proc/meminfo", "MemTotal")  # "24576000 kB"
+    if total is None:
+        return "unknown"
+    return f"{int(total.split()[0]) / 2**20:.1f} GiB"
 
 
 def _gpus():

@@ -531,13 +531,15 @@ def run(config, out_dir):
                 _evaluate_rope_scalings(model, results["rope"], config, stream)
             )
 
+    title = (
+        "Mean negative log-likelihood per token (nats), trained at length "
+        f"{config.train_length}"
+    )
     table = format_markdown(results, config.lengths)
     markdown_path = os.path.join(out_dir, "nll.md")
     with open(markdown_path, "w") as file:
         file.write(
-            f"Mean negative log-likelihood per token (nats), trained at "
-            f"length {config.train_length}; entropy rate "
-            f"{source.entropy_rate:.3f}.\n\n{table}\n"
+            f"{title}; entropy rate {source.entropy_rate:.3f}.\n\n{table}\n"
         )
     csv_path = os.path.join(out_dir, "nll.csv")
     write_csv(csv_path, results, config.lengths)
@@ -553,10 +555,7 @@ def run(config, out_dir):
     plot_path = os.path.join(out_dir, "nll.png")
     figure.savefig(plot_path, dpi=100)
 
-    print(
-        f"\nMean negative log-likelihood per token (nats), trained at length "
-        f"{config.train_length}:\n\n{table}\n"
-    )
+    print(f"\n{title}:\n\n{table}\n")
     print("\n".join(findings(results, config, source.entropy_rate)))
     print(
         f"\nWrote {markdown_path}, {csv_path} and {plot_path} in "

@@ -7,12 +7,21 @@ import tensorflow as tf
 from benchmarks import absolute
 from benchmarks import attention
 from benchmarks import rotary_embedding
+from benchmarks import suite
 from benchmarks import timing
 from keras_posenc.cli import main
 
 # A tiny shape: these tests check that the benchmark runs, not its speed,
 # which only `python -m benchmarks.rotary_embedding` measures.
 TINY_SHAPE = (1, 16, 2, 8)
+# A ratio against keras-hub, the ratio of two identical copies, and the
+# verdict the tables print for a target of 1.0x.
+NOISE_CASES = [
+    (0.99, 1.02, "| <= 1.0x | yes |"),
+    # 1.01 is past 1.0 by less than two identical copies differ.
+    (1.01, 0.98, "| <= 1.0x | within noise |"),
+    (1.05, 1.02, "| <= 1.0x | no |"),
+]
 
 
 def test_rotary_embedding_benchmark_times_every_candidate():
@@ -96,15 +105,7 @@ def rotary_results(vs_keras_hub, vs_itself):
     }
 
 
-@pytest.mark.parametrize(
-    "vs_keras_hub, vs_itself, met",
-    [
-        (0.99, 1.02, "| <= 1.0x | yes |"),
-        # 1.01 is past 1.0 by less than two identical copies differ.
-        (1.01, 0.98, "| <= 1.0x | within noise |"),
-        (1.05, 1.02, "| <= 1.0x | no |"),
-    ],
-)
+@pytest.mark.parametrize("vs_keras_hub, vs_itself, met", NOISE_CASES)
 def test_table_tells_a_miss_from_noise(vs_keras_hub, vs_itself, met):
     table = rotary_embedding.format_table(rotary_results(vs_keras_hub, vs_itself))
     assert f"| keras_hub | 10.00 | {vs_keras_hub:.3f}x {met}" in table
@@ -280,15 +281,7 @@ def absolute_results(vs_keras_hub, vs_itself):
     return results
 
 
-@pytest.mark.parametrize(
-    "vs_keras_hub, vs_itself, met",
-    [
-        (0.99, 1.02, "| <= 1.0x | yes |"),
-        # 1.01 is past 1.0 by less than two identical copies differ.
-        (1.01, 0.98, "| <= 1.0x | within noise |"),
-        (1.05, 1.02, "| <= 1.0x | no |"),
-    ],
-)
+@pytest.mark.parametrize("vs_keras_hub, vs_itself, met", NOISE_CASES)
 def test_absolute_table_tells_a_miss_from_noise(vs_keras_hub, vs_itself, met):
     table = absolute.format_table(absolute_results(vs_keras_hub, vs_itself))
     row = (
@@ -328,3 +321,15 @@ def test_bench_writes_the_machine_and_every_table(tmp_path, capsys):
         "| peak (MiB) | / plain | target | met |",
     ):
         assert header in written
+
+
+def test_machine_description_reads_proc_files(tmp_path):
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nmodel name\t: A CPU: 2 GHz\nflags\t: fpu\n")
+    assert suite._proc_field(str(fake), "model name") == "A CPU: 2 GHz"
+    assert suite._proc_field(str(fake), "model") is None
+    assert suite._proc_field(str(tmp_path / "missing"), "model name") is None
+    if os.path.exists("/proc/meminfo"):
+        # MemTotal and the physical pages both count the kernel's usable RAM.
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        assert suite._memory() == f"{total / 2**30:.1f} GiB"

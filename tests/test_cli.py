@@ -98,6 +98,12 @@ def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
                 assert 0.0 < float(cell) < ceiling, (name, length, cell)
     with open(out_dir / "nll.md") as file:
         markdown = file.read()
+    title = (
+        "Mean negative log-likelihood per token (nats), trained at length "
+        f"{demo.QUICK.train_length}"
+    )
+    assert markdown.startswith(f"{title}; entropy rate ")
+    assert f"{title}:" in printed
     assert "| encoding | " + " | ".join(QUICK_LENGTHS) + " |" in markdown
     assert "| learned | " in markdown and "n/a" in markdown
     assert "entropy rate" in printed and "nats per symbol" in printed
