@@ -52,24 +52,16 @@ Run from the repository root:
 
 import argparse
 import functools
-import os
 import statistics
 import sys
 
-if not __package__:
-    # Run as `python benchmarks/attention.py`: the repository root is not on
-    # the path then, and `benchmarks` must be importable.
-    sys.path.insert(
-        0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    )
+import keras
+import tensorflow as tf
+from tensorflow.compiler.xla.service import hlo_pb2
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from tensorflow.compiler.xla.service import hlo_pb2  # noqa: E402
-
-import keras_posenc  # noqa: E402
-from keras_posenc.cli import int_at_least  # noqa: E402
-from benchmarks import timing  # noqa: E402
+import keras_posenc
+from keras_posenc.cli import int_at_least
+from benchmarks import timing
 
 BATCH = 4
 LENGTH = 1024

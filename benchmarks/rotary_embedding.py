@@ -16,24 +16,16 @@ Run from the repository root:
 """
 
 import argparse
-import os
 import statistics
 import sys
 
-if not __package__:
-    # Run as `python benchmarks/rotary_embedding.py`: the repository root is
-    # not on the path then, and `benchmarks` must be importable.
-    sys.path.insert(
-        0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    )
+import keras_hub
+import numpy as np
+import tensorflow as tf
 
-import keras_hub  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import keras_posenc  # noqa: E402
-from keras_posenc.cli import int_at_least  # noqa: E402
-from benchmarks import timing  # noqa: E402
+import keras_posenc
+from keras_posenc.cli import int_at_least
+from benchmarks import timing
 
 SHAPE = (8, 2048, 8, 64)
 # The most each ratio may be: keras_posenc's time over the other's.
