@@ -107,8 +107,9 @@ def reference_attention(
 ):
     """The layer's attention recomputed in float64, head by head.
 
-    `mask` is a boolean `(batch, query, key)` (True: may attend); `causal`
-    lets each query attend to keys at its position or before. A query that
+    `mask` is a boolean `(batch, query, key)` or `(batch, heads or 1,
+    query, key)` (True: may attend); `causal` lets each query attend to keys
+    at its position or before. A query that
     may attend to no key gets zero weights, as with Keras' masked softmax.
 
     Returns:
@@ -144,11 +145,13 @@ def reference_attention(
         slopes = references.alibi_slopes(heads)  # (heads,)
     if isinstance(position, RelativePositionBias):
         bias_table = weight_named(position, "embeddings")  # (buckets, heads)
-    allowed = np.ones((batch, query_length, key_length), bool)
+    allowed = np.ones((batch, heads, query_length, key_length), bool)
     if mask is not None:
-        allowed &= mask
+        allowed &= mask[:, None] if mask.ndim == 3 else mask
     if causal:
-        allowed &= key_positions[:, None, :] <= query_positions[:, :, None]
+        allowed &= (key_positions[:, None, :] <= query_positions[:, :, None])[
+            :, None
+        ]
 
     weights = np.zeros((batch, heads, query_length, key_length))
     attended = np.zeros((batch, query_length, heads, values.shape[-1]))
@@ -182,7 +185,7 @@ def reference_attention(
                             position.max_distance,
                         )
                         logits[j] += bias_table[bucket, n]
-                row = allowed[b, i]
+                row = allowed[b, n, i]
                 if row.any():
                     exponentials = np.where(
                         row, np.exp(logits - logits[row].max()), 0.0
@@ -337,6 +340,13 @@ def test_without_position_it_is_keras_multi_head_attention():
             lambda: (other, tokens),
             {"attention_mask": attention_mask},
         ),
+        **{
+            f"attention-mask-{name}": (
+                lambda: (other, tokens),
+                {"attention_mask": keras_mask(shape[:-2] + (4, LENGTH))},
+            )
+            for name, shape in MASK_SHAPES.items()
+        },
         "padding": (lambda: (padded_tokens(ids),) * 2, {}),
         "padding-causal": (
             lambda: (padded_tokens(ids),) * 2,
@@ -497,6 +507,94 @@ def test_padding_masks_combine_with_every_scheme(scheme, causal):
     assert np.all(weights[1, :, :, 4:] == 0)
     assert_close(weights, expected_weights)
     assert_close(output, expected_output)
+
+
+# Every `attention_mask` shape Keras' layer takes, for 5 queries and LENGTH
+# keys: per batch element, per head, one for all heads, one for the batch.
+MASK_SHAPES = {
+    "batch-query-key": (BATCH, 5, LENGTH),
+    "batch-heads-query-key": (BATCH, HEADS, 5, LENGTH),
+    "batch-1-query-key": (BATCH, 1, 5, LENGTH),
+    "query-key": (5, LENGTH),
+}
+
+
+def keras_mask(shape, seed=7):
+    """A random boolean mask of `shape` in which every query keeps key 0."""
+    mask = np.random.default_rng(seed).random(shape) < 0.6
+    mask[..., 0] = True
+    return mask
+
+
+def as_head_mask(mask):
+    """`mask` as Keras reads it: a head axis added where there is none."""
+    while mask.ndim < 4:
+        mask = np.expand_dims(mask, -3)
+    return np.broadcast_to(mask, (BATCH, HEADS) + mask.shape[-2:])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mask_shape", MASK_SHAPES.values(), ids=MASK_SHAPES)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_attention_mask_of_every_keras_shape(scheme, mask_shape, causal):
+    layer = attention(scheme)
+    query = random_inputs((BATCH, 5, FEATURES), seed=2)
+    value = random_inputs((BATCH, LENGTH, FEATURES), seed=3)
+    mask = keras_mask(mask_shape)
+    output, weights = layer(
+        query,
+        value,
+        attention_mask=mask,
+        query_positions=QUERY_POSITIONS,
+        key_positions=KEY_POSITIONS,
+        use_causal_mask=causal,
+        return_attention_scores=True,
+    )
+    expected_output, expected_weights = reference_attention(
+        layer,
+        query,
+        value,
+        None,
+        QUERY_POSITIONS,
+        KEY_POSITIONS,
+        mask=as_head_mask(mask),
+        causal=causal,
+    )
+    assert_close(weights, expected_weights)
+    assert_close(output, expected_output)
+
+
+ZERO_LENGTHS = {"no-queries-no-keys": (0, 0), "no-queries": (0, 5), "no-keys": (5, 0)}
+
+
+@pytest.mark.parametrize("lengths", ZERO_LENGTHS.values(), ids=ZERO_LENGTHS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_zero_length_queries_and_keys(scheme, lengths):
+    query_length, key_length = lengths
+    layer = attention(scheme)
+    query = random_inputs((BATCH, query_length, FEATURES), seed=2)
+    value = random_inputs((BATCH, key_length, FEATURES), seed=3)
+
+    @tf.function(
+        jit_compile=True,
+        input_signature=[tf.TensorSpec((None, None, FEATURES), "float32")] * 2,
+    )
+    def compiled(query, value):
+        return layer(query, value, use_causal_mask=True)
+
+    for causal in (False, True):
+        output, weights = layer(
+            query, value, use_causal_mask=causal, return_attention_scores=True
+        )
+        assert output.shape == (BATCH, query_length, FEATURES)
+        assert weights.shape == (BATCH, HEADS, query_length, key_length)
+        expected_output, expected_weights = reference_attention(
+            layer, query, value, causal=causal
+        )
+        # With no keys, each query's output is the output projection's bias.
+        assert_close(weights, expected_weights)
+        assert_close(output, expected_output)
+    assert_close(compiled(query, value), expected_output)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -1,13 +1,38 @@
+import math
+import types
+
 import keras
 import tensorflow as tf
 
-# Keras' own MultiHeadAttention reads and clears input masks through these;
-# the subclass builds on its internals anyway (sublayers, equations, masks).
-from keras.src.backend import get_keras_mask
-from keras.src.backend import set_keras_mask
-
 from keras_posenc import ops
 from keras_posenc.layers._attention_position import AttentionPosition
+
+# The private parts of `keras.layers.MultiHeadAttention` this layer uses, all
+# read here and nowhere else, with the Keras versions that have them:
+#
+# - `_compute_attention(query, key, value, attention_mask, training, ...)`:
+#   the hook Keras documents for subclasses, called by Keras' `call` with
+#   the projected heads (every Keras 3; 3.9 and later add
+#   `return_attention_scores`, 3.15 may add `use_causal_mask`).
+# - `_dropout_layer`: the dropout on the attention weights (every Keras 3).
+# - `_flash_attention`: whether flash attention is on (3.4 and later).
+# - `_compute_sliding_window_mask(query, value)` and `_sliding_window`: the
+#   sliding-window mask, by indices (3.15 and later; earlier versions have
+#   no sliding window and never call it).
+#
+# Everything else comes from Keras' public properties and its own `call`.
+
+
+def _flash_attention(layer):
+    return getattr(layer, "_flash_attention", False)
+
+
+def _dropout_layer(layer):
+    return layer._dropout_layer
+
+
+def _sliding_window(layer):
+    return getattr(layer, "_sliding_window", None)
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -28,8 +53,15 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     packed sequences work, and the causal mask of `use_causal_mask=True`
     compares positions: a query attends to keys at its position or before.
     The logits, their bias and the softmax are computed in float32 whatever
-    the dtype policy. Masks of the inputs, `attention_mask` and the causal
-    mask combine as in Keras.
+    the dtype policy. Masks of the inputs, `attention_mask` (of any shape
+    Keras takes: `(batch, query, key)`, `(batch, heads, query, key)` or
+    `(batch, 1, query, key)`) and the causal mask combine as in Keras.
+    Queries or keys of length zero give outputs of length zero, or the
+    output projection's bias where there are no keys, as in Keras.
+
+    Keras' own `call` does the projections, masks, dropout and output; the
+    layer puts the position's contributions in `_compute_attention`, the
+    method Keras provides for subclasses, so it follows Keras from 3.8 on.
 
     Args:
         num_heads: int. Number of attention heads.
@@ -87,21 +119,25 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     f"Received: position={position!r}"
                 )
             # Axis 1 (or -2) of the projected (batch, seq, heads, dim).
-            if self._attention_axes is not None and tuple(
-                self._attention_axes
+            if self.attention_axes is not None and tuple(
+                self.attention_axes
             ) not in ((1,), (-2,)):
                 raise ValueError(
                     "A `position` needs attention over the sequence axis "
                     "only. Received: "
-                    f"attention_axes={self._attention_axes}"
+                    f"attention_axes={self.attention_axes}"
                 )
-            if self._flash_attention:
+            if _flash_attention(self):
                 raise ValueError(
                     "A `position` adds to the logits, which flash attention "
                     "does not expose. Received: flash_attention=True"
                 )
-            position.check_attention(num_heads, key_dim, self._value_dim)
+            position.check_attention(num_heads, key_dim, self.value_dim)
         self.position = position
+        # Keras' `call` passes `_compute_attention` the projected heads and
+        # the mask only; this call's positions and causality reach it here,
+        # set by `call` around Keras' `call` and cleared after it.
+        self._call_state = types.SimpleNamespace(positions=None, causal=False)
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
@@ -113,7 +149,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     f"query_shape={tuple(query_shape)}"
                 )
             self.position.build_for_attention(
-                self._num_heads, self._key_dim, self._value_dim
+                self.num_heads, self.key_dim, self.value_dim
             )
 
     def _positions(self, positions, inputs, name):
@@ -154,129 +190,115 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         query_positions=None,
         key_positions=None,
     ):
-        if self.position is None and query_positions is None and (
-            key_positions is None
-        ):
-            return super().call(
-                query,
-                value,
-                key=key,
-                query_mask=query_mask,
-                value_mask=value_mask,
-                key_mask=key_mask,
-                attention_mask=attention_mask,
-                return_attention_scores=return_attention_scores,
-                training=training,
-                use_causal_mask=use_causal_mask,
-            )
-        if key is None:
-            key = value
-        query_mask = get_keras_mask(query)
-        for tensor in (query, value, key):
-            set_keras_mask(tensor, None)
-        query_positions = self._positions(
-            query_positions, query, "query_positions"
-        )  # (batch or 1, query)
-        key_positions = self._positions(
-            key_positions, key, "key_positions"
-        )  # (batch or 1, key)
-        # The Keras masks and attention_mask; the causal and sliding-window
-        # masks follow from positions below.
-        attention_mask = self._compute_attention_mask(
-            query,
-            value,
+        arguments = dict(
+            key=key,
             query_mask=query_mask,
             value_mask=value_mask,
             key_mask=key_mask,
             attention_mask=attention_mask,
-        )  # (batch, query, key) or None
-        attention_mask = self._position_masks(
-            attention_mask, query_positions, key_positions, use_causal_mask
+            return_attention_scores=return_attention_scores,
+            training=training,
         )
-        if self._use_gate:
-            gate = self._gate_dense(query)
-        query = self._query_dense(query)  # (batch, query, heads, key_dim)
-        key = self._key_dense(key)  # (batch, key, heads, key_dim)
-        value = self._value_dense(value)  # (batch, key, heads, value_dim)
-        attention_output, attention_weights = self._attend(
-            query,
-            key,
-            value,
-            attention_mask,
-            query_positions,
-            key_positions,
-            training,
-        )
-        if self._use_gate:
-            attention_output = attention_output * gate
-        attention_output = self._output_dense(attention_output)
-        if query_mask is not None:
-            set_keras_mask(attention_output, query_mask)
-        if return_attention_scores:
-            return attention_output, attention_weights
-        return attention_output
+        if self.position is None and query_positions is None and (
+            key_positions is None
+        ):
+            return super().call(
+                query, value, use_causal_mask=use_causal_mask, **arguments
+            )
+        self._call_state.positions = (
+            self._positions(query_positions, query, "query_positions"),
+            self._positions(
+                key_positions, value if key is None else key, "key_positions"
+            ),
+        )  # (batch or 1, query), (batch or 1, key)
+        # Keras' causal mask compares indices; this layer's compares
+        # positions, in `_compute_attention`.
+        self._call_state.causal = use_causal_mask
+        try:
+            return super().call(query, value, use_causal_mask=False, **arguments)
+        finally:
+            self._call_state.positions = None
+            self._call_state.causal = False
 
-    def _position_masks(
-        self, attention_mask, query_positions, key_positions, use_causal_mask
-    ):
-        """`attention_mask` and the causal and sliding-window masks."""
+    def _compute_sliding_window_mask(self, query, value=None):
+        # Keras 3.15 and later: the window compares positions, as the causal
+        # mask does, when this layer's own path runs.
+        if self._call_state.positions is None:
+            return super()._compute_sliding_window_mask(query, value)
+        query_positions, key_positions = self._call_state.positions
         distance = ops.relative_distance(
             query_positions, key_positions
         )  # (batch or 1, query, key): key - query
-        masks = [] if attention_mask is None else [attention_mask]
-        if use_causal_mask:
-            masks.append(distance <= 0)
-        if self._sliding_window is not None:
-            masks.append(tf.abs(distance) < self._sliding_window)
-        if not masks:
-            return None
-        combined = masks[0]
-        for mask in masks[1:]:
-            combined = tf.logical_and(combined, mask)
-        return combined
+        return tf.abs(distance) < _sliding_window(self)
 
-    def _attend(
-        self,
-        query,
-        key,
-        value,
-        attention_mask,
-        query_positions,
-        key_positions,
-        training,
+    def _compute_attention(
+        self, query, key, value, attention_mask=None, training=None, *args, **kwargs
     ):
-        """Attention with the position's contributions; float32 softmax."""
+        """Attention with the position's contributions; float32 softmax.
+
+        Keras' `call` hands over the projected heads, `query` of shape
+        `(batch, query, heads, key_dim)` and `key` and `value` of shape
+        `(batch, key, heads, dim)`, and the combined mask of the Keras
+        masks, `attention_mask` and the sliding window (or None). Without a
+        position and positions, this is Keras' own attention.
+        """
+        if self._call_state.positions is None:
+            return super()._compute_attention(
+                query, key, value, attention_mask, training, *args, **kwargs
+            )
+        query_positions, key_positions = self._call_state.positions
         position = self.position
         if position is not None:
             query, key = position.transform_query_key(
                 query, key, query_positions, key_positions
             )
-        query = query * tf.cast(self._inverse_sqrt_key_dim, query.dtype)
+        query = query * tf.cast(1.0 / math.sqrt(self.key_dim), query.dtype)
         logits = tf.cast(
-            tf.einsum(self._dot_product_equation, key, query), "float32"
+            tf.einsum("bsnh,btnh->bnts", key, query), "float32"
         )  # (batch, heads, query, key)
         if position is not None:
             bias = position.logits_bias(query, query_positions, key_positions)
             if bias is not None:
                 logits = logits + bias
-        if attention_mask is None:
+        mask = self._attention_mask(attention_mask, query_positions, key_positions)
+        if mask is None:
             weights = tf.nn.softmax(logits, axis=-1)  # (batch, heads, query, key)
         else:
             # As Keras' masked softmax: a large negative number where masked,
             # then zero weight there (a query with no key left gets none).
-            mask = tf.expand_dims(attention_mask, 1)  # (batch, 1, query, key)
             weights = tf.nn.softmax(tf.where(mask, logits, -1e9), axis=-1)
             weights = tf.where(mask, weights, 0.0)
-        if self._dropout > 0.0:
-            weights = self._dropout_layer(weights, training=training)
+        if self.dropout > 0.0:
+            weights = _dropout_layer(self)(weights, training=training)
         output = tf.einsum(
-            self._combine_equation, tf.cast(weights, value.dtype), value
+            "bnts,bsnh->btnh", tf.cast(weights, value.dtype), value
         )  # (batch, query, heads, value_dim)
         if position is not None:
             term = position.value_term(weights, query_positions, key_positions)
             if term is not None:
                 output = output + tf.cast(term, output.dtype)
         return output, tf.cast(weights, self.compute_dtype)
+
+    def _attention_mask(self, attention_mask, query_positions, key_positions):
+        """Keras' combined mask and the causal one, `(batch | 1, heads | 1, query, key)`."""
+        masks = []
+        if attention_mask is not None:
+            mask = tf.cast(attention_mask, "bool")
+            # Keras takes (batch, query, key) and (batch, heads | 1, query,
+            # key); a head axis where there is none, as its masked softmax.
+            while mask.shape.rank < 4:
+                mask = tf.expand_dims(mask, -3)
+            masks.append(mask)
+        if self._call_state.causal:
+            distance = ops.relative_distance(
+                query_positions, key_positions
+            )  # (batch or 1, query, key): key - query
+            masks.append((distance <= 0)[:, tf.newaxis])  # (batch | 1, 1, query, key)
+        if not masks:
+            return None
+        if len(masks) == 1:
+            return masks[0]
+        return tf.logical_and(*masks)
 
     def compute_output_spec(
         self,

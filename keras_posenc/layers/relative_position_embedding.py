@@ -189,7 +189,7 @@ class RelativePositionEmbedding(AttentionPosition):
 
     def value_term(self, attention_weights, query_positions, key_positions):
         shape = tf.shape(attention_weights)
-        batch_size, queries = shape[0], shape[2]
+        batch_size, heads, queries = shape[0], shape[1], shape[2]
         distances = 2 * self.max_distance + 1
         rows = self._table_rows(
             query_positions, key_positions, batch_size
@@ -209,8 +209,10 @@ class RelativePositionEmbedding(AttentionPosition):
         summed = tf.math.unsorted_segment_sum(
             weights, segments, batch_size * queries * distances
         )  # (batch * query * (2k + 1), heads)
+        # Heads given, not inferred: with no queries there is nothing to
+        # infer them from.
         summed = tf.reshape(
-            summed, [batch_size, queries, distances, -1]
+            summed, [batch_size, queries, distances, heads]
         )  # (batch, query, 2k + 1, heads)
         return tf.einsum(
             "btrn,rd->btnd", summed, self.value_embeddings
