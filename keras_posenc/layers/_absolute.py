@@ -121,3 +121,15 @@ class AbsoluteEncoding(keras.layers.Layer):
             {"merge_mode": self.merge_mode, "output_dim": self.output_dim}
         )
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        # Keras' legacy `.h5` loader turns a config string that names a
+        # function of `keras.layers` into that function before this runs
+        # (`class_and_config_for_serialized_keras_object` in
+        # keras/src/legacy/saving/serialization.py): "add" arrives as
+        # `keras.layers.add`. Only here is it read back as "add"; the
+        # constructor still refuses functions.
+        if config.get("merge_mode") is keras.layers.add:
+            config = {**config, "merge_mode": "add"}
+        return super().from_config(config)
