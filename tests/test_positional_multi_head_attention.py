@@ -73,6 +73,9 @@ FLOAT32_ATOL = 1e-5
 QUERY_POSITIONS = np.array([[0, 3, 4, 9, 20], [40, 41, 47, 60, 61]])
 KEY_POSITIONS = np.array([[0, 1, 2, 5, 9, 13, 31], [30, 38, 40, 41, 55, 61, 70]])
 PERMUTATION = np.array([3, 0, 6, 1, 5, 2, 4])
+# Keras' masked softmax gives a query with no key zero weights from 3.10 on,
+# uniform weights before; this layer's own path gives zero weights.
+KERAS_ZEROES_UNATTENDED = tuple(map(int, keras.version().split(".")[:2])) >= (3, 10)
 
 
 def weight_named(layer, name):
@@ -375,8 +378,16 @@ def test_without_position_it_is_keras_multi_head_attention():
             key_positions=np.arange(value.shape[1]) + 100,
             **kwargs,
         )
-        assert_close(weights, expected_weights.numpy(), err_msg=name)
-        assert_close(output, expected_output.numpy(), err_msg=name)
+        output, weights = output.numpy(), weights.numpy()
+        expected_output = expected_output.numpy()
+        expected_weights = expected_weights.numpy()
+        if not KERAS_ZEROES_UNATTENDED:
+            attending = weights.sum(-1).max(1) > 0  # (batch, query)
+            output, expected_output = output[attending], expected_output[attending]
+            weights = weights.transpose(0, 2, 1, 3)[attending]
+            expected_weights = expected_weights.transpose(0, 2, 1, 3)[attending]
+        assert_close(weights, expected_weights, err_msg=name)
+        assert_close(output, expected_output, err_msg=name)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -503,10 +514,12 @@ def test_padding_masks_combine_with_every_scheme(scheme, causal):
         )
 
     # Padded queries, whose every key is masked, get no weights at all, as
-    # with Keras' masked softmax: no query gives a padded key weight.
-    assert np.all(weights[1, :, :, 4:] == 0)
-    assert_close(weights, expected_weights)
-    assert_close(output, expected_output)
+    # with Keras' masked softmax: no query gives a padded key weight. Without
+    # a scheme this is Keras' own layer, which zeroes them from 3.10 on.
+    if scheme != "none" or KERAS_ZEROES_UNATTENDED:
+        assert np.all(weights[1, :, :, 4:] == 0)
+        assert_close(weights, expected_weights)
+        assert_close(output, expected_output)
 
 
 # Every `attention_mask` shape Keras' layer takes, for 5 queries and LENGTH
@@ -720,7 +733,10 @@ def decoder_model(scheme, with_positions=False):
         inputs.append(positions)
         kwargs = {"query_positions": positions, "key_positions": positions}
     attended = make_attention(scheme)(tokens, tokens, use_causal_mask=True, **kwargs)
-    return keras.Model(inputs, keras.layers.Dense(2)(attended))
+    # One input is passed as a tensor, not a list of one, as it is called.
+    return keras.Model(
+        inputs if with_positions else tokens, keras.layers.Dense(2)(attended)
+    )
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -733,6 +749,10 @@ def test_keras_file_round_trip_is_bit_identical(scheme, tmp_path):
     model.save(path)
     loaded = keras.models.load_model(path, safe_mode=True)
     assert attention_layer(loaded).get_config() == attention_layer(model).get_config()
+    # The position's tables load under the attention, where they were made.
+    assert [weight.path for weight in loaded.weights] == [
+        weight.path for weight in model.weights
+    ]
     tokens = random_inputs((BATCH, LENGTH, FEATURES))
     positions = np.maximum(np.arange(LENGTH) - np.array([[0], [2]]), 0)
     expected = model.predict([tokens, positions], verbose=0)

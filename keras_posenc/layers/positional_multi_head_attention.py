@@ -341,7 +341,13 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     def from_config(cls, config):
         config = dict(config)
         if config.get("position") is not None:
-            config["position"] = keras.saving.deserialize_keras_object(
-                config["position"]
-            )
+            # Built by `build`, under this layer's name scope, as when first
+            # made: built on deserialization, its weights would lose the
+            # attention's prefix.
+            position = {
+                key: value
+                for key, value in config["position"].items()
+                if key != "build_config"
+            }
+            config["position"] = keras.saving.deserialize_keras_object(position)
         return super().from_config(config)
