@@ -7,6 +7,7 @@ rotated feature pair, and a Python float that multiplies the cosines and sines
 are those of Hugging Face's `rope_scaling` configurations, so a model's
 `config.json` carries over unchanged; `rope_parameters` dispatches on such a
 dict. The trained context length is always `original_max_position_embeddings`.
+The legacy rope type `"su"` (Phi-3 vision configs) is read as `"longrope"`.
 """
 
 import math
@@ -16,7 +17,11 @@ import tensorflow as tf
 
 from keras_posenc import ops
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+ROPE_TYPES = (
+    "default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional"
+)
+# Older names that Hugging Face configs still carry, and the type each means.
+_ALIASES = {"su": "longrope"}
 
 # The keys each rope_type takes: (required, optional).
 _KEYS = {
@@ -47,6 +52,7 @@ _KEYS = {
         ("short_factor", "long_factor", "original_max_position_embeddings"),
         ("attention_factor", "factor"),
     ),
+    "proportional": ((), ("factor", "partial_rotary_factor")),
 }
 
 
@@ -374,6 +380,51 @@ def longrope(
     return 1.0 / (divisors * wavelengths), float(attention_factor)
 
 
+def proportional(dim, max_wavelength, factor=1.0, partial_rotary_factor=1.0):
+    """Proportional RoPE (Gemma 4): rotate a share of the pairs, spaced over all.
+
+    The first `int(partial_rotary_factor * dim // 2)` feature pairs turn with
+    the default frequencies `max_wavelength ** (-2i / dim)`, spaced over the
+    whole width `dim` rather than over the rotated share; the remaining pairs
+    get frequency 0, so they pass through unrotated. Every frequency is then
+    divided by `factor`. This is Hugging Face's
+    `_compute_proportional_rope_parameters`: unlike `rotary_dim` (partial
+    rotary), the rotated features are not a leading block, since in the
+    `"half"` layout pair `i` is features `i` and `i + dim / 2`.
+
+    Args:
+        dim: int. The number of features, the whole head width.
+        max_wavelength: float. The base.
+        factor: float. The divisor of every frequency. Defaults to `1.0`.
+        partial_rotary_factor: float. The share of the pairs that rotate,
+            in `(0, 1]`. Defaults to `1.0`, the default schedule.
+
+    Returns:
+        A tuple `(inverse_frequencies, attention_factor)`: a float32 tensor of
+        shape `(dim / 2,)` and `1.0`.
+
+    Example:
+
+    >>> frequencies, attention_factor = proportional(
+    ...     8, 10000.0, partial_rotary_factor=0.5
+    ... )
+    >>> frequencies.numpy(), attention_factor
+    (array([1. , 0.1, 0. , 0. ], dtype=float32), 1.0)
+    """
+    ops.check_max_wavelength(max_wavelength)
+    _check_arguments(
+        "proportional",
+        {"factor": factor, "partial_rotary_factor": partial_rotary_factor},
+        dim,
+    )
+    # Written as Hugging Face writes it: (share * dim) // 2, then int.
+    rotated_pairs = int(partial_rotary_factor * dim // 2)
+    rotated = _base_frequencies(dim, max_wavelength)[:rotated_pairs]
+    still = tf.zeros([dim // 2 - rotated_pairs], "float32")
+    frequencies = tf.concat([rotated, still], 0)  # (dim / 2,)
+    return frequencies / tf.cast(factor, "float32"), 1.0
+
+
 _SCHEDULES = {
     "default": default,
     "linear": linear,
@@ -381,6 +432,7 @@ _SCHEDULES = {
     "yarn": yarn,
     "llama3": llama3,
     "longrope": longrope,
+    "proportional": proportional,
 }
 _LENGTH_DEPENDENT = ("dynamic", "longrope")
 
@@ -407,6 +459,9 @@ def _check_key(name, value, label):
             and all(_is_number(v) and v > 0 for v in value)
         )
         expected = "a non-empty list of positive numbers"
+    elif name == "partial_rotary_factor":
+        valid = _is_number(value) and 0 < value <= 1
+        expected = "a number in (0, 1]"
     elif name in ("mscale", "mscale_all_dim"):
         # Hugging Face reads 0 as absent.
         valid, expected = _is_number(value) and value >= 0, "a number >= 0"
@@ -465,7 +520,8 @@ def check_scaling(scaling, dim=None):
 
     Args:
         scaling: None or a dict in Hugging Face's `rope_scaling` form, with a
-            `"rope_type"` from `ROPE_TYPES` and the keys that schedule takes.
+            `"rope_type"` from `ROPE_TYPES` (or `"su"`, read as
+            `"longrope"`) and the keys that schedule takes.
         dim: optional int. The number of rotated features, when known: then
             the schedule's needs of it are checked too.
     """
@@ -476,11 +532,12 @@ def check_scaling(scaling, dim=None):
             "`scaling` must be None or a dict in Hugging Face's rope_scaling "
             f"form. Received: scaling={scaling!r}"
         )
-    rope_type = scaling.get("rope_type")
+    rope_type = _rope_type(scaling)
     if rope_type not in ROPE_TYPES:
         raise ValueError(
-            f"`scaling['rope_type']` must be one of {ROPE_TYPES}. "
-            f"Received: rope_type={rope_type!r} in scaling={scaling!r}"
+            f"`scaling['rope_type']` must be one of {ROPE_TYPES} (or an alias "
+            f"in {_ALIASES}). Received: rope_type={scaling.get('rope_type')!r} "
+            f"in scaling={scaling!r}"
         )
     required, optional = _KEYS[rope_type]
     for name in scaling:
@@ -500,9 +557,17 @@ def check_scaling(scaling, dim=None):
     _check_arguments(rope_type, arguments, dim, label="scaling['{}']")
 
 
+def _rope_type(scaling):
+    """The schedule a dict names, its alias resolved: `"su"` is `"longrope"`."""
+    rope_type = scaling.get("rope_type")
+    if isinstance(rope_type, str):
+        return _ALIASES.get(rope_type, rope_type)
+    return rope_type
+
+
 def depends_on_length(scaling):
     """Whether the schedule's frequencies change with the current length."""
-    return scaling is not None and scaling["rope_type"] in _LENGTH_DEPENDENT
+    return scaling is not None and _rope_type(scaling) in _LENGTH_DEPENDENT
 
 
 def rope_parameters(scaling, dim, max_wavelength, sequence_length=None):
@@ -534,6 +599,7 @@ def rope_parameters(scaling, dim, max_wavelength, sequence_length=None):
     arguments = {
         k: v for k, v in scaling.items() if k != "rope_type" and v is not None
     }
-    if scaling["rope_type"] in _LENGTH_DEPENDENT:
+    rope_type = _rope_type(scaling)
+    if rope_type in _LENGTH_DEPENDENT:
         arguments["sequence_length"] = sequence_length
-    return _SCHEDULES[scaling["rope_type"]](dim, max_wavelength, **arguments)
+    return _SCHEDULES[rope_type](dim, max_wavelength, **arguments)

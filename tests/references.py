@@ -230,3 +230,55 @@ def t5_bucket(relative_position, bidirectional, num_buckets, max_distance):
         * (num_buckets - max_exact)
     )
     return bucket + min(large, num_buckets - 1)
+
+
+# Hugging Face configs beyond the rope_scaling dict.
+
+
+def proportional_inverse_frequencies(
+    head_dim, base, partial_rotary_factor=1.0, factor=1.0
+):
+    """Proportional RoPE's inverse frequencies (Gemma 4), one pair at a time.
+
+    transformers' `_compute_proportional_rope_parameters`, in float64: the
+    first int(partial_rotary_factor * head_dim // 2) pairs take
+    base^(-2i / head_dim), spaced over the whole head; the rest take 0; all
+    are divided by `factor`.
+    """
+    rotated_pairs = int(partial_rotary_factor * head_dim // 2)
+    return np.array(
+        [
+            base ** (-2.0 * i / head_dim) / factor if i < rotated_pairs else 0.0
+            for i in range(head_dim // 2)
+        ],
+        "float64",
+    )
+
+
+def rotary_deinterleaved(x, positions, inverse_frequencies, attention_factor=1.0):
+    """DeepSeek-V3's rotation in transformers, in float64.
+
+    `apply_rotary_pos_emb_interleave`: features 2i and 2i + 1 first move to
+    places i and i + d/2 (every even feature, then every odd one), then turn
+    as pairs of the "half" layout. The pairs (2i, 2i + 1) of the input turn by
+    position * inverse_frequencies[i]; the output comes in the moved order.
+    """
+    x = np.asarray(x, dtype="float64")
+    moved = np.concatenate([x[..., 0::2], x[..., 1::2]], -1)
+    return rotary(moved, positions, inverse_frequencies, attention_factor, "half")
+
+
+def rotary_complex(x, positions, inverse_frequencies, attention_factor=1.0):
+    """DeepSeek-V2's rotation in transformers (`apply_rotary_emb`), in float64.
+
+    Features 2i and 2i + 1 are the complex number x[2i] + j x[2i + 1], which
+    is multiplied by attention_factor * exp(j * position * inverse_frequencies[i]).
+    `x` is `(batch, seq, [heads,] dim)`, `positions` `(seq,)`.
+    """
+    x = np.asarray(x, dtype="float64")
+    angles = np.outer(np.asarray(positions, "float64"), inverse_frequencies)
+    angles = angles.reshape((1, angles.shape[0]) + (1,) * (x.ndim - 3) + (-1,))
+    turned = (x[..., 0::2] + 1j * x[..., 1::2]) * attention_factor * np.exp(1j * angles)
+    output = np.empty_like(x)
+    output[..., 0::2], output[..., 1::2] = turned.real, turned.imag
+    return output

@@ -1,3 +1,4 @@
+import inspect
 import math
 import re
 
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from keras_posenc import rope_scaling
 from tests import references
+from tests.test_docs import documented_args
 
 # A float32 frequency is a handful of float32 roundings of exact inputs (the
 # base, the exponent 2i / dim, which is exact for power-of-two dims, the power,
@@ -120,7 +122,7 @@ def assert_matches_reference(result, dim, base, scaling, sequence_length=None):
 
 def test_rope_types():
     assert rope_scaling.ROPE_TYPES == (
-        "default", "linear", "dynamic", "yarn", "llama3", "longrope"
+        "default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional"
     )
 
 
@@ -409,6 +411,101 @@ def test_longrope_scalar_tensor_sequence_length(sequence_length):
     assert_matches_reference(result, 64, 10000.0, scaling, sequence_length)
 
 
+# Proportional RoPE, transformers' _compute_proportional_rope_parameters:
+# Gemma 4's full attention layers, 512 wide heads, a quarter of pairs turning.
+PROPORTIONAL_CASES = [
+    (512, 1e6, 0.25, 1.0),
+    (256, 10000.0, 1.0, 1.0),
+    (128, 500000.0, 0.5, 8.0),
+    (80, 10000.0, 0.3, 1.0),
+    (96, 1e6, 0.7, 2.5),
+    (8, 10000.0, 0.125, 1.0),
+]
+
+
+@pytest.mark.parametrize(
+    "dim, base, partial_rotary_factor, factor", PROPORTIONAL_CASES
+)
+def test_proportional(dim, base, partial_rotary_factor, factor):
+    frequencies, attention_factor = rope_scaling.proportional(
+        dim, base, factor=factor, partial_rotary_factor=partial_rotary_factor
+    )
+    expected = references.proportional_inverse_frequencies(
+        dim, base, partial_rotary_factor, factor
+    )
+    assert frequencies.dtype == tf.float32
+    assert frequencies.shape == (dim // 2,)
+    rotated = expected > 0
+    assert_close(
+        frequencies.numpy()[rotated], expected[rotated], frequency_rtol(dim, base)
+    )
+    # Pairs past the share do not turn at all.
+    assert np.all(frequencies.numpy()[~rotated] == 0.0)
+    assert attention_factor == 1.0
+
+
+def test_proportional_spaces_frequencies_over_the_whole_width():
+    # Width 512, a quarter: pairs 0..63 turn at base^(-2i / 512), not at
+    # base^(-2i / 128) as partial rotary of 128 features would.
+    frequencies = rope_scaling.proportional(
+        512, 1e6, partial_rotary_factor=0.25
+    )[0].numpy()
+    assert np.count_nonzero(frequencies) == 64
+    assert frequencies[63] == pytest.approx(1e6 ** (-126 / 512), rel=FREQUENCY_RTOL)
+    assert frequencies[63] > 1e6 ** (-126 / 128) * 1000
+    # The share rounds down as int(share * dim // 2): 0.3 * 80 // 2 = 12.
+    assert np.count_nonzero(rope_scaling.proportional(80, 1e4, 1.0, 0.3)[0]) == 12
+    # All of it is the default schedule, divided by factor.
+    np.testing.assert_array_equal(
+        rope_scaling.proportional(64, 1e4)[0].numpy(),
+        rope_scaling.default(64, 1e4)[0].numpy(),
+    )
+
+
+@pytest.mark.parametrize("sequence_length", [None, 100, 4096, 4097, 100000])
+def test_su_is_longrope(sequence_length):
+    # Phi-3 vision configs name LongRoPE "su".
+    longrope = longrope_scaling(96, factor=32.0)
+    su = {**longrope, "rope_type": "su"}
+    rope_scaling.check_scaling(su, 96)
+    assert rope_scaling.depends_on_length(su)
+    frequencies, attention_factor = rope_scaling.rope_parameters(
+        su, 96, 10000.0, sequence_length
+    )
+    direct = direct_call(longrope, 96, 10000.0, sequence_length)
+    np.testing.assert_array_equal(frequencies.numpy(), direct[0].numpy())
+    assert attention_factor == direct[1]
+    assert_matches_reference(
+        (frequencies, attention_factor), 96, 10000.0, longrope, sequence_length
+    )
+
+
+def test_proportional_through_rope_parameters():
+    scaling = {"rope_type": "proportional", "partial_rotary_factor": 0.25}
+    rope_scaling.check_scaling(scaling, 512)
+    assert not rope_scaling.depends_on_length(scaling)
+    frequencies, attention_factor = rope_scaling.rope_parameters(
+        scaling, 512, 1e6, sequence_length=100000
+    )
+    np.testing.assert_array_equal(
+        frequencies.numpy(),
+        rope_scaling.proportional(512, 1e6, partial_rotary_factor=0.25)[0].numpy(),
+    )
+    assert attention_factor == 1.0
+    # A null share (null in a config.json) is the whole width.
+    frequencies, _ = rope_scaling.rope_parameters(
+        {"rope_type": "proportional", "partial_rotary_factor": None}, 64, 1e4
+    )
+    np.testing.assert_array_equal(
+        frequencies.numpy(), rope_scaling.default(64, 1e4)[0].numpy()
+    )
+
+
+def test_proportional_docstring_args_agree_with_its_signature():
+    parameters = list(inspect.signature(rope_scaling.proportional).parameters)
+    assert documented_args(inspect.getdoc(rope_scaling.proportional)) == parameters
+
+
 ALL_SCALINGS = [
     None,
     {"rope_type": "default"},
@@ -509,6 +606,24 @@ BAD_SCALINGS = [
     ),
     (without(LLAMA_3_1, "high_freq_factor"), ["high_freq_factor"]),
     (without(longrope_scaling(8), "long_factor"), ["long_factor"]),
+    (
+        {"rope_type": "proportional", "partial_rotary_factor": 0},
+        [("partial_rotary_factor", 0)],
+    ),
+    (
+        {"rope_type": "proportional", "partial_rotary_factor": 1.5},
+        [("partial_rotary_factor", 1.5)],
+    ),
+    (
+        {"rope_type": "proportional", "partial_rotary_factor": "0.25"},
+        [("partial_rotary_factor", "0.25")],
+    ),
+    ({"rope_type": "proportional", "factor": 0}, [("factor", 0)]),
+    (
+        {"rope_type": "proportional", "original_max_position_embeddings": 4096},
+        [("original_max_position_embeddings", 4096)],
+    ),
+    ({"rope_type": "su", "factor": 2.0}, ["short_factor", "'su'"]),
 ]
 
 
@@ -564,6 +679,10 @@ def test_check_scaling_accepts_every_good_dict():
         (
             lambda: rope_scaling.dynamic(2, 10000.0, 2.0, 64),
             r"at least 4 rotated features.*dim=2",
+        ),
+        (
+            lambda: rope_scaling.proportional(8, 10000.0, partial_rotary_factor=2.0),
+            r"`partial_rotary_factor`.*partial_rotary_factor=2\.0",
         ),
     ],
 )

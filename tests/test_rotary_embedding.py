@@ -1,5 +1,6 @@
 """RotaryEmbedding against float64 references, keras-hub and HF configs."""
 
+import copy
 import math
 
 import keras
@@ -601,6 +602,607 @@ def test_from_hf_config_yarn_without_factor():
         inverse_frequencies,
         attention_factor,
     )
+
+
+# Configs as the public models' config.json files give them (the long lists
+# of a model's layers and factors written as the comprehensions they equal).
+
+# lmsys/longchat-7b-16k, saved again by transformers 5: rope_parameters
+# keeps the legacy "type" beside the "rope_type" it added.
+LONGCHAT_RESAVED = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "max_position_embeddings": 2048,
+    "rope_parameters": {
+        "factor": 8.0,
+        "rope_theta": 10000.0,
+        "rope_type": "linear",
+        "type": "linear",
+    },
+}
+
+# deepseek-ai/DeepSeek-V3: YaRN with DeepSeek's mscale pair, the legacy
+# "type" key, no rope_interleave (transformers' default, True).
+DEEPSEEK_V3_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "max_position_embeddings": 163840,
+    "rope_theta": 10000,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+}
+
+# The same, saved again by transformers 5.
+DEEPSEEK_V3_RESAVED = {
+    **{
+        key: value
+        for key, value in DEEPSEEK_V3_CONFIG.items()
+        if key not in ("rope_scaling", "rope_theta")
+    },
+    "rope_interleave": True,
+    "rope_parameters": {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 40.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rope_type": "yarn",
+        "type": "yarn",
+    },
+}
+
+# deepseek-ai/DeepSeek-V2-Lite: adjacent pairs as complex numbers.
+DEEPSEEK_V2_LITE_CONFIG = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "max_position_embeddings": 163840,
+    "rope_theta": 10000,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+}
+
+GEMMA_3_LAYER_TYPES = [
+    "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(34)
+]
+# google/gemma-3-4b-it's text_config as transformers 5 writes it.
+GEMMA_3_4B_TEXT = {
+    "model_type": "gemma3_text",
+    "hidden_size": 2560,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131072,
+    "sliding_window": 1024,
+    "layer_types": GEMMA_3_LAYER_TYPES,
+    "rope_parameters": {
+        "full_attention": {
+            "rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0
+        },
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+}
+# ... and as transformers 4.50 wrote it.
+GEMMA_3_4B_TEXT_LEGACY = {
+    "model_type": "gemma3_text",
+    "hidden_size": 2560,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "max_position_embeddings": 131072,
+    "sliding_window": 1024,
+    "sliding_window_pattern": 6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+}
+GEMMA_3_4B = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "mm_tokens_per_image": 256,
+    "text_config": GEMMA_3_4B_TEXT_LEGACY,
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152},
+}
+
+# A Gemma 4 text_config: proportional RoPE on the 512 wide heads of full
+# attention, a quarter of the pairs turning.
+GEMMA_4_TEXT = {
+    "model_type": "gemma4_text",
+    "hidden_size": 2560,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "max_position_embeddings": 131072,
+    "sliding_window": 512,
+    "layer_types": [
+        "full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+        for i in range(42)
+    ],
+    "rope_parameters": {
+        "full_attention": {
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1000000.0,
+            "rope_type": "proportional",
+        },
+        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+    },
+}
+
+# internlm/internlm2-chat-7b's dynamic NTK, with a trained length also
+# stated as original_max_position_embeddings, as Phi-3 style configs do.
+DYNAMIC_CONFIG = {
+    "architectures": ["InternLM2ForCausalLM"],
+    "model_type": "internlm2",
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 32768,
+    "original_max_position_embeddings": 4096,
+    "rope_theta": 1000000,
+    "rope_scaling": {"type": "dynamic", "factor": 2.0},
+}
+
+# microsoft/Phi-3-vision-128k-instruct: LongRoPE under its older name "su",
+# 48 factors for heads of 3072 / 32 = 96 features.
+PHI_3_VISION_CONFIG = {
+    "architectures": ["Phi3VForCausalLM"],
+    "model_type": "phi3_v",
+    "hidden_size": 3072,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rope_scaling": {
+        "long_factor": np.geomspace(1.0, 60.0, 48).round(4).tolist(),
+        "short_factor": np.linspace(1.0, 1.3, 48).round(4).tolist(),
+        "type": "su",
+    },
+}
+
+
+def rope_slice_logits_tolerance(query_rope, key_rope, positions, frequencies,
+                                attention_factor):
+    """How far float32 rotation may move each logit, `(batch, heads, q, k)`.
+
+    As in test_scores_depend_on_relative_position_only: pair i of a logit
+    moves by at most |q_i| |k_i| (ANGLE_RTOL * (|m w_i| + |n w_i|) +
+    4 * OUTPUT_RTOL), times the attention factor twice. The pairs are
+    (2i, 2i + 1) of the inputs.
+    """
+    query_norms = pair_norms(query_rope.astype("float64"), "interleaved", 64)
+    key_norms = pair_norms(key_rope.astype("float64"), "interleaved", 64)[:, :, 0]
+    errors = ANGLE_RTOL * np.abs(np.outer(positions, frequencies))  # (seq, 32)
+    return attention_factor**2 * (
+        np.einsum("bqhi,bki,qi->bhqk", query_norms, key_norms, errors)
+        + np.einsum("bqhi,bki,ki->bhqk", query_norms, key_norms, errors)
+        + np.einsum("bqhi,bki->bhqk", query_norms, key_norms) * 4 * OUTPUT_RTOL
+    )  # (batch, heads, q, k)
+
+
+def multi_head_latent_logits(query, key_nope, key_rope):
+    """Query-key logits of multi-head latent attention: `(batch, heads, q, k)`.
+
+    Queries are `(batch, q, heads, nope + rope)`; keys have a nope part per
+    head, `(batch, k, heads, nope)`, and a rope part that all heads share,
+    `(batch, k, 1, rope)`.
+    """
+    heads = query.shape[2]
+    key = np.concatenate(
+        [key_nope, np.repeat(key_rope, heads, axis=2)], -1
+    ).astype("float64")
+    return np.einsum("bqhd,bkhd->bhqk", query.astype("float64"), key)
+
+
+@pytest.mark.parametrize(
+    "config, reference_rotation",
+    [
+        (DEEPSEEK_V3_CONFIG, references.rotary_deinterleaved),
+        (DEEPSEEK_V3_RESAVED, references.rotary_deinterleaved),
+        (DEEPSEEK_V2_LITE_CONFIG, references.rotary_complex),
+    ],
+    ids=["deepseek-v3", "deepseek-v3-resaved", "deepseek-v2-lite"],
+)
+def test_from_hf_config_deepseek_rotates_the_rope_slice_interleaved(
+    config, reference_rotation
+):
+    layer = RotaryEmbedding.from_hf_config(config)
+    scaling = config.get("rope_scaling") or config["rope_parameters"]
+    assert (layer.layout, layer.rotary_dim) == ("interleaved", None)
+    assert layer.max_wavelength == 10000.0
+    assert layer.scaling == {
+        "rope_type": "yarn",
+        **{
+            key: value
+            for key, value in scaling.items()
+            if key not in ("type", "rope_theta", "rope_type")
+        },
+    }
+    # The YaRN frequencies spaced over qk_rope_head_dim = 64, and
+    # transformers' attention factor mscale(40, mscale) / mscale(40,
+    # mscale_all_dim) = 1, not 0.1 ln 40 + 1.
+    rope_dim, nope_dim = config["qk_rope_head_dim"], config["qk_nope_head_dim"]
+    yarn = {
+        key: scaling[key]
+        for key in (
+            "factor",
+            "original_max_position_embeddings",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+        )
+    }
+    base = config.get("rope_theta") or scaling["rope_theta"]
+    frequencies, attention_factor = references.rope_inverse_frequencies(
+        rope_dim, base, {"rope_type": "yarn", **yarn}
+    )
+    log_factor = math.log(scaling["factor"])
+    mscale = 0.1 * scaling["mscale"] * log_factor + 1.0
+    mscale_all_dim = 0.1 * scaling["mscale_all_dim"] * log_factor + 1.0
+    assert attention_factor == pytest.approx(mscale / mscale_all_dim, rel=1e-12)
+    assert attention_factor == 1.0
+    # Queries (batch, seq, heads, nope + rope); keys' nope part per head,
+    # their rope part one for all heads. Positions past the trained 4096.
+    positions = np.array([0, 1, 2, 4095, 4096, 6000])
+    query = random_inputs((1, 6, 3, nope_dim + rope_dim), seed=1)
+    key_nope = random_inputs((1, 6, 3, nope_dim), seed=2)
+    key_rope = random_inputs((1, 6, 1, rope_dim), seed=3)
+    query_rope = query[..., nope_dim:]
+    def reference(x):
+        return reference_rotation(x, positions, frequencies, attention_factor)
+
+    expected = multi_head_latent_logits(
+        np.concatenate([query[..., :nope_dim], reference(query_rope)], -1),
+        key_nope,
+        reference(key_rope),
+    )
+    rotated_query = np.concatenate(
+        [query[..., :nope_dim], layer(query_rope, positions=positions).numpy()], -1
+    )
+    logits = multi_head_latent_logits(
+        rotated_query, key_nope, layer(key_rope, positions=positions).numpy()
+    )
+    tolerance = rope_slice_logits_tolerance(
+        query_rope, key_rope, positions, frequencies, attention_factor
+    )
+    assert np.all(np.abs(logits - expected) <= tolerance)
+    # The interleaved output, pair by pair.
+    assert_rotated(
+        layer(query_rope, positions=positions),
+        query_rope,
+        positions,
+        frequencies,
+        attention_factor,
+        layout="interleaved",
+    )
+    # The half layout over the same slice, as before, is off by order 1.
+    half = RotaryEmbedding(max_wavelength=10000.0, scaling=layer.scaling)
+    half_query = half(query_rope, positions=positions).numpy()
+    half_logits = multi_head_latent_logits(
+        np.concatenate([query[..., :nope_dim], half_query], -1),
+        key_nope,
+        half(key_rope, positions=positions).numpy(),
+    )
+    assert np.abs(half_logits - expected).max() > max(1.0, 100 * tolerance.max())
+
+
+def test_from_hf_config_deepseek_v3_without_interleave_pairs_halves():
+    config = {**DEEPSEEK_V3_CONFIG, "rope_interleave": False}
+    layer = RotaryEmbedding.from_hf_config(config)
+    assert (layer.layout, layer.rotary_dim) == ("half", None)
+    frequencies, attention_factor = references.rope_inverse_frequencies(
+        64,
+        10000.0,
+        {
+            "rope_type": "yarn",
+            "factor": 40,
+            "original_max_position_embeddings": 4096,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    )
+    key_rope = random_inputs((1, 4, 1, 64))
+    assert_rotated(
+        layer(key_rope, start_index=8000),
+        key_rope,
+        8000 + np.arange(4),
+        frequencies,
+        attention_factor,
+    )
+
+
+def test_from_hf_config_other_latent_attention_needs_a_known_model_type():
+    config = {**DEEPSEEK_V3_CONFIG, "model_type": "kimi_k2"}
+    with pytest.raises(ValueError, match=r"qk_rope_head_dim.*model_type='kimi_k2'"):
+        RotaryEmbedding.from_hf_config(config)
+
+
+@pytest.mark.parametrize(
+    "config, layer_type, expected_scaling",
+    [
+        (LONGCHAT_RESAVED, None, {"rope_type": "linear", "factor": 8.0}),
+        (
+            # Qwen3's model card's yarn, saved again: both keys.
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "hidden_size": 4096,
+                "num_attention_heads": 32,
+                "head_dim": 128,
+                "max_position_embeddings": 131072,
+                "layer_types": ["full_attention"] * 36,
+                "rope_theta": 1000000,
+                "rope_scaling": {
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 32768,
+                    "rope_type": "yarn",
+                    "type": "yarn",
+                },
+            },
+            "full_attention",
+            {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32768,
+            },
+        ),
+        (
+            # Where the two disagree, transformers goes by "rope_type".
+            {
+                **LONGCHAT_RESAVED,
+                "rope_parameters": {
+                    **LONGCHAT_RESAVED["rope_parameters"],
+                    "type": "dynamic",
+                },
+            },
+            None,
+            {"rope_type": "linear", "factor": 8.0},
+        ),
+    ],
+    ids=["longchat", "qwen3-yarn", "disagreeing"],
+)
+def test_from_hf_config_with_both_type_and_rope_type(
+    config, layer_type, expected_scaling
+):
+    original = copy.deepcopy(config)
+    layer = RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
+    assert layer.scaling == expected_scaling
+    assert config == original
+    head_dim = config.get("head_dim") or (
+        config["hidden_size"] // config["num_attention_heads"]
+    )
+    base = config.get("rope_theta") or config["rope_parameters"]["rope_theta"]
+    assert layer.max_wavelength == base
+    frequencies, attention_factor = references.rope_inverse_frequencies(
+        head_dim, base, expected_scaling
+    )
+    inputs = random_inputs((1, 4, 2, head_dim))
+    assert_rotated(
+        layer(inputs, start_index=40000),
+        inputs,
+        40000 + np.arange(4),
+        frequencies,
+        attention_factor,
+    )
+
+
+@pytest.mark.parametrize(
+    "config", [GEMMA_3_4B_TEXT, GEMMA_3_4B_TEXT_LEGACY], ids=["nested", "legacy"]
+)
+def test_from_hf_config_gemma_3_per_layer_type(config):
+    full = RotaryEmbedding.from_hf_config(config, layer_type="full_attention")
+    assert full.max_wavelength == 1000000.0
+    assert full.scaling == {"rope_type": "linear", "factor": 8.0}
+    local = RotaryEmbedding.from_hf_config(config, layer_type="sliding_attention")
+    assert local.max_wavelength == 10000.0
+    assert local.scaling is None
+    inputs = random_inputs((1, 4, 2, config["head_dim"]))
+    for layer, frequencies in [
+        (
+            full,
+            references.rope_inverse_frequencies(
+                256, 1000000.0, {"rope_type": "linear", "factor": 8.0}
+            )[0],
+        ),
+        (local, references.rope_inverse_frequencies(256, 10000.0)[0]),
+    ]:
+        assert_rotated(
+            layer(inputs, start_index=30000),
+            inputs,
+            30000 + np.arange(4),
+            frequencies,
+        )
+
+
+@pytest.mark.parametrize(
+    "config, layer_type, message",
+    [
+        (
+            GEMMA_3_4B_TEXT,
+            None,
+            r"`config\['rope_parameters'\]` holds one RoPE per layer type: "
+            r"\['full_attention', 'sliding_attention'\]\. Pass `layer_type=`.*"
+            r"Received: layer_type=None",
+        ),
+        (
+            GEMMA_3_4B_TEXT,
+            "chunked_attention",
+            r"\['full_attention', 'sliding_attention'\].*"
+            r"layer_type='chunked_attention'",
+        ),
+        (
+            GEMMA_3_4B_TEXT_LEGACY,
+            None,
+            r"`rope_local_base_freq`.*\['full_attention', 'sliding_attention'\]"
+            r".*layer_type=None",
+        ),
+        (
+            GEMMA_4_TEXT,
+            "sliding_window",
+            r"\['full_attention', 'sliding_attention'\].*layer_type='sliding_window'",
+        ),
+        (
+            LLAMA_3_1_CONFIG,
+            "full_attention",
+            r"one for all its layers, whose types are \[\]\. "
+            r"Received: layer_type='full_attention'",
+        ),
+        (
+            {**LLAMA_3_1_CONFIG, "layer_types": ["full_attention"] * 32},
+            "sliding_attention",
+            r"\['full_attention'\]\. Received: layer_type='sliding_attention'",
+        ),
+        (
+            GEMMA_3_4B,
+            "full_attention",
+            r"pass its config's 'text_config'",
+        ),
+    ],
+    ids=[
+        "nested-missing",
+        "nested-absent",
+        "legacy-missing",
+        "gemma-4-absent",
+        "flat",
+        "flat-other-type",
+        "multimodal",
+    ],
+)
+def test_from_hf_config_layer_type_mistakes_name_the_layer_types(
+    config, layer_type, message
+):
+    with pytest.raises(ValueError, match=message):
+        RotaryEmbedding.from_hf_config(config, layer_type=layer_type)
+
+
+def test_from_hf_config_gemma_4_proportional():
+    full = RotaryEmbedding.from_hf_config(GEMMA_4_TEXT, layer_type="full_attention")
+    assert full.max_wavelength == 1000000.0
+    assert (full.layout, full.rotary_dim) == ("half", None)
+    assert full.scaling == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
+    # Applied to the global_head_dim = 512 wide heads of full attention:
+    # pairs (i, i + 256) for i < 64 turn at 1e6^(-2i / 512), the others not.
+    inputs = random_inputs((1, 4, 2, GEMMA_4_TEXT["global_head_dim"]))
+    frequencies = references.proportional_inverse_frequencies(512, 1000000.0, 0.25)
+    outputs = full(inputs, start_index=100000)
+    assert_rotated(outputs, inputs, 100000 + np.arange(4), frequencies)
+    still = np.r_[64:256, 320:512]
+    np.testing.assert_array_equal(outputs.numpy()[..., still], inputs[..., still])
+    assert np.all(outputs.numpy()[..., :64] != inputs[..., :64])
+    local = RotaryEmbedding.from_hf_config(GEMMA_4_TEXT, layer_type="sliding_attention")
+    assert (local.max_wavelength, local.scaling) == (10000.0, None)
+
+
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [
+        {"type": "dynamic", "factor": 2.0},
+        # transformers ignores this key of a dynamic schedule (with a warning).
+        {"type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4096},
+    ],
+    ids=["top-level-original", "original-in-schedule"],
+)
+def test_from_hf_config_dynamic_trained_length_is_max_position_embeddings(
+    rope_scaling,
+):
+    config = {**DYNAMIC_CONFIG, "rope_scaling": rope_scaling}
+    layer = RotaryEmbedding.from_hf_config(config)
+    trained = config["max_position_embeddings"]
+    assert layer.scaling == {
+        "rope_type": "dynamic",
+        "factor": 2.0,
+        "original_max_position_embeddings": trained,
+    }
+    inputs = random_inputs((1, 5, 2, 128))
+    for start_index in (19995, 39995):
+        # The current length is the largest position + 1.
+        length = start_index + 5
+        stretch = max(2.0 * length / trained - 1.0, 1.0)
+        base = 1000000.0 * stretch ** (128 / 126)
+        frequencies = np.array([base ** (-2.0 * i / 128) for i in range(64)])
+        assert_rotated(
+            layer(inputs, start_index=start_index),
+            inputs,
+            start_index + np.arange(5),
+            frequencies,
+        )
+    # Below max_position_embeddings the frequencies are the default ones,
+    # where a trained length of 4096 would have stretched them.
+    default = references.rope_inverse_frequencies(128, 1000000.0)[0]
+    assert_rotated(
+        layer(inputs, start_index=19995), inputs, 19995 + np.arange(5), default
+    )
+
+
+def test_from_hf_config_dynamic_needs_max_position_embeddings():
+    config = {k: v for k, v in DYNAMIC_CONFIG.items() if k != "max_position_embeddings"}
+    with pytest.raises(ValueError, match=r"max_position_embeddings.*'dynamic'"):
+        RotaryEmbedding.from_hf_config(config)
+
+
+def test_from_hf_config_phi_3_vision_su_is_longrope():
+    layer = RotaryEmbedding.from_hf_config(PHI_3_VISION_CONFIG)
+    short = PHI_3_VISION_CONFIG["rope_scaling"]["short_factor"]
+    long = PHI_3_VISION_CONFIG["rope_scaling"]["long_factor"]
+    assert layer.scaling == {
+        "rope_type": "longrope",
+        "short_factor": short,
+        "long_factor": long,
+        "original_max_position_embeddings": 4096,
+        "factor": 32.0,
+    }
+    # Default frequencies over 96 features, divided by the short factors up
+    # to 4096 positions and by the long ones past them; the attention factor
+    # sqrt(1 + ln(131072 / 4096) / ln 4096).
+    attention_factor = math.sqrt(1.0 + math.log(32.0) / math.log(4096.0))
+    inputs = random_inputs((1, 4, 2, 96))
+    for start_index, factors in ((4092, short), (4093, long), (100000, long)):
+        frequencies = np.array(
+            [1.0 / (factors[i] * 10000.0 ** (2.0 * i / 96)) for i in range(48)]
+        )
+        assert_rotated(
+            layer(inputs, start_index=start_index),
+            inputs,
+            start_index + np.arange(4),
+            frequencies,
+            attention_factor,
+        )
 
 
 @pytest.mark.parametrize(

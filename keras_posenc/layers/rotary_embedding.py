@@ -44,8 +44,9 @@ class RotaryEmbedding(AttentionPosition):
         scaling: dict or None. A Hugging Face style `rope_scaling` dict, such
             as `{"rope_type": "linear", "factor": 4.0}`, with `"rope_type"`
             one of `"linear"`, `"dynamic"`, `"yarn"`, `"llama3"`,
-            `"longrope"` and that schedule's keys; the trained context length
-            is always `"original_max_position_embeddings"`. `None` leaves the
+            `"longrope"`, `"proportional"` and that schedule's keys; the
+            trained context length is always
+            `"original_max_position_embeddings"`. `None` leaves the
             frequencies alone. Defaults to `None`.
         sequence_axis: int. The axis of positions. Defaults to `1`.
         feature_axis: int. The axis of features. Defaults to `-1`.
@@ -278,24 +279,69 @@ class RotaryEmbedding(AttentionPosition):
         return tuple(input_shape)
 
     @classmethod
-    def from_hf_config(cls, config, **kwargs):
+    def from_hf_config(cls, config, layer_type=None, **kwargs):
         """A `RotaryEmbedding` from a Hugging Face model's `config.json`.
 
-        Reads `rope_theta`, `rope_scaling` (or the newer `rope_parameters`,
-        with the legacy key `"type"` for `"rope_type"`),
-        `partial_rotary_factor`, `head_dim` (or `hidden_size /
-        num_attention_heads`) and `max_position_embeddings`. As Hugging Face
-        does, a schedule without `original_max_position_embeddings` takes
-        the config's `original_max_position_embeddings` or
-        `max_position_embeddings`, and a `"yarn"` or `"longrope"` schedule
-        without `factor` takes `max_position_embeddings / original`.
-        Features pair in the `"half"` layout, as Hugging Face's Llama-style
-        models pair them, except for GPT-J (`"model_type": "gptj"`), which
-        pairs them `"interleaved"` and rotates its `rotary_dim` features;
-        GPT-NeoX's `rotary_emb_base` and `rotary_pct` are read too.
+        Reads the config as Hugging Face transformers reads it:
+
+        - The schedule is `rope_scaling`, or else the newer
+          `rope_parameters`, named by its `"rope_type"`; the legacy key
+          `"type"` stands in when `"rope_type"` is missing and is dropped
+          when both are present (configs that transformers has saved again
+          carry both). `"su"` is read as `"longrope"`.
+        - The base is the schedule's `rope_theta`, else the config's
+          `rope_theta` (GPT-NeoX: `rotary_emb_base`); the rotated share is
+          `partial_rotary_factor` (GPT-NeoX: `rotary_pct`) of `head_dim`, or
+          of `hidden_size / num_attention_heads` (GPT-2 style: `n_embd /
+          n_head`).
+        - A `"llama3"`, `"yarn"` or `"longrope"` schedule without
+          `original_max_position_embeddings` takes the config's
+          `original_max_position_embeddings` or `max_position_embeddings`,
+          and a `"yarn"` or `"longrope"` one without `factor` takes
+          `max_position_embeddings / original`. A `"dynamic"` schedule's
+          trained length is always `max_position_embeddings`: like
+          transformers, it ignores `original_max_position_embeddings`, at
+          the top level or in the schedule.
+        - Features pair in the `"half"` layout, as Llama-style models pair
+          them. GPT-J (`"model_type": "gptj"`) pairs them `"interleaved"`
+          and rotates its `rotary_dim` features.
+        - Some models give each layer type its own RoPE: a `rope_parameters`
+          holding one dict per layer type (Gemma 3 as transformers 5 writes
+          it: `"full_attention"` and `"sliding_attention"`; Gemma 4), or an
+          older Gemma 3 config, whose `rope_theta` and `rope_scaling` serve
+          its `"full_attention"` layers and whose `rope_local_base_freq`
+          (default schedule) serves its `"sliding_attention"` ones. Then
+          `layer_type` picks one, and leaving it out is a `ValueError` that
+          lists them. The config's `layer_types` (older Gemma 3: every
+          `sliding_window_pattern`-th layer is full attention) says which
+          layer has which. Gemma 4's full attention layers use
+          `"proportional"` RoPE over their `global_head_dim` wide heads.
+
+        DeepSeek-V2 and V3 (`"model_type"` `"deepseek_v2"` or
+        `"deepseek_v3"`) rotate a separate slice of each head, of
+        `qk_rope_head_dim` features, with frequencies spaced over that
+        width and pairs `(2i, 2i + 1)`: `"interleaved"` (V2 always, V3
+        unless `"rope_interleave": false`). Apply the returned layer to that
+        slice only: the last `qk_rope_head_dim` features of each query head
+        (the first `qk_nope_head_dim` are not rotated), and the
+        `qk_rope_head_dim` key features that the key projection emits once
+        for all heads; then concatenate. Applied to a whole head it would
+        rotate the wrong features. transformers' DeepSeek-V3 hands back its
+        rotated slices with each pair moved to the places the `"half"`
+        layout gives it: the same rotation in another feature order, which
+        leaves every query-key dot product as it is. Their YaRN attention
+        factor is `mscale(factor, mscale) / mscale(factor, mscale_all_dim)`
+        (1 in the released configs); the further `mscale(factor,
+        mscale_all_dim) ** 2` that DeepSeek-V3's attention multiplies its
+        softmax scale by belongs to the attention, not to this layer.
 
         Args:
-            config: dict. The parsed `config.json`.
+            config: dict. The parsed `config.json` (for a multimodal model,
+                its `"text_config"`).
+            layer_type: str or None. Which layer type's RoPE to build, such
+                as `"full_attention"` or `"sliding_attention"`, for configs
+                that give one per layer type; for other configs, one of their
+                `layer_types` or `None`. Defaults to `None`.
             **kwargs: passed to the constructor, such as `name` or `dtype`.
 
         Returns:
@@ -319,47 +365,83 @@ class RotaryEmbedding(AttentionPosition):
         >>> layer = RotaryEmbedding.from_hf_config(config)
         >>> layer.max_wavelength, layer.scaling["rope_type"]
         (500000.0, 'llama3')
+        >>> gemma_3 = {
+        ...     "head_dim": 256,
+        ...     "rope_parameters": {
+        ...         "full_attention": {
+        ...             "rope_type": "linear", "factor": 8.0, "rope_theta": 1e6
+        ...         },
+        ...         "sliding_attention": {
+        ...             "rope_type": "default", "rope_theta": 10000.0
+        ...         },
+        ...     },
+        ... }
+        >>> local = RotaryEmbedding.from_hf_config(
+        ...     gemma_3, layer_type="sliding_attention"
+        ... )
+        >>> local.max_wavelength, local.scaling
+        (10000.0, None)
         """
         if not isinstance(config, dict):
             raise ValueError(
                 "`config` must be a dict parsed from a Hugging Face config.json. "
                 f"Received: config={config!r}"
             )
-        parameters = dict(
-            config.get("rope_scaling") or config.get("rope_parameters") or {}
-        )
-        if "type" in parameters and "rope_type" not in parameters:
-            parameters["rope_type"] = parameters.pop("type")
-        # GPT-NeoX's config.json names them rotary_emb_base and rotary_pct.
-        base = parameters.pop(
-            "rope_theta",
-            config.get("rope_theta", config.get("rotary_emb_base", 10000.0)),
-        )
+        # Also what a multimodal config's wrapper fails on, before its lack
+        # of RoPE keys could read as the default RoPE.
+        head_dim = _head_dim(config)
+        parameters, base = _rope_entry(config, layer_type)
+        if "type" in parameters:
+            # transformers reads "rope_type" first; "type" is its older name.
+            legacy_type = parameters.pop("type")
+            parameters.setdefault("rope_type", legacy_type)
+        if parameters.get("rope_type") == "su":
+            parameters["rope_type"] = "longrope"
+        base = parameters.pop("rope_theta", base)
+        rope_type = parameters.get("rope_type", "default")
+        # GPT-NeoX's config.json names the share rotary_pct.
         partial = parameters.pop(
             "partial_rotary_factor",
             config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)),
         )
-        # GPT-2 style configs (GPT-J) name the widths n_embd and n_head.
-        hidden_size = config.get("hidden_size", config.get("n_embd"))
-        num_heads = config.get("num_attention_heads", config.get("n_head"))
-        head_dim = config.get("head_dim")
-        if not head_dim:
-            if not (hidden_size and num_heads):
-                raise ValueError(
-                    "`config` must give `head_dim`, or `hidden_size` and "
-                    "`num_attention_heads`. Received: config with keys "
-                    f"{sorted(config)}"
-                )
-            head_dim = hidden_size // num_heads
-        rotary_dim = None if partial == 1.0 else int(head_dim * partial)
-        layout = "half"
-        if config.get("model_type") == "gptj":
+        model_type = config.get("model_type")
+        layout, rotary_dim = "half", None
+        if model_type in _DEEPSEEK_MODEL_TYPES:
+            ops.check_positive_int(
+                "config['qk_rope_head_dim']", config.get("qk_rope_head_dim")
+            )
+            # V2 multiplies adjacent pairs as complex numbers; V3 does the
+            # same unless rope_interleave is false.
+            if model_type == "deepseek_v2" or config.get("rope_interleave", True):
+                layout = "interleaved"
+        elif "qk_rope_head_dim" in config:
+            raise ValueError(
+                "`config` gives `qk_rope_head_dim`, a separately rotated slice "
+                "of each head (multi-head latent attention), but its pairing is "
+                f"known only for model types {_DEEPSEEK_MODEL_TYPES}. Received: "
+                f"model_type={model_type!r}"
+            )
+        elif model_type == "gptj":
             # GPT-J pairs features 2i and 2i + 1 and gives the rotated width.
             layout = "interleaved"
             rotary_dim = config.get("rotary_dim")
-        rope_type = parameters.get("rope_type", "default")
+        elif rope_type == "proportional":
+            # Spaced over the whole head, the share rotating: a schedule key.
+            parameters["partial_rotary_factor"] = partial
+        elif partial != 1.0:
+            rotary_dim = int(head_dim * partial)
         scaling = None if rope_type == "default" else parameters
-        if rope_type in ("dynamic", "yarn", "llama3", "longrope"):
+        if rope_type == "dynamic":
+            if "max_position_embeddings" not in config:
+                raise ValueError(
+                    "`config` needs `max_position_embeddings`, the trained "
+                    "length of a 'dynamic' schedule. Received: config with "
+                    f"keys {sorted(config)}"
+                )
+            parameters["original_max_position_embeddings"] = config[
+                "max_position_embeddings"
+            ]
+        elif rope_type in ("yarn", "llama3", "longrope"):
             original = parameters.setdefault(
                 "original_max_position_embeddings",
                 config.get(
@@ -367,7 +449,12 @@ class RotaryEmbedding(AttentionPosition):
                     config.get("max_position_embeddings"),
                 ),
             )
-            if rope_type in ("yarn", "longrope") and "factor" not in parameters:
+            if (
+                rope_type in ("yarn", "longrope")
+                and "factor" not in parameters
+                and "max_position_embeddings" in config
+                and original
+            ):
                 parameters["factor"] = (
                     config["max_position_embeddings"] / original
                 )
@@ -392,3 +479,80 @@ class RotaryEmbedding(AttentionPosition):
             }
         )
         return config
+
+
+_DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+
+
+def _rope_entry(config, layer_type):
+    """`(parameters, base)` for `layer_type` from a Hugging Face config dict.
+
+    `parameters` is a copy of the RoPE dict that serves `layer_type` (empty
+    for the default schedule), `base` the base to use if it names none.
+    """
+    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    rope = config.get(key) or {}
+    if not isinstance(rope, dict):
+        raise ValueError(
+            f"`config['{key}']` must be a dict or null. Received: {key}={rope!r}"
+        )
+    # GPT-NeoX's config.json names the base rotary_emb_base.
+    base = config.get("rope_theta", config.get("rotary_emb_base", 10000.0))
+    if rope and all(isinstance(entry, dict) for entry in rope.values()):
+        _check_layer_type(
+            layer_type, list(rope), f"`config['{key}']` holds one RoPE per layer type"
+        )
+        return dict(rope[layer_type]), base
+    if "rope_local_base_freq" in config:
+        # Gemma 3 before transformers 5: rope_theta and rope_scaling serve the
+        # full attention layers, rope_local_base_freq the sliding window ones.
+        _check_layer_type(
+            layer_type,
+            ["full_attention", "sliding_attention"],
+            "`config` gives `rope_local_base_freq` for its sliding window layers "
+            "and `rope_theta` and `rope_scaling` for the others, one RoPE per "
+            "layer type",
+        )
+        if layer_type == "sliding_attention":
+            return {}, config["rope_local_base_freq"]
+        return dict(rope), base
+    layer_types = config.get("layer_types") or []
+    if layer_type is not None and layer_type not in layer_types:
+        raise ValueError(
+            "`layer_type` picks one of the RoPEs of a config that gives one per "
+            "layer type, but this config gives one for all its layers, whose "
+            f"types are {sorted(set(layer_types))}. Received: "
+            f"layer_type={layer_type!r}"
+        )
+    return dict(rope), base
+
+
+def _check_layer_type(layer_type, layer_types, nesting):
+    """Raise a `ValueError` unless `layer_type` is one of `layer_types`."""
+    if layer_type not in layer_types:
+        raise ValueError(
+            f"{nesting}: {layer_types}. Pass `layer_type=` one of them to "
+            f"choose. Received: layer_type={layer_type!r}"
+        )
+
+
+def _head_dim(config):
+    """The head width a config gives: `head_dim`, or hidden size / heads."""
+    head_dim = config.get("head_dim")
+    if head_dim:
+        return head_dim
+    # GPT-2 style configs (GPT-J) name the widths n_embd and n_head.
+    hidden_size = config.get("hidden_size", config.get("n_embd"))
+    num_heads = config.get("num_attention_heads", config.get("n_head"))
+    if not (hidden_size and num_heads):
+        multimodal = (
+            " (for a multimodal model, pass its config's 'text_config')"
+            if "text_config" in config
+            else ""
+        )
+        raise ValueError(
+            "`config` must give `head_dim`, or `hidden_size` and "
+            f"`num_attention_heads`{multimodal}. Received: config with keys "
+            f"{sorted(config)}"
+        )
+    return hidden_size // num_heads
