@@ -220,9 +220,9 @@ def make_attention(scheme, **kwargs):
     )
 
 
-def attention(scheme, seed=1):
+def attention(scheme, seed=1, **kwargs):
     """A built attention of the test sizes whose weights, tables too, are random."""
-    layer = make_attention(scheme)
+    layer = make_attention(scheme, **kwargs)
     tokens = np.zeros((1, 1, FEATURES), "float32")
     layer(tokens, tokens)
     randomize_weights(layer, seed)
@@ -464,6 +464,38 @@ def test_cached_decoding_equals_a_causal_pass(scheme):
     chunk = decode(tokens[:, 3:], tokens, tf.range(3, LENGTH))
     assert_close(chunk, full[:, 3:])
     assert decode.experimental_get_tracing_count() == 1
+
+
+# Keras' `sliding_window` argument is new in Keras 3.15.
+@pytest.mark.newest
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_sliding_window_compares_positions(scheme):
+    window = 3
+    layer = attention(scheme, sliding_window=window)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    full, weights = layer(
+        tokens, tokens, use_causal_mask=True, return_attention_scores=True
+    )
+    positions = np.arange(LENGTH)
+    expected_output, expected_weights = reference_attention(
+        layer,
+        tokens,
+        tokens,
+        mask=np.abs(positions[:, None] - positions[None, :])[None] < window,
+        causal=True,
+    )
+    assert_close(weights, expected_weights)
+    assert_close(full, expected_output)
+    # One query at its position against the keys so far: the window counts
+    # back from the query's position, not from its index 0.
+    for step in range(LENGTH):
+        one_query = layer(
+            tokens[:, step : step + 1],
+            tokens[:, : step + 1],
+            query_positions=[step],
+            use_causal_mask=True,
+        )
+        assert_close(one_query, expected_output[:, step : step + 1], err_msg=f"step {step}")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
