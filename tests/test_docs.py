@@ -62,6 +62,7 @@ PUBLIC_FUNCTIONS = [
     keras_posenc.rope_scaling.yarn,
     keras_posenc.rope_scaling.llama3,
     keras_posenc.rope_scaling.longrope,
+    keras_posenc.rope_scaling.proportional,
     keras_posenc.rope_scaling.check_scaling,
     keras_posenc.rope_scaling.rope_parameters,
 ]

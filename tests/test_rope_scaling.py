@@ -1,4 +1,3 @@
-import inspect
 import math
 import re
 
@@ -11,7 +10,6 @@ from hypothesis import strategies as st
 
 from keras_posenc import rope_scaling
 from tests import references
-from tests.test_docs import documented_args
 
 # A float32 frequency is a handful of float32 roundings of exact inputs (the
 # base, the exponent 2i / dim, which is exact for power-of-two dims, the power,
@@ -499,11 +497,6 @@ def test_proportional_through_rope_parameters():
     np.testing.assert_array_equal(
         frequencies.numpy(), rope_scaling.default(64, 1e4)[0].numpy()
     )
-
-
-def test_proportional_docstring_args_agree_with_its_signature():
-    parameters = list(inspect.signature(rope_scaling.proportional).parameters)
-    assert documented_args(inspect.getdoc(rope_scaling.proportional)) == parameters
 
 
 ALL_SCALINGS = [
