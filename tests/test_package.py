@@ -1,4 +1,5 @@
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -37,3 +38,11 @@ def test_other_backends_are_refused_with_advice():
     assert result.returncode != 0
     assert "ImportError" in result.stderr
     assert "KERAS_BACKEND=tensorflow" in result.stderr
+
+
+def test_no_module_imports_keras_private_modules():
+    # Keras' private names are read in one place, the attention layer's
+    # module, through its public classes; nothing imports `keras.src`.
+    package = pathlib.Path(keras_posenc.__file__).parent
+    for path in package.rglob("*.py"):
+        assert "keras.src" not in path.read_text(), path

@@ -8,17 +8,18 @@ from keras_posenc import ops
 from keras_posenc.layers._attention_position import AttentionPosition
 
 # The private parts of `keras.layers.MultiHeadAttention` this layer uses, all
-# read here and nowhere else, with the Keras versions that have them:
+# read here and nowhere else, with the Keras versions that have them (every
+# release from 3.8 to 3.15 was read for this list):
 #
 # - `_compute_attention(query, key, value, attention_mask, training, ...)`:
-#   the hook Keras documents for subclasses, called by Keras' `call` with
-#   the projected heads (every Keras 3; 3.9 and later add
-#   `return_attention_scores`, 3.15 may add `use_causal_mask`).
-# - `_dropout_layer`: the dropout on the attention weights (every Keras 3).
-# - `_flash_attention`: whether flash attention is on (3.4 and later).
+#   the hook Keras provides for subclasses, called by Keras' `call` with the
+#   projected heads (3.8 on; 3.9 and later add `return_attention_scores`,
+#   which the override passes on to Keras' own untouched).
+# - `_dropout_layer`: the dropout on the attention weights (3.8 on).
+# - `_flash_attention`: whether flash attention is on (3.8 on).
 # - `_compute_sliding_window_mask(query, value)` and `_sliding_window`: the
-#   sliding-window mask, by indices (3.15 and later; earlier versions have
-#   no sliding window and never call it).
+#   sliding-window mask, by indices (3.15 on; earlier versions have no
+#   sliding window and never call it).
 #
 # Everything else comes from Keras' public properties and its own `call`.
 
