@@ -1,16 +1,29 @@
-# `make demo` and `make test` each set up .venv on first use, then run.
+# `make demo` and `make test` each set up .venv on first use, then run;
+# `make test-oldest` sets up .venv-oldest, at the floor of every version
+# range in setup.cfg's install_requires, and runs the tests there.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+OLDEST := .venv-oldest
+OLDEST_STAMP := $(OLDEST)/.installed
 
-.PHONY: demo test docs clean
+.PHONY: demo test test-oldest docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[test,plot,docs]"
 	touch $(STAMP)
+
+# Each `name>=floor,...` line of install_requires becomes `name==floor`.
+$(OLDEST_STAMP): setup.cfg pyproject.toml
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	sed -n '/^install_requires =/,/^[^ ]/s/^ *\([A-Za-z0-9_.-]*\)>=\([^,; ]*\).*/\1==\2/p' \
+		setup.cfg > $(OLDEST)/constraints.txt
+	$(OLDEST)/bin/python -m pip install --quiet -e ".[test]" -c $(OLDEST)/constraints.txt
+	touch $(OLDEST_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/keras-posenc demo
@@ -19,8 +32,12 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
+# The tests (not the notebooks) less those marked `newest`.
+test-oldest: $(OLDEST_STAMP)
+	$(OLDEST)/bin/python -m pytest tests -m "not newest"
+
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info demo-output site .pytest_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST) build dist *.egg-info demo-output site .pytest_cache .hypothesis

@@ -17,6 +17,11 @@ tf.config.set_logical_device_configuration(
 )
 
 
+def pytest_report_header():
+    """Which end of the version range this run is at."""
+    return f"keras {keras.__version__}, tensorflow {tf.__version__}"
+
+
 @pytest.fixture(autouse=True)
 def _float32_policy():
     """Every test starts, and leaves, under the float32 policy."""
