@@ -79,6 +79,7 @@ MODELS = {
     "rotary_dynamic": lambda: absolute_model(
         keras_posenc.RotaryEmbedding(scaling=dynamic())
     ),
+    "attention_none": lambda: attention_model(None),
     "attention_rotary": lambda: attention_model(keras_posenc.RotaryEmbedding()),
     "attention_alibi": lambda: attention_model(keras_posenc.AlibiBias(2)),
     "attention_shaw": lambda: attention_model(
@@ -143,13 +144,18 @@ def test_converts_from_the_exported_saved_model(tmp_path):
     )
 
 
-# At the floor, Keras 3.8, this mask converts with built-in ops alone.
+# At the floor, Keras 3.8, MultiHeadAttention always builds the mask by
+# comparing indices, which converts.
 @pytest.mark.newest
 def test_keras_causal_mask_on_unknown_length_needs_tensorflow_ops():
-    # With `position=None` the layer is Keras' MultiHeadAttention, whose
-    # causal mask of an unknown length slices with a TensorFlow op that
-    # TFLite lacks; with a position layer, the mask compares positions.
-    model = attention_model(None)
+    # Keras' own MultiHeadAttention, with the causal mask its only mask,
+    # hands it to the backend's causal kernel, which slices with a
+    # TensorFlow op that TFLite lacks. Keras skips that kernel for a subclass
+    # that overrides `_compute_attention`, as this package's layer does,
+    # with or without a position (MODELS above).
+    inputs = keras.Input(shape=(None, FEATURES))
+    attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)
+    model = keras.Model(inputs, attention(inputs, inputs, use_causal_mask=True))
     with pytest.raises(ConverterError, match="StridedSlice"):
         builtins_converter(
             tf.lite.TFLiteConverter.from_keras_model(model)
