@@ -252,17 +252,49 @@ def test_self_attention_equals_float64_reference(scheme):
     assert_close(output, expected_output)
 
 
+# Every `attention_mask` shape Keras' layer takes, for 5 queries and LENGTH
+# keys: per batch element, per head, one for all heads, one for the batch.
+MASK_SHAPES = {
+    "batch-query-key": (BATCH, 5, LENGTH),
+    "batch-heads-query-key": (BATCH, HEADS, 5, LENGTH),
+    "batch-1-query-key": (BATCH, 1, 5, LENGTH),
+    "query-key": (5, LENGTH),
+}
+
+
+def keras_mask(shape, seed=7):
+    """A random boolean mask of `shape` in which every query keeps key 0."""
+    mask = np.random.default_rng(seed).random(shape) < 0.6
+    mask[..., 0] = True
+    return mask
+
+
+def as_head_mask(mask):
+    """`mask` as Keras reads it: a head axis added where there is none."""
+    while mask.ndim < 4:
+        mask = np.expand_dims(mask, -3)
+    return np.broadcast_to(mask, (BATCH, HEADS) + mask.shape[-2:])
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    "mask_shape", [None, *MASK_SHAPES.values()], ids=["no-mask", *MASK_SHAPES]
+)
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_cross_attention_at_explicit_positions_equals_reference(scheme, causal):
+def test_cross_attention_at_explicit_positions_equals_reference(
+    scheme, mask_shape, causal
+):
     layer = attention(scheme)
     query = random_inputs((BATCH, 5, FEATURES), seed=2)
     value = random_inputs((BATCH, LENGTH, FEATURES), seed=3)
     key = random_inputs((BATCH, LENGTH, FEATURES), seed=4)
+    # Every `attention_mask` shape Keras takes, with the meaning it gives it.
+    mask = None if mask_shape is None else keras_mask(mask_shape)
     output, weights = layer(
         query,
         value,
         key=key,
+        attention_mask=mask,
         query_positions=QUERY_POSITIONS,
         key_positions=KEY_POSITIONS,
         use_causal_mask=causal,
@@ -275,6 +307,7 @@ def test_cross_attention_at_explicit_positions_equals_reference(scheme, causal):
         key,
         QUERY_POSITIONS,
         KEY_POSITIONS,
+        mask=None if mask is None else as_head_mask(mask),
         causal=causal,
     )
     assert_close(weights, expected_weights)
@@ -552,61 +585,6 @@ def test_padding_masks_combine_with_every_scheme(scheme, causal):
         assert np.all(weights[1, :, :, 4:] == 0)
         assert_close(weights, expected_weights)
         assert_close(output, expected_output)
-
-
-# Every `attention_mask` shape Keras' layer takes, for 5 queries and LENGTH
-# keys: per batch element, per head, one for all heads, one for the batch.
-MASK_SHAPES = {
-    "batch-query-key": (BATCH, 5, LENGTH),
-    "batch-heads-query-key": (BATCH, HEADS, 5, LENGTH),
-    "batch-1-query-key": (BATCH, 1, 5, LENGTH),
-    "query-key": (5, LENGTH),
-}
-
-
-def keras_mask(shape, seed=7):
-    """A random boolean mask of `shape` in which every query keeps key 0."""
-    mask = np.random.default_rng(seed).random(shape) < 0.6
-    mask[..., 0] = True
-    return mask
-
-
-def as_head_mask(mask):
-    """`mask` as Keras reads it: a head axis added where there is none."""
-    while mask.ndim < 4:
-        mask = np.expand_dims(mask, -3)
-    return np.broadcast_to(mask, (BATCH, HEADS) + mask.shape[-2:])
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("mask_shape", MASK_SHAPES.values(), ids=MASK_SHAPES)
-@pytest.mark.parametrize("scheme", SCHEMES)
-def test_attention_mask_of_every_keras_shape(scheme, mask_shape, causal):
-    layer = attention(scheme)
-    query = random_inputs((BATCH, 5, FEATURES), seed=2)
-    value = random_inputs((BATCH, LENGTH, FEATURES), seed=3)
-    mask = keras_mask(mask_shape)
-    output, weights = layer(
-        query,
-        value,
-        attention_mask=mask,
-        query_positions=QUERY_POSITIONS,
-        key_positions=KEY_POSITIONS,
-        use_causal_mask=causal,
-        return_attention_scores=True,
-    )
-    expected_output, expected_weights = reference_attention(
-        layer,
-        query,
-        value,
-        None,
-        QUERY_POSITIONS,
-        KEY_POSITIONS,
-        mask=as_head_mask(mask),
-        causal=causal,
-    )
-    assert_close(weights, expected_weights)
-    assert_close(output, expected_output)
 
 
 ZERO_LENGTHS = {"no-queries-no-keys": (0, 0), "no-queries": (0, 5), "no-keys": (5, 0)}
