@@ -240,8 +240,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         Keras' `call` hands over the projected heads, `query` of shape
         `(batch, query, heads, key_dim)` and `key` and `value` of shape
         `(batch, key, heads, dim)`, and the combined mask of the Keras
-        masks, `attention_mask` and the sliding window (or None). Without a
-        position and positions, this is Keras' own attention.
+        masks, `attention_mask` and the sliding window (or None). With neither
+        a position nor positions, this is Keras' own attention.
         """
         if self._call_state.positions is None:
             return super()._compute_attention(
@@ -281,7 +281,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         return output, tf.cast(weights, self.compute_dtype)
 
     def _attention_mask(self, attention_mask, query_positions, key_positions):
-        """Keras' combined mask and the causal one, `(batch | 1, heads | 1, query, key)`."""
+        """Keras' mask and the causal one: `(batch | 1, heads | 1, query, key)`."""
         masks = []
         if attention_mask is not None:
             mask = tf.cast(attention_mask, "bool")
