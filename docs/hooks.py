@@ -1,21 +1,38 @@
-"""A mkdocs hook: draw the site's figures into docs/figures/ before each build.
+"""mkdocs hooks: draw the site's figures, and turn its TeX into MathML.
 
 The encoding figures come from `keras_posenc.plot`. Two small ones that
 `plot` does not have, ALiBi's bias matrix and T5's buckets, are drawn here.
 The results figure redraws the train-short-test-long table of README.md,
 since running the demo takes minutes. A figure is written only when its
 bytes change, so that `mkdocs serve` does not rebuild forever.
+
+Formulas are converted to MathML when the site is built, which browsers
+render natively, so a page shows its maths with no script and no network
+(opened from disk, offline, behind a firewall).
 """
 
+import html
 import io
 import os
 import re
+
+import latex2mathml.converter
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # The train-short-test-long table of README.md: its header row.
 _TABLE_HEADER = re.compile(r"^\| encoding((?: \| \d+)+) \|$")
+# pymdownx.arithmatex's generic output: inline \(...\) in a span, display
+# \[...\] in a div, the TeX HTML-escaped.
+_ARITHMATEX = re.compile(
+    r'<(span|div) class="arithmatex">\s*\\[([](.*?)\\[)\]]\s*</\1>', re.DOTALL
+)
+# latex2mathml keeps a command it does not know as text ("\foo"), and
+# writes `\!` as an mspace of a width no browser reads.
+_UNCONVERTED = re.compile(r'\\|width="[a-z]')
+_TABLE = re.compile(r"<table>.*?</table>", re.DOTALL)
+_INLINE_CODE = re.compile(r"<code>([^<]*)</code>")
 
 
 def _write(figure, path):
@@ -140,3 +157,45 @@ def on_pre_build(config):
     }
     for filename, figure in figures.items():
         _write(figure, os.path.join(out_dir, filename))
+
+
+def _mathml(match, page):
+    element, tex = match.group(1), html.unescape(match.group(2))
+    display = "block" if element == "div" else "inline"
+    try:
+        mathml = latex2mathml.converter.convert(tex, display=display)
+    except Exception as error:
+        raise ValueError(
+            f"{page.file.src_path}: latex2mathml cannot convert {tex!r}: {error}"
+        ) from error
+    if _UNCONVERTED.search(mathml):
+        raise ValueError(
+            f"{page.file.src_path}: latex2mathml leaves part of {tex!r} "
+            f"unconverted: {mathml}. Rewrite it with commands it knows."
+        )
+    return f'<{element} class="arithmatex">{mathml}</{element}>'
+
+
+def _breakable_names(table):
+    """The table with a <wbr> after each underscore of its inline code.
+
+    A long name such as `original_max_position_embeddings` may then wrap
+    at an underscore rather than widen its column past the page.
+    """
+    return _INLINE_CODE.sub(
+        lambda code: f"<code>{code.group(1).replace('_', '_<wbr>')}</code>",
+        table.group(0),
+    )
+
+
+def on_page_content(content, page, **kwargs):
+    """Formulas as MathML (the docstrings' too); names in tables breakable."""
+    content = _TABLE.sub(_breakable_names, content)
+    content = _ARITHMATEX.sub(lambda match: _mathml(match, page), content)
+    # A formula in a form the pattern does not know would stay raw TeX.
+    leftover = re.search(r'class="arithmatex">(?!<math)(.{0,80})', content, re.DOTALL)
+    if leftover:
+        raise ValueError(
+            f"{page.file.src_path}: a formula not converted: {leftover.group(1)!r}"
+        )
+    return content
