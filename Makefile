@@ -13,7 +13,7 @@ OLDEST_STAMP := $(OLDEST)/.installed
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,plot,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[test,plot,demo,bench,docs]"
 	touch $(STAMP)
 
 # Each `name>=floor,...` line of install_requires becomes `name==floor`.

@@ -1,36 +1,8 @@
 """Positional encodings for transformers, as Keras 3 layers on TensorFlow."""
 
+import importlib
 import os
-
-
-def _refuse_backend(backend):
-    raise ImportError(
-        "keras_posenc runs on the TensorFlow backend of Keras only. Set the "
-        "environment variable KERAS_BACKEND=tensorflow before importing keras. "
-        f"Current backend: {backend!r}"
-    )
-
-
-# Checked before importing keras, whose import fails on its own, less
-# helpfully, when the requested backend's library is not installed.
-if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
-    _refuse_backend(os.environ["KERAS_BACKEND"])
-
-import keras  # noqa: E402
-
-if keras.backend.backend() != "tensorflow":
-    _refuse_backend(keras.backend.backend())
-
-from keras_posenc import ops  # noqa: E402
-from keras_posenc import rope_scaling  # noqa: E402
-from keras_posenc.layers import AlibiBias  # noqa: E402
-from keras_posenc.layers import PositionEmbedding  # noqa: E402
-from keras_posenc.layers import PositionalMultiHeadAttention  # noqa: E402
-from keras_posenc.layers import RelativePositionBias  # noqa: E402
-from keras_posenc.layers import RelativePositionEmbedding  # noqa: E402
-from keras_posenc.layers import RotaryEmbedding  # noqa: E402
-from keras_posenc.layers import SinusoidalPositionEncoding  # noqa: E402
-from keras_posenc.layers import TokenAndPositionEmbedding  # noqa: E402
+import sys
 
 __version__ = "0.1.0"
 
@@ -46,3 +18,60 @@ __all__ = [
     "ops",
     "rope_scaling",
 ]
+
+
+def _refuse_backend(backend):
+    raise ImportError(
+        "keras_posenc runs on the TensorFlow backend of Keras only. Set the "
+        "environment variable KERAS_BACKEND=tensorflow before importing keras. "
+        f"Current backend: {backend!r}"
+    )
+
+
+def _started_as_the_command():
+    """Whether this process is `keras-posenc` or `python -m keras_posenc`.
+
+    Both import this package before the command reads its arguments, and
+    importing Keras imports TensorFlow (seconds, and lines of C++ logging):
+    the command imports them itself, for the subcommands that need them.
+    """
+    program = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    if program == "keras-posenc":
+        return True
+    # While `python -m` finds the module to run, sys.argv[0] is "-m".
+    arguments = getattr(sys, "orig_argv", [])
+    return (
+        program == "-m"
+        and "-m" in arguments[:-1]
+        and arguments[arguments.index("-m") + 1] == "keras_posenc"
+    )
+
+
+# Checked before importing keras, whose import fails on its own, less
+# helpfully, when the requested backend's library is not installed.
+if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
+    _refuse_backend(os.environ["KERAS_BACKEND"])
+
+if _started_as_the_command():
+
+    def __getattr__(name):
+        """The public API, imported on first use, in the command only."""
+        if name in ("ops", "rope_scaling"):
+            return importlib.import_module(f"keras_posenc.{name}")
+        if name in __all__:
+            return getattr(importlib.import_module("keras_posenc.layers"), name)
+        raise AttributeError(f"module 'keras_posenc' has no attribute {name!r}")
+
+else:
+    # Importing the layers registers them with Keras, so that
+    # `keras.saving.load_model` finds them after `import keras_posenc`.
+    from keras_posenc import ops
+    from keras_posenc import rope_scaling
+    from keras_posenc.layers import AlibiBias
+    from keras_posenc.layers import PositionEmbedding
+    from keras_posenc.layers import PositionalMultiHeadAttention
+    from keras_posenc.layers import RelativePositionBias
+    from keras_posenc.layers import RelativePositionEmbedding
+    from keras_posenc.layers import RotaryEmbedding
+    from keras_posenc.layers import SinusoidalPositionEncoding
+    from keras_posenc.layers import TokenAndPositionEmbedding

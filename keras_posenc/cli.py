@@ -1,39 +1,33 @@
-"""The `keras-posenc` command.
+"""The `keras-posenc` command, also `python -m keras_posenc`.
 
 `keras-posenc plot` draws the encodings to PNG files; `keras-posenc demo`
 trains one small causal language model per encoding at one length and
 evaluates it at longer ones (train short, test long); `keras-posenc bench`
 runs the speed and memory benchmarks.
+
+It parses its arguments first and imports TensorFlow only for a subcommand,
+with TensorFlow's C++ start-up logging hidden unless `--verbose`: `--help`
+and `--version` answer at once.
 """
 
 import argparse
+import contextlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
 
-from keras_posenc import demo
+import keras_posenc
+from keras_posenc import demo_config
+from keras_posenc._arguments import int_at_least
 
-
-def int_at_least(minimum):
-    """An argparse `type` that accepts integers of at least `minimum`.
-
-    Args:
-        minimum: int. The smallest value accepted.
-
-    Returns:
-        A function of the argument's text that returns its value, or raises
-        `argparse.ArgumentTypeError` with a one-line reason.
-    """
-
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(
-                f"must be an integer of at least {minimum}. Received: {text!r}"
-            )
-        return value
-
-    return parse
+# What each subcommand imports beyond the base install, and the extra of
+# setup.cfg that installs it.
+NEEDS = {
+    "plot": ("matplotlib", "plot"),
+    "demo": ("matplotlib", "demo"),
+    "bench": ("keras_hub", "bench"),
+}
 
 
 def _make_parser():
@@ -41,12 +35,29 @@ def _make_parser():
         prog="keras-posenc",
         description="Positional encodings for Keras 3 on TensorFlow.",
     )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {keras_posenc.__version__}",
+    )
+    # Every subcommand takes it, after its name.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's C++ logging (hidden by default)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     plot_parser = commands.add_parser(
         "plot",
-        help="draw the sinusoidal encoding and its similarity curve",
-        description="Write encoding_heatmap.png and similarity.png.",
+        parents=[common],
+        help="draw the sinusoidal encoding, its similarity curve and RoPE's "
+        "wavelengths",
+        description=(
+            "Write encoding_heatmap.png, similarity.png and "
+            "rope_wavelengths.png. Needs matplotlib (the `plot` extra)."
+        ),
     )
     plot_parser.add_argument(
         "--length",
@@ -66,12 +77,14 @@ def _make_parser():
 
     demo_parser = commands.add_parser(
         "demo",
+        parents=[common],
         help="train short, test long: one small language model per encoding",
         description=(
             "Train the same small causal transformer with each encoding on "
             "a synthetic order-2 Markov source at one length, evaluate its "
             "negative log-likelihood per token at longer ones, save and "
-            "reload every model, and write the table and the plot."
+            "reload every model, and write the table and the plot. Needs "
+            "matplotlib (the `demo` extra)."
         ),
     )
     demo_parser.add_argument(
@@ -82,11 +95,11 @@ def _make_parser():
     demo_parser.add_argument(
         "--encodings",
         nargs="+",
-        choices=demo.ENCODINGS,
+        choices=demo_config.ENCODINGS,
         default=None,
         metavar="ENCODING",
         help=(
-            "encodings to train, from: " + ", ".join(demo.ENCODINGS)
+            "encodings to train, from: " + ", ".join(demo_config.ENCODINGS)
             + " (default: all; rope also reports its yarn, linear and "
             "dynamic scalings)"
         ),
@@ -96,8 +109,8 @@ def _make_parser():
         type=int_at_least(1),
         default=None,
         help=(
-            f"training steps of each model (default: {demo.DEFAULT.steps}; "
-            f"{demo.QUICK.steps} with --quick)"
+            f"training steps of each model (default: {demo_config.DEFAULT.steps}; "
+            f"{demo_config.QUICK.steps} with --quick)"
         ),
     )
     demo_parser.add_argument(
@@ -105,8 +118,8 @@ def _make_parser():
         type=int_at_least(2),
         default=None,
         help=(
-            f"training sequence length (default: {demo.DEFAULT.train_length}; "
-            f"{demo.QUICK.train_length} with --quick)"
+            f"training sequence length (default: {demo_config.DEFAULT.train_length}; "
+            f"{demo_config.QUICK.train_length} with --quick)"
         ),
     )
     demo_parser.add_argument(
@@ -117,9 +130,9 @@ def _make_parser():
         metavar="LENGTH",
         help=(
             "evaluation lengths (default: "
-            + " ".join(map(str, demo.DEFAULT.lengths))
+            + " ".join(map(str, demo_config.DEFAULT.lengths))
             + "; "
-            + " ".join(map(str, demo.QUICK.lengths))
+            + " ".join(map(str, demo_config.QUICK.lengths))
             + " with --quick)"
         ),
     )
@@ -137,11 +150,13 @@ def _make_parser():
 
     bench_parser = commands.add_parser(
         "bench",
+        parents=[common],
         help="run the speed and memory benchmarks and print their ratios",
         description=(
             "Time every layer under XLA against keras-hub, plain Keras and "
             "precomputed tables, in one process, and measure peak memory; "
-            "print one Markdown table of ratios."
+            "print one Markdown table of ratios. Needs keras-hub (the "
+            "`bench` extra)."
         ),
     )
     bench_parser.add_argument(
@@ -164,6 +179,58 @@ def _make_parser():
     return parser
 
 
+def _missing(command):
+    """A one-line message if `command` lacks what it imports, else `None`."""
+    module, extra = NEEDS[command]
+    if importlib.util.find_spec(module) is not None:
+        return None
+    # The version range from this package's own metadata, when installed.
+    try:
+        requirements = importlib.metadata.requires("keras-posenc") or []
+    except importlib.metadata.PackageNotFoundError:
+        requirements = []
+    distribution = module.replace("_", "-")
+    for line in requirements:
+        requirement, _, marker = line.partition(";")
+        if marker.strip() == f'extra == "{extra}"' and requirement.startswith(
+            distribution
+        ):
+            distribution = requirement.strip()
+    return (
+        f"`keras-posenc {command}` needs {module}, which the `{extra}` extra "
+        f'installs. Install it with: pip install "{distribution}"'
+    )
+
+
+@contextlib.contextmanager
+def _stderr_closed():
+    """Send file descriptor 2 to /dev/null: TensorFlow's C++ code writes there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _import_tensorflow(verbose):
+    """Import TensorFlow, quietly unless `verbose`.
+
+    Its C++ start-up lines (no CUDA driver, CPU features, cuInit) are logged
+    before its log level applies; `TF_CPP_MIN_LOG_LEVEL=3` hides the later
+    ones. A level the user set is kept.
+    """
+    quiet = not verbose and "tensorflow" not in sys.modules
+    if quiet:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with _stderr_closed() if quiet else contextlib.nullcontext():
+        import tensorflow  # noqa: F401
+
+
 def main(argv=None):
     """Run the `keras-posenc` command.
 
@@ -172,13 +239,29 @@ def main(argv=None):
             Defaults to `None`, meaning `sys.argv[1:]`.
 
     Returns:
-        The exit status, `0` on success. Bad arguments exit with status 2
-        and a one-line message.
+        The exit status, `0` on success, `1` when the subcommand needs an
+        extra that is not installed (with a one-line message naming it).
+        Bad arguments exit with status 2 and a one-line message.
     """
     parser = _make_parser()
     args = parser.parse_args(argv)
-    # Imported on use: `plot` needs matplotlib (the `plot` extra), `bench`
-    # keras-hub; `--help` and bad arguments need neither.
+    if args.command == "demo":
+        config = demo_config.QUICK if args.quick else demo_config.DEFAULT
+        try:
+            config = config.replace(
+                encodings=args.encodings,
+                steps=args.steps,
+                train_length=args.train_length,
+                lengths=args.lengths,
+                seed=args.seed,
+            )
+        except ValueError as error:
+            parser.error(str(error))
+    message = _missing(args.command)
+    if message is not None:
+        print(f"keras-posenc: error: {message}", file=sys.stderr)
+        return 1
+    _import_tensorflow(args.verbose)
     if args.command == "plot":
         from keras_posenc import plot
 
@@ -186,18 +269,9 @@ def main(argv=None):
             print(path)
         return 0
     if args.command == "bench":
-        from benchmarks import suite
+        from keras_posenc.bench import suite
 
         return suite.run(out=args.out, repeats=args.repeats, tiny=args.tiny)
-    config = demo.QUICK if args.quick else demo.DEFAULT
-    try:
-        config = config.replace(
-            encodings=args.encodings,
-            steps=args.steps,
-            train_length=args.train_length,
-            lengths=args.lengths,
-            seed=args.seed,
-        )
-    except ValueError as error:
-        parser.error(str(error))
+    from keras_posenc import demo
+
     return demo.run(config, args.out)

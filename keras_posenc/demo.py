@@ -18,7 +18,6 @@ checked to predict bit-identically before the reloaded model is evaluated.
 """
 
 import csv
-import dataclasses
 import math
 import os
 import sys
@@ -29,11 +28,13 @@ import numpy as np
 import tensorflow as tf
 
 import keras_posenc
+# The configurations are this module's too: `demo.QUICK`, `demo.Config`.
+from keras_posenc.demo_config import DEFAULT  # noqa: F401
+from keras_posenc.demo_config import ENCODINGS
+from keras_posenc.demo_config import QUICK  # noqa: F401
+from keras_posenc.demo_config import ROPE_SCALINGS
+from keras_posenc.demo_config import Config  # noqa: F401
 
-ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "shaw", "t5")
-# RoPE schedules applied to the trained RoPE model at evaluation time, with
-# no retraining: each extends the trained length to the evaluated one.
-ROPE_SCALINGS = ("yarn", "linear", "dynamic")
 VOCABULARY_SIZE = 16
 # The Dirichlet concentration of each row of the transition table: small
 # values make peaked rows, so the two previous symbols matter.
@@ -55,79 +56,6 @@ EVALUATION_BATCH_TOKENS = 8192
 # The most ALiBi's negative log-likelihood may rise from the trained length
 # to the longest, and what Press et al. found: it extrapolates.
 ALIBI_TOLERANCE = 0.05
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """What the demo trains and evaluates.
-
-    Args:
-        encodings: tuple of str. Encodings to train, from `ENCODINGS`.
-        steps: int. Training steps of each model.
-        batch_size: int. Sequences per training step.
-        train_length: int. Tokens per training sequence.
-        lengths: tuple of int. Evaluation lengths, ascending.
-        evaluation_tokens: int. Target tokens scored at every evaluation
-            length; the same tokens at each.
-        seed: int. Seed of the source, the data and the weights.
-        jit_compile: bool. Whether training runs under XLA. Evaluation
-            calls the models eagerly either way: a few calls per shape,
-            where tracing and compiling would cost more than they save.
-    """
-
-    encodings: tuple = ENCODINGS
-    steps: int = 1000
-    batch_size: int = 32
-    train_length: int = 64
-    lengths: tuple = (64, 128, 256, 512)
-    evaluation_tokens: int = 32768
-    seed: int = 0
-    jit_compile: bool = True
-
-    def replace(self, **changes):
-        """A copy with the changes that are not `None`, checked.
-
-        Args:
-            **changes: fields of `Config`; a `None` value keeps the field.
-
-        Returns:
-            A new `Config`.
-
-        Raises:
-            ValueError: when an encoding is unknown, or when an evaluation
-                length is shorter than the training length.
-        """
-        changes = {name: value for name, value in changes.items() if value is not None}
-        if "encodings" in changes:
-            # In the order given, each once.
-            changes["encodings"] = tuple(dict.fromkeys(changes["encodings"]))
-            unknown = [name for name in changes["encodings"] if name not in ENCODINGS]
-            if unknown:
-                raise ValueError(
-                    f"`encodings` must be among {', '.join(ENCODINGS)}. "
-                    f"Received: encodings={list(changes['encodings'])}"
-                )
-        if "lengths" in changes:
-            changes["lengths"] = tuple(sorted(set(changes["lengths"])))
-        config = dataclasses.replace(self, **changes)
-        if config.lengths[0] < config.train_length:
-            raise ValueError(
-                "`lengths` must each be at least the training length "
-                f"{config.train_length}: the demo tests longer, not shorter. "
-                f"Received: lengths={list(config.lengths)}"
-            )
-        return config
-
-
-DEFAULT = Config()
-QUICK = Config(
-    steps=40,
-    batch_size=16,
-    train_length=16,
-    lengths=(16, 32, 64),
-    evaluation_tokens=1024,
-    jit_compile=False,
-)
 
 
 class MarkovSource:
@@ -342,15 +270,25 @@ def _train(encoding, config, source, out_dir, label):
     )  # (steps * batch, train_length + 1)
     keras.utils.set_random_seed(config.seed)
     model = build_model(encoding, config.train_length, jit_compile=config.jit_compile)
-    print(f"\n{label} Training with {encoding}:")
-    model.fit(
+    # Keras' progress bar redraws one line; in a file or a CI log it is
+    # thousands of characters of ANSI codes, so there one line says it.
+    interactive = sys.stdout.isatty()
+    print(f"\n{label} Training with {encoding}:", flush=True)
+    started = time.perf_counter()
+    history = model.fit(
         sequences[:, :-1],
         sequences[:, 1:],
         batch_size=config.batch_size,
         epochs=1,
         shuffle=False,
-        verbose=1,
+        verbose=1 if interactive else 0,
     )
+    if not interactive:
+        print(
+            f"Trained {config.steps} steps in "
+            f"{time.perf_counter() - started:.0f} s; final loss "
+            f"{history.history['loss'][-1]:.3f}."
+        )
     path = os.path.join(out_dir, f"lm_{encoding}.keras")
     model.save(path)
     reloaded = keras.models.load_model(path, safe_mode=True)
@@ -374,6 +312,7 @@ def _evaluate(model, encoding, config, stream):
             scores[length] = None  # The table has no rows past its length.
         else:
             scores[length] = mean_nll(model, evaluation_windows(stream, length))
+        print(f"NLL per token at length {length}: {_cell(scores[length])}")
     return scores
 
 
@@ -399,6 +338,10 @@ def _evaluate_rope_scalings(model, plain_scores, config, stream):
                 )
                 scaled.set_weights(model.get_weights())
             scores[length] = mean_nll(scaled, evaluation_windows(stream, length))
+            print(
+                f"NLL per token with {schedule} scaling at length {length}: "
+                f"{_cell(scores[length])}"
+            )
         results[f"rope + {schedule}"] = scores
     return results
 

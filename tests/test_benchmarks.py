@@ -4,15 +4,15 @@ import os
 import pytest
 import tensorflow as tf
 
-from benchmarks import absolute
-from benchmarks import attention
-from benchmarks import rotary_embedding
-from benchmarks import suite
-from benchmarks import timing
+from keras_posenc.bench import absolute
+from keras_posenc.bench import attention
+from keras_posenc.bench import rotary_embedding
+from keras_posenc.bench import suite
+from keras_posenc.bench import timing
 from keras_posenc.cli import main
 
 # A tiny shape: these tests check that the benchmark runs, not its speed,
-# which only `python -m benchmarks.rotary_embedding` measures.
+# which only `python -m keras_posenc.bench.rotary_embedding` measures.
 TINY_SHAPE = (1, 16, 2, 8)
 # A ratio against keras-hub, the ratio of two identical copies, and the
 # verdict the tables print for a target of 1.0x.
@@ -112,7 +112,7 @@ def test_table_tells_a_miss_from_noise(vs_keras_hub, vs_itself, met):
 
 
 # A tiny attention: these tests check that the benchmark runs, not the
-# numbers, which only `python -m benchmarks.attention` measures.
+# numbers, which only `python -m keras_posenc.bench.attention` measures.
 TINY_ATTENTION = {"batch": 1, "length": 8, "heads": 2, "key_dim": 4}
 
 
@@ -225,7 +225,7 @@ def test_attention_table_tells_a_miss_from_noise():
 
 
 # Tiny sizes: these tests check that the benchmark runs and that its
-# candidates agree, not their speed, which `python -m benchmarks.absolute`
+# candidates agree, not their speed, which `python -m keras_posenc.bench.absolute`
 # measures.
 TINY_ABSOLUTE = {"shape": (1, 16, 8), "vocabulary_size": 50}
 
@@ -321,6 +321,18 @@ def test_bench_writes_the_machine_and_every_table(tmp_path, capsys):
         "| peak (MiB) | / plain | target | met |",
     ):
         assert header in written
+    # Tiny sizes time nothing worth judging: no verdict, and a note says so.
+    assert suite.TINY_NOTE in written
+    assert "| tiny run |" in written
+    for verdict in ("| yes |", "| no |", "| within noise |"):
+        assert verdict not in written
+
+
+def test_verdicts_are_given_only_when_judged():
+    assert timing.verdict(1.5, 1.0) == "no"
+    assert timing.verdict(1.05, 1.0, noise=1.1) == "within noise"
+    assert timing.verdict(0.9, 1.0) == "yes"
+    assert timing.verdict(0.9, 1.0, judged=False) == "tiny run"
 
 
 def test_machine_description_reads_proc_files(tmp_path):

@@ -3,11 +3,16 @@ import csv
 import io
 import math
 import os
+import pathlib
+import subprocess
+import sys
 
 import keras
 import numpy as np
 import pytest
 
+import keras_posenc
+from keras_posenc import cli
 from keras_posenc import demo
 from keras_posenc.cli import main
 
@@ -31,6 +36,121 @@ def test_plot_writes_the_pngs_and_prints_their_paths(tmp_path, capsys):
     assert_pngs(out_dir)
     printed = capsys.readouterr().out.split()
     assert printed == [str(out_dir / name) for name in PLOT_NAMES]
+
+
+def test_plot_help_names_the_files_it_writes(capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["plot", "--help"])
+    assert raised.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    for name in PLOT_NAMES:
+        assert name in help_text
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as raised:
+        main(["--version"])
+    assert raised.value.code == 0
+    assert capsys.readouterr().out == f"keras-posenc {keras_posenc.__version__}\n"
+
+
+# The installed command, beside this Python (the venv's bin folder).
+COMMAND = str(pathlib.Path(sys.executable).parent / "keras-posenc")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[COMMAND], [sys.executable, "-m", "keras_posenc"]],
+    ids=["keras-posenc", "python -m keras_posenc"],
+)
+@pytest.mark.parametrize("option", ["--help", "--version"])
+def test_help_and_version_import_neither_keras_nor_tensorflow(command, option):
+    # -X importtime lists every module imported, on stderr.
+    result = subprocess.run(
+        command + [option],
+        env=dict(os.environ, PYTHONPROFILEIMPORTTIME="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    imported = {
+        line.split("|")[-1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "keras_posenc" in imported
+    assert not imported & {"keras", "tensorflow", "numpy", "matplotlib"}
+    if option == "--help":
+        assert result.stdout.startswith("usage: keras-posenc")
+    else:
+        assert result.stdout == f"keras-posenc {keras_posenc.__version__}\n"
+
+
+def test_command_hides_tensorflow_logging_unless_verbose(tmp_path):
+    result = subprocess.run(
+        [COMMAND, "plot", "--length", "8", "--dim", "4", "--out", str(tmp_path)],
+        env={
+            name: value
+            for name, value in os.environ.items()
+            if name != "TF_CPP_MIN_LOG_LEVEL"
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.split() == [str(tmp_path / name) for name in PLOT_NAMES]
+
+
+def test_the_command_imports_the_layers_on_first_use():
+    # As `keras-posenc` does: the package imports without Keras, and the
+    # layers come (and register with Keras) when first used.
+    script = (
+        "import sys; sys.argv[0] = '/bin/keras-posenc'; "
+        "import keras_posenc; "
+        "assert 'keras' not in sys.modules; "
+        "layer = keras_posenc.RotaryEmbedding; "
+        "from keras_posenc import AlibiBias, ops; "
+        "import keras; "
+        "assert keras.saving.get_registered_object("
+        "'keras_posenc>RotaryEmbedding') is layer; "
+        "print(layer.__name__, AlibiBias.__name__, ops.__name__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [
+        "RotaryEmbedding", "AlibiBias", "keras_posenc.ops"
+    ]
+
+
+@pytest.mark.parametrize(
+    "command, module, requirement",
+    [
+        ("plot", "matplotlib", '"matplotlib<4,>=3.8"'),
+        ("demo", "matplotlib", '"matplotlib<4,>=3.8"'),
+        ("bench", "keras_hub", '"keras-hub<0.33,>=0.21"'),
+    ],
+)
+def test_a_missing_extra_is_named_in_one_line(
+    command, module, requirement, monkeypatch, capsys
+):
+    find_spec = cli.importlib.util.find_spec
+    monkeypatch.setattr(
+        cli.importlib.util,
+        "find_spec",
+        lambda name: None if name == module else find_spec(name),
+    )
+    assert main([command]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"keras-posenc: error: `keras-posenc {command}` needs")
+    assert f"the `{command}` extra" in line
+    assert line.endswith(f"pip install {requirement}")
 
 
 @pytest.mark.parametrize(
@@ -109,6 +229,13 @@ def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
     assert "entropy rate" in printed and "nats per symbol" in printed
     assert "Entropy rate of the source (the floor)" in printed
     assert "predictions identical" in printed
+    # Not a terminal: one line per model and length, no progress bars.
+    assert "\x1b" not in printed and "\r" not in printed
+    assert max(len(line) for line in printed.splitlines()) < 300
+    assert printed.count(f"Trained {demo.QUICK.steps} steps in") == len(
+        demo.ENCODINGS
+    )
+    assert f"NLL per token at length {demo.QUICK.lengths[-1]}:" in printed
     with open(out_dir / "nll.png", "rb") as file:
         assert file.read(8) == PNG_SIGNATURE
 

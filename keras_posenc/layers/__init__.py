@@ -1,5 +1,13 @@
 """The package's layers, one public layer per file."""
 
+import keras
+
+from keras_posenc import _refuse_backend
+
+# The backend may come from ~/.keras/keras.json rather than KERAS_BACKEND.
+if keras.backend.backend() != "tensorflow":
+    _refuse_backend(keras.backend.backend())
+
 from keras_posenc.layers.alibi_bias import AlibiBias
 from keras_posenc.layers.position_embedding import PositionEmbedding
 from keras_posenc.layers.positional_multi_head_attention import (

@@ -1,36 +1,36 @@
 """All the speed and memory benchmarks in one run: `keras-posenc bench`.
 
-Runs, in this one process, `benchmarks.absolute` (the additive encodings
+Runs, in this one process, `keras_posenc.bench.absolute` (the additive encodings
 against keras-hub and the precomputed-table floor),
-`benchmarks.rotary_embedding` (RoPE against keras-hub and its floor) and
-`benchmarks.attention` (one self-attention call per position scheme against
+`keras_posenc.bench.rotary_embedding` (RoPE against keras-hub and its floor) and
+`keras_posenc.bench.attention` (one self-attention call per position scheme against
 plain `keras.layers.MultiHeadAttention`, and the peak memory of each, Shaw's
 included), and prints a description of the machine followed by each
 benchmark's table of ratios, as Markdown. Every call is compiled with XLA;
-ratios are medians over rounds of paired calls (see `benchmarks.timing`).
+ratios are medians over rounds of paired calls (see `keras_posenc.bench.timing`).
 
-Peak memory is not timed but read from XLA: `benchmarks.attention` takes
+Peak memory is not timed but read from XLA: `keras_posenc.bench.attention` takes
 each candidate's compiled call's buffer assignment (its temporary buffers,
 output and constants; not its input and weights), which is exact and the
 same from run to run.
 
-Run from the repository root, or anywhere once the package is installed:
+Needs the `bench` extra (keras-hub, the baseline):
 
+    pip install "keras-posenc[bench] @ git+https://github.com/keras-posenc/keras-posenc"
     keras-posenc bench [--out bench.md] [--repeats 30] [--tiny]
 """
 
 import datetime
 import os
 import platform
-import sys
 
 import keras
 import keras_hub
 import tensorflow as tf
 
-from benchmarks import absolute
-from benchmarks import attention
-from benchmarks import rotary_embedding
+from keras_posenc.bench import absolute
+from keras_posenc.bench import attention
+from keras_posenc.bench import rotary_embedding
 
 # Sizes of `tiny=True`: enough to run every candidate, too small to time.
 TINY_ABSOLUTE = {"shape": (1, 16, 8), "vocabulary_size": 50}
@@ -40,6 +40,11 @@ TINY_MEMORY_LENGTH = 16
 TINY_REPEATS = 2
 TINY_WARMUP = 1
 WARMUP = 3
+TINY_NOTE = (
+    "**A tiny run**: it checks that every benchmark runs, at sizes too small "
+    "for their times to mean anything, so it judges no ratio against its "
+    "target."
+)
 
 METHOD = (
     "Every candidate is compiled with XLA (`jit_compile=True`) and timed in "
@@ -204,6 +209,7 @@ def run(out=None, repeats=30, tiny=False):
             "",
             METHOD,
             "",
+            *([TINY_NOTE, ""] if tiny else []),
             "## Additive encodings",
             "",
             absolute.describe(
@@ -213,7 +219,7 @@ def run(out=None, repeats=30, tiny=False):
             )
             + ". Targets: at most 1.0x keras-hub, at most 1.1x the floor.",
             "",
-            absolute.format_table(absolute_results),
+            absolute.format_table(absolute_results, judged=not tiny),
             "",
             "## Rotary embedding",
             "",
@@ -222,7 +228,7 @@ def run(out=None, repeats=30, tiny=False):
             "at most 1.2x the floor (the bare rotation with precomputed "
             "cos/sin tables).",
             "",
-            rotary_embedding.format_table(rotary_results),
+            rotary_embedding.format_table(rotary_results, judged=not tiny),
             "",
             "## Attention per position scheme",
             "",
@@ -232,7 +238,7 @@ def run(out=None, repeats=30, tiny=False):
             f"{repeats} rounds, against plain `MultiHeadAttention`. Peak "
             f"memory of one call at {memory_input}, as XLA assigns it.",
             "",
-            attention.format_table(attention_results),
+            attention.format_table(attention_results, judged=not tiny),
             "",
         ]
     )
@@ -245,10 +251,3 @@ def run(out=None, repeats=30, tiny=False):
             file.write(report)
         print(out)
     return 0
-
-
-if __name__ == "__main__":
-    # `python -m benchmarks.suite [--out FILE] [--repeats N] [--tiny]`.
-    from keras_posenc import cli
-
-    sys.exit(cli.main(["bench", *sys.argv[1:]]))

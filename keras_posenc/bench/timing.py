@@ -111,7 +111,7 @@ def median_time(fn, *args, repeats=30, warmup=3):
     return compare({"fn": fn}, args, repeats, warmup)["fn"]
 
 
-def verdict(ratio, target, noise=1.0):
+def verdict(ratio, target, noise=1.0, judged=True):
     """Whether a ratio meets its target: "yes", "within noise" or "no".
 
     Args:
@@ -120,10 +120,15 @@ def verdict(ratio, target, noise=1.0):
         noise: float. How far apart two copies of one program measure here
             (1.0 or more): a ratio past the target by no more than that is
             not told apart from meeting it. Defaults to `1.0`.
+        judged: bool. `False` for a ratio measured at sizes too small to
+            mean anything (the tiny run): no verdict, "tiny run". Defaults
+            to `True`.
 
     Returns:
         A str.
     """
+    if not judged:
+        return "tiny run"
     if ratio <= target:
         return "yes"
     if ratio <= target * noise:

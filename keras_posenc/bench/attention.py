@@ -47,7 +47,7 @@ mixes in the compiler's memory.
 
 Run from the repository root:
 
-    python -m benchmarks.attention [--length 1024] [--repeats 30] [--no-memory]
+    python -m keras_posenc.bench.attention [--length 1024] [--repeats 30] [--no-memory]
 """
 
 import argparse
@@ -60,8 +60,8 @@ import tensorflow as tf
 from tensorflow.compiler.xla.service import hlo_pb2
 
 import keras_posenc
-from keras_posenc.cli import int_at_least
-from benchmarks import timing
+from keras_posenc._arguments import int_at_least
+from keras_posenc.bench import timing
 
 BATCH = 4
 LENGTH = 1024
@@ -261,8 +261,18 @@ def run(
     return results
 
 
-def format_table(results):
-    """A Markdown table of `run`'s results and whether the targets are met."""
+def format_table(results, judged=True):
+    """A Markdown table of `run`'s results and whether the targets are met.
+
+    Args:
+        results: dict. What `run` returns.
+        judged: bool. `False` for a run at sizes too small to mean
+            anything (the tiny run): its "met" cells give no verdict.
+            Defaults to `True`.
+
+    Returns:
+        A str.
+    """
     with_memory = "plain_peak_mib" in results
     header = "| scheme | median (ms) | / plain | target | met | / einsum path |"
     rule = "|---|---:|---:|---:|---|---:|"
@@ -300,7 +310,7 @@ def format_table(results):
                 cells += [
                     f"{ratio:.3f}x",
                     f"<= {target:.2f}x",
-                    timing.verdict(ratio, target, noise),
+                    timing.verdict(ratio, target, noise, judged=judged),
                     f"{results[f'{name}_vs_plain_einsum_path']:.3f}x",
                 ]
         if with_memory:
@@ -315,7 +325,7 @@ def format_table(results):
                         target = MEMORY_TARGETS[name]
                         cells += [
                             f"<= {target:.1f}x",
-                            timing.verdict(ratio, target),
+                            timing.verdict(ratio, target, judged=judged),
                         ]
                     else:
                         cells += ["", ""]
@@ -337,7 +347,7 @@ def main(argv=None):
         are for a person to read.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.attention",
+        prog="python -m keras_posenc.bench.attention",
         description=(
             "Time one self-attention call under XLA with each position "
             "scheme against plain keras.layers.MultiHeadAttention, and "

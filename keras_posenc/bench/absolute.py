@@ -21,7 +21,7 @@ copied between them, so that all of them compute the same thing.
 
 Run from the repository root:
 
-    python -m benchmarks.absolute [--shape 8 2048 512] [--repeats 30]
+    python -m keras_posenc.bench.absolute [--shape 8 2048 512] [--repeats 30]
 """
 
 import argparse
@@ -35,8 +35,8 @@ import tensorflow as tf
 
 import keras_posenc
 from keras_posenc import ops
-from keras_posenc.cli import int_at_least
-from benchmarks import timing
+from keras_posenc._arguments import int_at_least
+from keras_posenc.bench import timing
 
 SHAPE = (8, 2048, 512)
 VOCABULARY_SIZE = 32000
@@ -264,8 +264,18 @@ def run(
     return results
 
 
-def format_table(results):
-    """A Markdown table of `run`'s results and whether the targets are met."""
+def format_table(results, judged=True):
+    """A Markdown table of `run`'s results and whether the targets are met.
+
+    Args:
+        results: dict. What `run` returns.
+        judged: bool. `False` for a run at sizes too small to mean
+            anything (the tiny run): its "met" cells give no verdict.
+            Defaults to `True`.
+
+    Returns:
+        A str.
+    """
     hub_target, floor_target = TARGETS["vs_keras_hub"], TARGETS["vs_floor"]
     lines = [
         "| encoding | keras_posenc (ms) | keras-hub (ms) | floor (ms) "
@@ -286,7 +296,7 @@ def format_table(results):
             hub_cells = [
                 f"{ratio:.3f}x",
                 f"<= {hub_target:.1f}x",
-                timing.verdict(ratio, hub_target, noise),
+                timing.verdict(ratio, hub_target, noise, judged=judged),
             ]
             cells.append(f"{results[f'{encoding}_keras_hub'] * 1e3:.2f}")
         else:
@@ -298,7 +308,7 @@ def format_table(results):
             *hub_cells,
             f"{ratio:.3f}x",
             f"<= {floor_target:.1f}x",
-            timing.verdict(ratio, floor_target, noise),
+            timing.verdict(ratio, floor_target, noise, judged=judged),
             f"{results[f'{encoding}_vs_itself']:.3f}x",
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -342,7 +352,7 @@ def main(argv=None):
         are for a person to read.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.absolute",
+        prog="python -m keras_posenc.bench.absolute",
         description=(
             "Time the absolute encodings under XLA against keras-hub's and "
             "the bare addition of precomputed tables."

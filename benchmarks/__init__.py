@@ -1,1 +1,0 @@
-"""Speed benchmarks of the package's layers: scripts, not timed tests."""
