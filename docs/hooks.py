@@ -28,9 +28,10 @@ _TABLE_HEADER = re.compile(r"^\| encoding((?: \| \d+)+) \|$")
 _ARITHMATEX = re.compile(
     r'<(span|div) class="arithmatex">\s*\\[([](.*?)\\[)\]]\s*</\1>', re.DOTALL
 )
-# latex2mathml keeps a command it does not know as text ("\foo"), and
-# writes `\!` as an mspace of a width no browser reads.
-_UNCONVERTED = re.compile(r'\\|width="[a-z]')
+# latex2mathml keeps a command it does not know as text ("\foo"), the `&`
+# of an environment it does not know (aligned) as a bare "&", and writes
+# `\!` as an mspace of a width no browser reads.
+_UNCONVERTED = re.compile(r'\\|&(?!#?\w+;)|width="[a-z]')
 _TABLE = re.compile(r"<table>.*?</table>", re.DOTALL)
 _INLINE_CODE = re.compile(r"<code>([^<]*)</code>")
 
