@@ -149,7 +149,7 @@ BROWSER_ARGS = [
 
 
 @pytest.fixture(scope="session")
-def browser(tmp_path_factory):
+def browser():
     executable = shutil.which("chromium")
     if executable is None:
         pytest.fail("No chromium on PATH: apt-get install -y chromium")
@@ -230,4 +230,6 @@ def test_page_offline_in_chromium(site, browser, screenshots, page):
     others = {link for link in seen["links"] if not link.startswith("file:")}
     assert others <= {"https://github.com/keras-posenc/keras-posenc"}
     assert seen["pageWidth"] <= WIDTH
+    # Nor does a table or a display formula hide part of itself behind a
+    # scroll bar of its own.
     assert seen["overflowing"] == []
