@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
 
-.PHONY: demo test test-oldest docs clean
+.PHONY: demo test test-oldest test-site docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,12 +29,18 @@ demo: $(STAMP)
 	$(BIN)/keras-posenc demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not browser"
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# The tests (not the notebooks) less those marked `newest`.
+# The tests (not the notebooks) less those marked `newest`, and less the
+# site's, which need the docs extra that .venv-oldest does not install.
 test-oldest: $(OLDEST_STAMP)
-	$(OLDEST)/bin/python -m pytest tests -m "not newest"
+	$(OLDEST)/bin/python -m pytest tests -m "not newest" --ignore=tests/test_site.py
+
+# Every page of the built site in headless Chromium, offline; needs
+# Debian's chromium (apt-get install chromium).
+test-site: $(STAMP)
+	$(BIN)/python -m pytest tests/test_site.py -m browser
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

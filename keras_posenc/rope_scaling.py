@@ -574,8 +574,9 @@ def rope_parameters(scaling, dim, max_wavelength, sequence_length=None):
     """The frequencies and attention factor of a Hugging Face style schedule.
 
     Args:
-        scaling: None or a dict such as `{"rope_type": "linear", "factor": 4.0}`
-            (see `check_scaling`). `None` is the default schedule.
+        scaling: None or a dict such as `{"rope_type": "linear", "factor": 4.0}`,
+            in Hugging Face's `rope_scaling` form with a `"rope_type"` from
+            `ROPE_TYPES`. `None` is the default schedule.
         dim: int. The number of rotated features.
         max_wavelength: float. The base, `rope_theta`.
         sequence_length: optional int or scalar tensor. The current length,
