@@ -1,36 +1,183 @@
-"""The committed notebooks: the four of them, saved without outputs.
+"""The committed notebooks, as a reader finds them on GitHub or in Colab.
 
 pytest runs each notebook itself through nbmake (`--nbmake` in setup.cfg);
-these tests check how they are stored.
+these tests check how they are stored: without outputs; a first markdown
+cell that links to the notebook in Colab and to a documentation page; a
+first code cell that installs keras-posenc, with the extras the notebook
+imports, only where it is missing, so that CI never installs anything.
 """
 
+import ast
+import configparser
+import importlib.util
 import json
 import pathlib
+import re
 
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
 
-NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
 EXPECTED = (
     "01_derivation.ipynb",
     "02_models.ipynb",
     "03_tpu_training.ipynb",
     "04_extrapolation.ipynb",
 )
+PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
+COLAB = "https://colab.research.google.com/github/keras-posenc/keras-posenc/blob/main/notebooks/"
+SITE = "https://keras-posenc.github.io/keras-posenc/"
+REPOSITORY = "git+https://github.com/keras-posenc/keras-posenc"
+# The extra that a notebook importing a module (or a submodule of it)
+# installs, and what module each extra brings, which the install guards on.
+EXTRA_OF_IMPORT = {
+    "matplotlib": "plot",
+    "keras_posenc.plot": "plot",
+    "keras_posenc.demo": "demo",
+    "keras_posenc.bench": "bench",
+}
+MODULE_OF_EXTRA = {"plot": "matplotlib", "demo": "matplotlib", "bench": "keras_hub"}
+FIND_SPEC = importlib.util.find_spec
+
+notebook_paths = pytest.mark.parametrize("path", PATHS, ids=lambda path: path.name)
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def cells(notebook, cell_type):
+    return [cell for cell in notebook["cells"] if cell["cell_type"] == cell_type]
+
+
+def python(cell):
+    """The cell's source as IPython runs it: magics become calls."""
+    return TransformerManager().transform_cell("".join(cell["source"]))
+
+
+def imported_modules(code_cells):
+    """Every module the cells import; `from a import b` counts `a` and `a.b`."""
+    modules = set()
+    for cell in code_cells:
+        for node in ast.walk(ast.parse(python(cell))):
+            if isinstance(node, ast.Import):
+                modules.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                modules.add(node.module)
+                modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def extras_needed(notebook):
+    """The extras of what the notebook imports after its install cell, sorted."""
+    modules = imported_modules(cells(notebook, "code")[1:])
+    return sorted(
+        {
+            extra
+            for module in modules
+            for name, extra in EXTRA_OF_IMPORT.items()
+            if module == name or module.startswith(f"{name}.")
+        }
+    )
+
+
+class RecordingShell:
+    """Stands for `get_ipython()`: records the line magics a cell runs."""
+
+    def __init__(self):
+        self.line_magics = []
+
+    def run_line_magic(self, name, line):
+        self.line_magics.append((name, line))
+
+
+def run_install_cell(cell, missing, monkeypatch):
+    """Runs `cell` where the modules in `missing` are not installed.
+
+    Returns:
+        The `(name, line)` of each line magic the cell ran.
+    """
+
+    def find_spec_without_missing(name, *args, **kwargs):
+        return None if name in missing else FIND_SPEC(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec_without_missing)
+    shell = RecordingShell()
+    exec(python(cell), {"get_ipython": lambda: shell})
+    return shell.line_magics
 
 
 def test_the_four_notebooks_exist():
-    names = {path.name for path in NOTEBOOKS.glob("*.ipynb")}
+    names = {path.name for path in PATHS}
     assert set(EXPECTED) <= names
 
 
-@pytest.mark.parametrize(
-    "path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda path: path.name
-)
+@notebook_paths
 def test_notebook_is_saved_without_outputs(path):
-    notebook = json.loads(path.read_text())
+    notebook = load(path)
     assert notebook["nbformat"] == 4
     assert notebook["metadata"]["kernelspec"]["name"] == "python3"
     for number, cell in enumerate(notebook["cells"]):
         if cell["cell_type"] == "code":
             assert cell["outputs"] == [], f"cell {number} has outputs"
             assert cell["execution_count"] is None, f"cell {number} was run"
+
+
+@notebook_paths
+def test_first_cell_links_to_colab_and_to_a_page_of_the_site(path):
+    first = load(path)["cells"][0]
+    assert first["cell_type"] == "markdown"
+    text = "".join(first["source"])
+    assert f"]({COLAB}{path.name})" in text
+    pages = re.findall(rf"\]\({re.escape(SITE)}([\w/]+)\.html\)", text)
+    assert pages, f"no link to a page of {SITE}"
+    for page in pages:
+        assert (ROOT / "docs" / f"{page}.md").is_file(), f"no docs/{page}.md"
+
+
+@notebook_paths
+def test_first_code_cell_installs_only_what_is_missing(path, monkeypatch):
+    notebook = load(path)
+    install = cells(notebook, "code")[0]
+    extras = extras_needed(notebook)
+    requirement = f"keras-posenc[{','.join(extras)}]" if extras else "keras-posenc"
+    pip = ("pip", f'install --quiet "{requirement} @ {REPOSITORY}"')
+    needed = {"keras_posenc"} | {MODULE_OF_EXTRA[extra] for extra in extras}
+
+    # Where everything is installed, as in CI: nothing runs.
+    assert run_install_cell(install, set(), monkeypatch) == []
+    for module in sorted(needed):
+        assert run_install_cell(install, {module}, monkeypatch) == [pip], module
+    for module in sorted(set(MODULE_OF_EXTRA.values()) - needed):
+        assert run_install_cell(install, {module}, monkeypatch) == [], module
+
+
+def test_the_extras_the_notebooks_need_are_declared_in_setup_cfg():
+    setup = configparser.ConfigParser(interpolation=None)
+    setup.read(ROOT / "setup.cfg")
+    declared = set(setup["options.extras_require"])
+    needed = {extra for path in PATHS for extra in extras_needed(load(path))}
+    assert needed == {"plot", "demo"}  # 01 plots; 03 and 04 run the demo's code
+    assert needed <= declared
+    assert set(MODULE_OF_EXTRA) <= declared
+
+
+def test_extras_needed_reads_every_form_of_import():
+    notebook = {
+        "cells": [
+            {"cell_type": "code", "source": ["%pip install keras-posenc"]},
+            {"cell_type": "markdown", "source": ["import matplotlib"]},
+            {
+                "cell_type": "code",
+                "source": [
+                    "%matplotlib inline\n",
+                    "import keras_posenc.bench.suite\n",
+                    "from keras_posenc import demo, ops\n",
+                ],
+            },
+        ]
+    }
+    assert extras_needed(notebook) == ["bench", "demo"]
+    notebook["cells"][2]["source"].append("from matplotlib.figure import Figure\n")
+    assert extras_needed(notebook) == ["bench", "demo", "plot"]
