@@ -145,7 +145,7 @@ def _make_parser():
     demo_parser.add_argument(
         "--quick",
         action="store_true",
-        help="a tiny configuration, for tests: about a minute on 2 cores",
+        help="a tiny configuration, for tests: about a minute and a half on 2 cores",
     )
 
     bench_parser = commands.add_parser(
