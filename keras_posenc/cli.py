@@ -190,15 +190,16 @@ def _missing(command):
     except importlib.metadata.PackageNotFoundError:
         requirements = []
     distribution = module.replace("_", "-")
+    pinned = distribution
     for line in requirements:
         requirement, _, marker = line.partition(";")
         if marker.strip() == f'extra == "{extra}"' and requirement.startswith(
             distribution
         ):
-            distribution = requirement.strip()
+            pinned = requirement.strip()
     return (
-        f"`keras-posenc {command}` needs {module}, which the `{extra}` extra "
-        f'installs. Install it with: pip install "{distribution}"'
+        f"`keras-posenc {command}` needs {distribution}, which the `{extra}` "
+        f'extra installs. Install it with: pip install "{pinned}"'
     )
 
 
