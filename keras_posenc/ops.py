@@ -199,34 +199,203 @@ def translation_matrix(shift, dim, max_wavelength=10000.0):
     )  # (..., dim, dim)
 
 
-def check_positions(positions, sequence_length, batch_size=None, per_batch=True):
+def check_num_axes(num_axes):
+    """Raise a `ValueError` unless `num_axes` is a positive int."""
+    check_positive_int("num_axes", num_axes)
+
+
+def check_positions(
+    positions, sequence_length, batch_size=None, per_batch=True, num_axes=1
+):
     """Raise a `ValueError` unless `positions` fit inputs of these sizes.
 
     Args:
-        positions: tensor. Must have shape `(sequence,)` or, if `per_batch`,
-            `(batch, sequence)` with a batch of 1 or `batch_size`.
+        positions: tensor. With one axis, shape `(sequence,)` or, if
+            `per_batch`, `(batch, sequence)` or `(batch, sequence, 1)`; with
+            `num_axes` > 1, `(sequence, num_axes)` or, if `per_batch`,
+            `(batch, sequence, num_axes)`. A batch is 1 or `batch_size`.
         sequence_length: int or None. The inputs' sequence length, if known.
         batch_size: int or None. The inputs' batch size, if known.
         per_batch: bool. Whether positions may differ along a batch axis.
+        num_axes: int. The number of coordinates of a position. Defaults to
+            `1`.
     """
-    shape = positions.shape
+    expected = _expected_positions(
+        positions.shape, sequence_length, batch_size, per_batch, num_axes
+    )
+    if expected:
+        raise ValueError(
+            f"`positions` must have shape {expected}. "
+            f"Received positions of shape {positions.shape}"
+        )
+
+
+def _expected_positions(shape, sequence_length, batch_size, per_batch, num_axes):
+    """None if positions of `shape` fit, else the shapes that would."""
     rank = shape.rank
-    if rank == 2 and not per_batch:
-        rank = None  # not allowed
 
     def fits(size, expected):
         return size is None or expected is None or size == expected
 
-    if (
-        rank not in (1, 2)
-        or not fits(shape[-1], sequence_length)
-        or (rank == 2 and not (shape[0] == 1 or fits(shape[0], batch_size)))
-    ):
+    if num_axes == 1:
+        if rank == 3 and shape[-1] == 1:
+            shape, rank = shape[:-1], 2  # (batch, sequence, 1)
+        axes_fit = True
         expected = "(sequence,) or (batch, sequence)" if per_batch else "(sequence,)"
+    else:
+        axes_fit = rank in (2, 3) and shape[-1] == num_axes
+        if axes_fit:
+            shape, rank = shape[:-1], rank - 1
+        expected = (
+            f"(sequence, {num_axes}) or (batch, sequence, {num_axes})"
+            if per_batch
+            else f"(sequence, {num_axes})"
+        ) + f" for num_axes={num_axes}"
+    if (
+        axes_fit
+        and rank in ((1, 2) if per_batch else (1,))
+        and fits(shape[-1], sequence_length)
+        and (rank == 1 or shape[0] == 1 or fits(shape[0], batch_size))
+    ):
+        return None
+    if sequence_length is not None or batch_size is not None:
+        expected += (
+            f" for inputs of sequence length {sequence_length} and batch "
+            f"size {batch_size}"
+        )
+    return expected
+
+
+def read_positions(
+    positions,
+    num_axes=1,
+    sequence_length=None,
+    batch_size=None,
+    per_batch=True,
+    name="positions",
+    integer=False,
+):
+    """Positions as a layer reads them: checked, one form per number of axes.
+
+    The one reader of positions in the package: every layer and attention
+    scheme calls it, so each takes the same shapes. A position is a number
+    per axis, integer or float. With one axis (text, audio, time) positions
+    have shape `(sequence,)` or `(batch, sequence)` (a trailing axis of size
+    1 is also taken); with `num_axes` > 1 (image and video grids, multimodal
+    sequences) `(sequence, num_axes)` or `(batch, sequence, num_axes)`, such
+    as `grid_positions(grid_shape)`.
+
+    Args:
+        positions: tensor-like of one of the shapes above.
+        num_axes: int. The number of coordinates of a position. Defaults to
+            `1`.
+        sequence_length: int or None. The inputs' sequence length (the
+            tokens that have positions), if known. Defaults to `None`.
+        batch_size: int or None. The inputs' batch size, if known. Defaults
+            to `None`.
+        per_batch: bool. Whether positions may differ along a batch axis.
+            Defaults to `True`.
+        name: str. The argument's name, for the message. Defaults to
+            `"positions"`.
+        integer: bool. Whether positions must be integers. Defaults to
+            `False`.
+
+    Returns:
+        A tensor of shape `(sequence,)` or `(batch, sequence)` for one axis,
+        `(sequence, num_axes)` or `(batch, sequence, num_axes)` for more, in
+        the dtype given.
+
+    Example:
+
+    >>> read_positions(np.arange(4)).shape
+    TensorShape([4])
+    >>> read_positions(grid_positions((2, 3)), num_axes=2).shape
+    TensorShape([6, 2])
+    """
+    check_num_axes(num_axes)
+    positions = tf.convert_to_tensor(positions)
+    if integer and not positions.dtype.is_integer:
         raise ValueError(
-            f"`positions` must have shape {expected} for inputs of sequence "
-            f"length {sequence_length} and batch size {batch_size}. "
-            f"Received positions of shape {shape}"
+            f"`{name}` must be integers. Received: {name} of dtype "
+            f"{positions.dtype.name}"
+        )
+    if not (positions.dtype.is_integer or positions.dtype.is_floating):
+        raise ValueError(
+            f"`{name}` must be integers or floats. Received: {name} of dtype "
+            f"{positions.dtype.name}"
+        )
+    expected = _expected_positions(
+        positions.shape, sequence_length, batch_size, per_batch, num_axes
+    )
+    if expected:
+        raise ValueError(
+            f"`{name}` must have shape {expected}. Received: {name} of dtype "
+            f"{positions.dtype.name} and shape {positions.shape}"
+        )
+    if num_axes == 1 and positions.shape.rank == 3:
+        positions = positions[..., 0]  # (batch, sequence)
+    return positions
+
+
+def grid_positions(grid_shape):
+    """The coordinates of every cell of a grid, row-major, in int32.
+
+    For `(height, width)`: `(0, 0), (0, 1), ..., (0, width - 1), (1, 0),
+    ...`, the order in which a ViT flattens its patches (row, then column);
+    for `(time, height, width)`, frame by frame. Sizes may be ints or integer
+    scalar tensors (a grid whose size is known only when the graph runs).
+
+    Args:
+        grid_shape: list or tuple of positive ints or integer scalar tensors.
+
+    Returns:
+        An int32 tensor of shape `(prod(grid_shape), len(grid_shape))`.
+
+    Example:
+
+    >>> grid_positions((2, 3)).numpy().tolist()
+    [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
+    """
+    check_grid_shape(grid_shape)
+    coordinates = tf.meshgrid(
+        *[tf.range(size, dtype="int32") for size in grid_shape], indexing="ij"
+    )  # num_axes of grid_shape
+    return tf.reshape(
+        tf.stack(coordinates, axis=-1), [-1, len(grid_shape)]
+    )  # (prod(grid_shape), num_axes)
+
+
+def check_grid_shape(grid_shape, name="grid_shape", num_axes=None):
+    """Raise a `ValueError` unless `grid_shape` is a list of grid sizes.
+
+    Args:
+        grid_shape: the value received: a list or tuple of positive ints or
+            integer scalar tensors.
+        name: str. The argument's name, for the message. Defaults to
+            `"grid_shape"`.
+        num_axes: int or None. The number of sizes it must have, if known.
+            Defaults to `None`.
+    """
+
+    def is_size(size):
+        if tf.is_tensor(size):
+            return size.dtype.is_integer and size.shape.rank == 0
+        return (
+            isinstance(size, numbers.Integral)
+            and not isinstance(size, bool)
+            and size >= 1
+        )
+
+    if (
+        not isinstance(grid_shape, (list, tuple))
+        or not grid_shape
+        or not all(is_size(size) for size in grid_shape)
+        or (num_axes is not None and len(grid_shape) != num_axes)
+    ):
+        sizes = "" if num_axes is None else f"{num_axes} "
+        raise ValueError(
+            f"`{name}` must be a list or tuple of {sizes}positive integers, "
+            f"one per grid axis. Received: {name}={grid_shape!r}"
         )
 
 
@@ -339,41 +508,52 @@ def alibi_slopes(num_heads):
     return tf.constant([2.0**exponent for exponent in exponents], "float32")
 
 
-def relative_distance_shape(query_shape, key_shape):
+def relative_distance_shape(query_shape, key_shape, num_axes=1):
     """The shape `relative_distance` gives for positions of these shapes.
 
     Args:
         query_shape: tuple. The shape of `query_positions`, `(query,)` or
-            `(batch or 1, query)`; sizes may be None.
-        key_shape: tuple. The shape of `key_positions`, `(key,)` or
-            `(batch or 1, key)`.
+            `(batch or 1, query)`, with a last axis of `num_axes` when it is
+            more than 1; sizes may be None.
+        key_shape: tuple. The shape of `key_positions`, likewise.
+        num_axes: int. The number of coordinates of a position. Defaults to
+            `1`.
 
     Returns:
-        A tuple `(batch or 1, query, key)`; the batch is None when unknown.
+        A tuple `(batch or 1, query, key)`, and `num_axes` last when it is
+        more than 1; the batch is None when unknown.
     """
+    if num_axes > 1:
+        query_shape, key_shape = tuple(query_shape)[:-1], tuple(key_shape)[:-1]
     batches = [
         shape[0] if len(shape) == 2 else 1 for shape in (query_shape, key_shape)
     ]
     unshared = [batch for batch in batches if batch != 1]
     known = [batch for batch in unshared if batch is not None]
     batch = known[0] if known else (None if unshared else 1)
-    return (batch, query_shape[-1], key_shape[-1])
+    axes = (num_axes,) if num_axes > 1 else ()
+    return (batch, query_shape[-1], key_shape[-1]) + axes
 
 
-def relative_distance(query_positions, key_positions):
+def relative_distance(query_positions, key_positions, num_axes=1):
     """The relative position `key - query` of every query and key, in int32.
 
     The convention of every relative scheme here: a key `j` positions after
-    the query `i` is at `j - i > 0`, one before it at `j - i < 0`.
+    the query `i` is at `j - i > 0`, one before it at `j - i < 0`. On a grid
+    (`num_axes` > 1) the difference is taken per axis.
 
     Args:
         query_positions: integer tensor of shape `(batch or 1, query)`, or
-            `(query,)` for positions shared by the batch.
+            `(query,)` for positions shared by the batch; with `num_axes` >
+            1, `(batch or 1, query, num_axes)` or `(query, num_axes)`.
         key_positions: integer tensor of shape `(batch or 1, key)`, or
-            `(key,)`.
+            `(key,)`; likewise with a last axis of `num_axes`.
+        num_axes: int. The number of coordinates of a position. Defaults to
+            `1`.
 
     Returns:
-        An int32 tensor of shape `(batch or 1, query, key)`.
+        An int32 tensor of shape `(batch or 1, query, key)`, or
+        `(batch or 1, query, key, num_axes)` when `num_axes` > 1.
 
     Example:
 
@@ -381,21 +561,21 @@ def relative_distance(query_positions, key_positions):
     array([[[-10,  -9,  -1,   0]]], dtype=int32)
     >>> relative_distance(tf.range(3), tf.range(2)).shape
     TensorShape([1, 3, 2])
+    >>> on_grid = relative_distance(grid_positions((2, 2)), [[1, 1]], num_axes=2)
+    >>> on_grid[0, :, 0].numpy().tolist()  # key (1, 1) from each query
+    [[1, 1], [1, 0], [0, 1], [0, 0]]
     """
+    check_num_axes(num_axes)
     checked = []
     for name, positions in (
         ("query_positions", query_positions),
         ("key_positions", key_positions),
     ):
-        positions = tf.convert_to_tensor(positions)
-        if not positions.dtype.is_integer or positions.shape.rank not in (1, 2):
-            raise ValueError(
-                f"`{name}` must be an integer tensor of shape (sequence,) or "
-                f"(batch, sequence). Received: {name} of dtype "
-                f"{positions.dtype.name} and shape {positions.shape}"
-            )
-        if positions.shape.rank == 1:
-            positions = positions[tf.newaxis]  # (1, sequence)
+        positions = read_positions(
+            positions, num_axes, name=name, integer=True
+        )  # ([batch,] sequence[, num_axes])
+        if positions.shape.rank == (1 if num_axes == 1 else 2):
+            positions = positions[tf.newaxis]  # (1, sequence[, num_axes])
         checked.append(tf.cast(positions, "int32"))
     query_positions, key_positions = checked
     query_batch, key_batch = query_positions.shape[0], key_positions.shape[0]
@@ -412,7 +592,7 @@ def relative_distance(query_positions, key_positions):
         )
     return (
         key_positions[:, tf.newaxis, :] - query_positions[:, :, tf.newaxis]
-    )  # (batch or 1, query, key)
+    )  # (batch or 1, query, key[, num_axes])
 
 
 def check_relative_position_buckets(num_buckets, max_distance, bidirectional):

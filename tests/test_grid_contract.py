@@ -1,0 +1,164 @@
+"""The position contract: one idea of a position, 1-D and on grids.
+
+`ops.grid_positions` against NumPy's own grid indices, `ops.read_positions`
+(the one reader of positions every layer calls) on every accepted shape and
+every refused one, the per-axis `ops.relative_distance`, and a `.keras` file
+of every 1-D layer written before grids existed, which must load with the
+same numbers.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_posenc import ops
+from tests import references
+from tests.test_positional_multi_head_attention import reference_attention
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "one_axis_model.keras")
+
+
+@pytest.mark.parametrize("grid_shape", [(1,), (5,), (2, 3), (3, 1, 4), (2, 2, 2, 3)])
+def test_grid_positions_are_row_major_coordinates(grid_shape):
+    # np.indices gives coordinate a of every cell; C order is row-major.
+    expected = np.stack(
+        [axis.ravel() for axis in np.indices(grid_shape)], axis=-1
+    )  # (prod, num_axes)
+    positions = ops.grid_positions(grid_shape)
+    assert positions.dtype == tf.int32
+    np.testing.assert_array_equal(positions.numpy(), expected)
+
+
+def test_grid_positions_take_sizes_known_only_when_the_graph_runs():
+    @tf.function(
+        input_signature=[tf.TensorSpec((None, None, None, 2))], jit_compile=True
+    )
+    def grid_of(images):
+        shape = tf.shape(images)
+        return ops.grid_positions((shape[1], shape[2]))
+
+    positions = grid_of(tf.zeros((1, 3, 4, 2)))
+    np.testing.assert_array_equal(
+        positions.numpy(), [[r, c] for r in range(3) for c in range(4)]
+    )
+
+
+@pytest.mark.parametrize(
+    "grid_shape", [(), [0, 3], (2, -1), (2.0, 3), "23", 4, (True, 2)]
+)
+def test_bad_grid_shape_raises_value_error_naming_it(grid_shape):
+    with pytest.raises(ValueError, match="`grid_shape` must be") as error:
+        ops.grid_positions(grid_shape)
+    assert repr(grid_shape) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "shape, num_axes, expected",
+    [
+        ((5,), 1, (5,)),
+        ((2, 5), 1, (2, 5)),
+        ((2, 5, 1), 1, (2, 5)),  # a trailing axis of one coordinate
+        ((5, 2), 2, (5, 2)),
+        ((2, 5, 2), 2, (2, 5, 2)),
+        ((1, 5, 3), 3, (1, 5, 3)),
+    ],
+)
+def test_read_positions_takes_every_documented_shape(shape, num_axes, expected):
+    positions = np.arange(np.prod(shape)).reshape(shape)
+    read = ops.read_positions(
+        positions, num_axes, sequence_length=5, batch_size=2
+    )
+    assert tuple(read.shape) == expected
+    np.testing.assert_array_equal(
+        read.numpy().ravel(), positions.ravel()
+    )
+
+
+@pytest.mark.parametrize(
+    "shape, num_axes, kwargs, message",
+    [
+        ((5, 3), 2, {}, r"\(sequence, 2\) or \(batch, sequence, 2\) for num_axes=2"),
+        ((5,), 2, {}, "for num_axes=2"),
+        ((2, 5, 2, 1), 2, {}, "shape \\(2, 5, 2, 1\\)"),
+        ((4,), 1, {"sequence_length": 5}, "sequence length 5"),
+        ((3, 5), 1, {"batch_size": 2}, "batch size 2"),
+        ((3, 5, 2), 2, {"batch_size": 2}, "batch size 2"),
+        ((2, 5), 1, {"per_batch": False}, r"must have shape \(sequence,\)"),
+    ],
+)
+def test_read_positions_refuses_other_shapes_naming_the_argument(
+    shape, num_axes, kwargs, message
+):
+    positions = np.zeros(shape, "int32")
+    with pytest.raises(ValueError, match=message) as error:
+        ops.read_positions(positions, num_axes, name="query_positions", **kwargs)
+    assert "`query_positions` must have shape" in str(error.value)
+
+
+def test_read_positions_refuses_floats_where_integers_are_needed():
+    with pytest.raises(ValueError, match="`key_positions` must be integers"):
+        ops.read_positions(
+            np.zeros((3, 2), "float32"), 2, name="key_positions", integer=True
+        )
+
+
+@pytest.mark.parametrize("num_axes", [0, -1, 1.5, True])
+def test_bad_num_axes_raises_value_error_naming_it(num_axes):
+    with pytest.raises(ValueError, match=f"num_axes={num_axes!r}"):
+        ops.read_positions(np.zeros(3), num_axes)
+
+
+@pytest.mark.parametrize("query_batch, key_batch", [(None, None), (2, None), (1, 2)])
+def test_relative_distance_on_a_grid_is_per_axis(query_batch, key_batch):
+    rng = np.random.default_rng(0)
+
+    def positions(batch, length):
+        shape = (length, 3) if batch is None else (batch, length, 3)
+        return rng.integers(-20, 20, size=shape)
+
+    query, key = positions(query_batch, 4), positions(key_batch, 5)
+    distance = ops.relative_distance(query, key, num_axes=3).numpy()
+    batch = max(query_batch or 1, key_batch or 1)
+    assert distance.shape == (batch, 4, 5, 3)
+    assert ops.relative_distance_shape(query.shape, key.shape, 3) == (
+        batch, 4, 5, 3,
+    )
+    query, key = (
+        np.broadcast_to(p if p.ndim == 3 else p[None], (batch,) + p.shape[-2:])
+        for p in (query, key)
+    )
+    for b, i, j, a in np.ndindex(distance.shape):
+        assert distance[b, i, j, a] == key[b, j, a] - query[b, i, a]
+
+
+def test_one_axis_model_saved_before_grids_loads_with_the_same_numbers():
+    model = keras.models.load_model(FIXTURE, safe_mode=True)
+    rng = np.random.default_rng(3)
+    embeddings = rng.normal(size=(2, 6, 8)).astype("float32")
+    tokens = rng.integers(0, 11, size=(2, 6)).astype("int32")
+    outputs = model.predict([embeddings, tokens], verbose=0)
+    sinusoidal, learned, rotated, *attended, token_and_position = outputs
+    x = embeddings.astype("float64")
+    np.testing.assert_allclose(
+        sinusoidal, x + references.sinusoidal(np.arange(6), 8), atol=1e-5
+    )
+    table = model.get_layer("learned").embeddings.numpy()
+    np.testing.assert_allclose(learned, x + table[:6], atol=1e-5)
+    frequencies, _ = references.rope_inverse_frequencies(8, 100.0)
+    np.testing.assert_allclose(
+        rotated, references.rotary(x, np.arange(6), frequencies), atol=1e-5
+    )
+    for name, output in zip(("rotary", "alibi", "t5", "shaw"), attended):
+        layer = model.get_layer(f"attention_{name}")
+        expected, _ = reference_attention(layer, embeddings, embeddings)
+        np.testing.assert_allclose(output, expected, atol=1e-4, err_msg=name)
+    layer = model.get_layer("token_and_position")
+    token_table = layer.token_embedding.embeddings.numpy()
+    np.testing.assert_allclose(
+        token_and_position,
+        token_table[tokens] + references.sinusoidal(np.arange(6), 8),
+        atol=1e-5,
+    )
