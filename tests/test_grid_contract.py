@@ -7,6 +7,7 @@ of every 1-D layer written before grids existed, which must load with the
 same numbers.
 """
 
+import json
 import os
 
 import keras
@@ -162,3 +163,65 @@ def test_one_axis_model_saved_before_grids_loads_with_the_same_numbers():
         token_table[tokens] + references.sinusoidal(np.arange(6), 8),
         atol=1e-5,
     )
+
+
+RESIZE_FIXTURE = np.load(
+    os.path.join(os.path.dirname(__file__), "fixtures", "torch_resize.npz")
+)
+RESIZE_CASES = sorted({key.split("/")[0] for key in RESIZE_FIXTURE.files if "/" in key})
+
+
+@pytest.mark.parametrize("name", RESIZE_CASES)
+def test_resize_grid_equals_torch_interpolate(name):
+    # Written by PyTorch's own F.interpolate(..., align_corners=False): see
+    # tests/fixtures/make_torch_resize.py.
+    meta = json.loads(str(RESIZE_FIXTURE[f"{name}/meta"]))
+    resized = ops.resize_grid(
+        RESIZE_FIXTURE[f"{name}/input"],
+        meta["size"],
+        meta["new_size"],
+        meta["mode"],
+        meta["antialias"],
+    )
+    np.testing.assert_allclose(
+        resized.numpy(), RESIZE_FIXTURE[f"{name}/output"], rtol=0, atol=1e-5
+    )
+
+
+def test_resize_grid_runs_under_xla_to_a_size_known_only_then():
+    table = np.random.default_rng(0).normal(size=(12, 2)).astype("float32")
+
+    @tf.function(jit_compile=True)
+    def resized(height, width):
+        return ops.resize_grid(table, (3, 4), (height, width))
+
+    eager = ops.resize_grid(table, (3, 4), (5, 7))
+    np.testing.assert_allclose(
+        resized(tf.constant(5), tf.constant(7)).numpy(), eager.numpy(), atol=1e-6
+    )
+
+
+def test_resize_to_the_same_grid_is_the_identity():
+    table = np.random.default_rng(1).normal(size=(6, 3)).astype("float32")
+    for interpolation in ("bilinear", "bicubic"):
+        np.testing.assert_allclose(
+            ops.resize_grid(table, (2, 3), (2, 3), interpolation).numpy(),
+            table,
+            atol=1e-6,
+        )
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: ops.resize_matrix(3, 4, "nearest"), "interpolation='nearest'"),
+        (lambda: ops.resize_matrix(0, 4), "input_size=0"),
+        (
+            lambda: ops.resize_grid(np.zeros((6, 1)), (2, 3), (4,)),
+            r"`new_grid_shape` must be a list or tuple of 2 positive",
+        ),
+    ],
+)
+def test_bad_resize_arguments_raise_value_error_naming_them(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
