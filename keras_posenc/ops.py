@@ -474,6 +474,310 @@ def rotate(inputs, phases, layout="half"):
     return inputs * tf.cos(phases) + turned * tf.sin(phases)
 
 
+# Rotary position embedding on grids (issue 14): which axis each pair reads.
+
+AXIS_LAYOUTS = ("blocks", "sections", "interleaved", "alternating")
+
+
+def check_axis_layout(axis_layout, num_axes, axis_sections=None):
+    """Raise a `ValueError` unless these describe a rotary layout of axes.
+
+    Checks what is known before the width: the layout's name, and that
+    `axis_sections`, if given, holds one positive int per axis. Whether the
+    sections fit the rotary pairs is checked by `rope_pair_axes`.
+
+    Args:
+        axis_layout: str. One of `AXIS_LAYOUTS`.
+        num_axes: int. The number of coordinates of a position.
+        axis_sections: list of ints or None. Pairs per axis.
+    """
+    check_num_axes(num_axes)
+    if axis_layout not in AXIS_LAYOUTS:
+        raise ValueError(
+            f"`axis_layout` must be one of {AXIS_LAYOUTS}. "
+            f"Received: axis_layout={axis_layout!r}"
+        )
+    if axis_sections is None:
+        return
+    if axis_layout == "alternating":
+        raise ValueError(
+            "`axis_sections` cannot be given with axis_layout='alternating', "
+            "which deals the frequencies to the axes in turn, an equal share "
+            f"each. Received: axis_sections={axis_sections!r}"
+        )
+    if (
+        not isinstance(axis_sections, (list, tuple))
+        or len(axis_sections) != num_axes
+        or not all(
+            isinstance(size, numbers.Integral)
+            and not isinstance(size, bool)
+            and size >= 1
+            for size in axis_sections
+        )
+    ):
+        raise ValueError(
+            f"`axis_sections` must be a list of {num_axes} positive integers "
+            f"(num_axes={num_axes}), the rotary pairs of each axis. "
+            f"Received: axis_sections={axis_sections!r}"
+        )
+
+
+def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None):
+    """The axis that each rotary pair reads, and its place in its schedule.
+
+    Pair `i` turns by `Theta[i, axis[i]] * p[axis[i]]` (see
+    `rope_frequency_matrix`). With `num_axes=1` every layout gives every
+    pair to axis 0 at its own place in one schedule: 1-D RoPE.
+
+    - `"blocks"`: contiguous blocks of `axis_sections[a]` pairs (equal
+      blocks by default), block `a` reading axis `a` with a schedule of its
+      own over its width (axial RoPE, as EVA-02).
+    - `"sections"`: contiguous sections read the axes in turn, as in
+      `"blocks"`, but pair `i` keeps place `i` of one schedule over the
+      whole width (Qwen2-VL's M-RoPE, `mrope_section`).
+    - `"interleaved"`: pair `i` reads axis `i % num_axes` and keeps place `i`
+      (Qwen3-VL's interleaved M-RoPE). With `axis_sections`, as Qwen3-VL
+      does: axis `a >= 1` reads the pairs `i = a, a + n, ...` below
+      `n * axis_sections[a]`, and axis 0 every other pair.
+    - `"alternating"`: contiguous equal blocks, as `"blocks"`, but the one
+      schedule's places are dealt to the axes in turn: pair `j` of block `a`
+      takes place `n * j + a` (Pixtral).
+
+    Args:
+        num_pairs: int. The number of rotary pairs, `rotary_dim / 2`.
+        num_axes: int. The number of coordinates of a position.
+        axis_layout: str. One of `AXIS_LAYOUTS`. Defaults to `"blocks"`.
+        axis_sections: list of ints or None. Pairs per axis; must sum to
+            `num_pairs`. `None` shares them equally. Defaults to `None`.
+
+    Returns:
+        A tuple `(axes, places, widths)` of lists of `num_pairs` ints: the
+        axis pair `i` reads, its place in its schedule, and that schedule's
+        width in features.
+
+    Example:
+
+    >>> rope_pair_axes(6, 2, "blocks")
+    ([0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2], [6, 6, 6, 6, 6, 6])
+    >>> rope_pair_axes(6, 2, "alternating")[:2]
+    ([0, 0, 0, 1, 1, 1], [0, 2, 4, 1, 3, 5])
+    """
+    check_positive_int("num_pairs", num_pairs)
+    check_axis_layout(axis_layout, num_axes, axis_sections)
+    if axis_sections is None:
+        if axis_layout != "interleaved" and num_pairs % num_axes:
+            raise ValueError(
+                f"axis_layout={axis_layout!r} with num_axes={num_axes} splits "
+                f"the {num_pairs} rotary pairs (rotary width "
+                f"{2 * num_pairs}) equally between the axes, but {num_pairs} "
+                f"is not divisible by {num_axes}: pass `axis_sections`, "
+                "pairs per axis, or a rotary width of a multiple of "
+                f"{2 * num_axes}. Received: axis_sections=None"
+            )
+        sections = [num_pairs // num_axes] * num_axes
+    else:
+        sections = list(axis_sections)
+        if sum(sections) != num_pairs:
+            raise ValueError(
+                f"`axis_sections` must sum to the number of rotary pairs, "
+                f"{num_pairs} (half the rotary width {2 * num_pairs}). "
+                f"Received: axis_sections={axis_sections!r}"
+            )
+    if axis_layout == "interleaved":
+        axes = [0] * num_pairs
+        for axis in range(1, num_axes):
+            count = (
+                len(range(axis, num_pairs, num_axes))
+                if axis_sections is None
+                else sections[axis]
+            )
+            last = axis + num_axes * (count - 1)
+            if last >= num_pairs:
+                raise ValueError(
+                    f"`axis_sections` gives axis {axis} {count} pairs, but "
+                    f"interleaved it can read at most "
+                    f"{len(range(axis, num_pairs, num_axes))} of the "
+                    f"{num_pairs} rotary pairs (every {num_axes}th from pair "
+                    f"{axis}). Received: axis_sections={axis_sections!r}"
+                )
+            for pair in range(axis, last + 1, num_axes):
+                axes[pair] = axis
+        return axes, list(range(num_pairs)), [2 * num_pairs] * num_pairs
+    axes = [axis for axis, size in enumerate(sections) for _ in range(size)]
+    if axis_layout == "blocks":
+        places = [place for size in sections for place in range(size)]
+        widths = [2 * size for size in sections for _ in range(size)]
+        return axes, places, widths
+    if axis_layout == "sections":
+        return axes, list(range(num_pairs)), [2 * num_pairs] * num_pairs
+    places = [  # alternating
+        num_axes * place + axis
+        for axis, size in enumerate(sections)
+        for place in range(size)
+    ]
+    return axes, places, [2 * num_pairs] * num_pairs
+
+
+def rope_frequency_matrix(
+    rotary_dim,
+    num_axes,
+    axis_layout="blocks",
+    axis_sections=None,
+    max_wavelength=10000.0,
+):
+    """RoPE's frequencies on a grid: `Theta` of shape `(pairs, num_axes)`.
+
+    Pair `i` turns by the angle `sum_a Theta[i, a] * p_a` for a position
+    `p` with one coordinate per axis. Each pair reads one axis here:
+    `Theta[i, axes[i]]` is place `places[i]` of the geometric schedule
+    `inverse_frequencies(widths[i], max_wavelength)` and the rest of the row
+    is 0 (see `rope_pair_axes` for the layouts). With `num_axes=1` the only
+    column is `inverse_frequencies(rotary_dim, max_wavelength)`.
+
+    Args:
+        rotary_dim: int. The rotated width, even.
+        num_axes: int. The number of coordinates of a position.
+        axis_layout: str. One of `AXIS_LAYOUTS`. Defaults to `"blocks"`.
+        axis_sections: list of ints or None. Pairs per axis, summing to
+            `rotary_dim / 2`; `None` shares them equally. Defaults to `None`.
+        max_wavelength: float. The base of the frequencies. Defaults to
+            `10000.0`.
+
+    Returns:
+        A float32 tensor of shape `(rotary_dim / 2, num_axes)`.
+
+    Example:
+
+    >>> theta = rope_frequency_matrix(8, 2, "blocks", max_wavelength=100.0)
+    >>> theta.numpy().tolist()  # two blocks, each with the schedule of width 4
+    [[1.0, 0.0], [0.10000000149011612, 0.0], [0.0, 1.0], [0.0, 0.10000000149011612]]
+    """
+    axes, places, widths = rope_pair_axes(
+        rotary_dim // 2, num_axes, axis_layout, axis_sections
+    )
+    frequencies = tf.stack(
+        [
+            inverse_frequencies(width, max_wavelength)[place]
+            for place, width in zip(places, widths)
+        ]
+    )  # (pairs,)
+    return tf.one_hot(axes, num_axes, dtype="float32") * frequencies[:, tf.newaxis]
+
+
+def grid_angles(positions, frequency_matrix):
+    """RoPE's angles on a grid, `sum_a Theta[..., i, a] * p_a`, in float32.
+
+    Multiplied and summed element-wise, not with a matrix product, which a
+    GPU may round to TensorFloat-32 (10 bits of mantissa): the angles stay
+    as exact as float32 at grid coordinates in the thousands.
+
+    Args:
+        positions: tensor of shape `(..., num_axes)`, integer or float.
+        frequency_matrix: float tensor of shape `(pairs, num_axes)`, or
+            `(heads, pairs, num_axes)` for frequencies per head.
+
+    Returns:
+        A float32 tensor of shape `positions.shape[:-1] + (pairs,)`, or
+        `positions.shape[:-1] + (heads, pairs)`.
+
+    Example:
+
+    >>> theta = tf.constant([[1.0, 0.0], [0.0, 0.5]])
+    >>> grid_angles(tf.constant([[2, 4]]), theta).numpy()
+    array([[2., 2.]], dtype=float32)
+    """
+    positions = tf.cast(positions, "float32")
+    frequency_matrix = tf.cast(frequency_matrix, "float32")
+    for _ in range(frequency_matrix.shape.rank - 1):
+        positions = positions[..., tf.newaxis, :]  # (..., [1,] 1, num_axes)
+    return tf.reduce_sum(
+        positions * frequency_matrix, axis=-1
+    )  # (..., [heads,] pairs)
+
+
+def multimodal_positions(segments, spatial_merge_size=1):
+    """Qwen2-VL's M-RoPE positions `(t, h, w)` of a text and vision sequence.
+
+    A Python-side helper (run it where the inputs are prepared, not in a
+    graph). Text tokens take one position on all three axes, counting on
+    from the previous token; an image or video takes the grid of its merged
+    patches, `(frame, row, column)`, each coordinate offset by the position
+    where the grid starts; the text after it continues from the largest
+    position so far plus one (Wang et al. 2024, section 2.1), as in
+    transformers' `Qwen2VLModel.get_rope_index` for one unpadded sequence.
+    transformers 5 advances past a video by its merged `max(h, w)`, leaving
+    out its frames: the two agree on images and on videos of no more frames
+    than merged rows or columns. Qwen2.5-VL's spacing of video frames by
+    `tokens_per_second` is not applied.
+
+    Args:
+        segments: list. In sequence order, each an int `n`, `n` text tokens,
+            or a tuple `(t, h, w)` of positive ints, a grid of patches as
+            `image_grid_thw` or `video_grid_thw` give it (before the spatial
+            merge; `t = 1` for an image): `t * (h / m) * (w / m)` tokens,
+            frame by frame, row-major, for `m = spatial_merge_size`.
+        spatial_merge_size: int. How many patches along each spatial axis
+            the vision encoder merges into one token (2 in Qwen2-VL's
+            `vision_config`). Defaults to `1`.
+
+    Returns:
+        An int32 tensor of shape `(sequence, 3)`.
+
+    Example:
+
+    >>> t, h, w = multimodal_positions([2, (1, 4, 6), 1], 2).numpy().T
+    >>> t.tolist()  # two text tokens, a 2 x 3 grid of merged patches, text
+    [0, 1, 2, 2, 2, 2, 2, 2, 5]
+    >>> h.tolist()
+    [0, 1, 2, 2, 2, 3, 3, 3, 5]
+    >>> w.tolist()
+    [0, 1, 2, 3, 4, 2, 3, 4, 5]
+    """
+    check_positive_int("spatial_merge_size", spatial_merge_size)
+    if not isinstance(segments, (list, tuple)) or not segments:
+        raise ValueError(
+            "`segments` must be a non-empty list of text lengths (ints) and "
+            f"vision grids ((t, h, w) tuples). Received: segments={segments!r}"
+        )
+    positions = []  # (t, h, w) per token
+    start = 0
+    for segment in segments:
+        if isinstance(segment, numbers.Integral) and not isinstance(segment, bool):
+            check_positive_int("text length in `segments`", segment)
+            positions += [(start + step,) * 3 for step in range(segment)]
+            start += segment
+            continue
+        if (
+            not isinstance(segment, (list, tuple))
+            or len(segment) != 3
+            or not all(
+                isinstance(size, numbers.Integral)
+                and not isinstance(size, bool)
+                and size >= 1
+                for size in segment
+            )
+            or segment[1] % spatial_merge_size
+            or segment[2] % spatial_merge_size
+        ):
+            raise ValueError(
+                "Each entry of `segments` must be a positive int (text "
+                "tokens) or a tuple (t, h, w) of positive ints whose h and w "
+                f"are multiples of spatial_merge_size={spatial_merge_size}. "
+                f"Received: {segment!r} in segments={segments!r}"
+            )
+        frames, rows, columns = segment
+        rows //= spatial_merge_size
+        columns //= spatial_merge_size
+        positions += [
+            (start + frame, start + row, start + column)
+            for frame in range(frames)
+            for row in range(rows)
+            for column in range(columns)
+        ]
+        start += max(frames, rows, columns)  # the largest position + 1
+    return tf.constant(positions, "int32")  # (sequence, 3)
+
+
 def alibi_slopes(num_heads):
     """The slopes of ALiBi's attention biases, one per head, in float32.
 
