@@ -103,7 +103,9 @@ def angles(positions, frequencies):
     return positions[..., tf.newaxis] * frequencies  # (..., num_frequencies)
 
 
-def sinusoidal(positions, dim, max_wavelength=10000.0, layout="interleaved"):
+def sinusoidal(
+    positions, dim, max_wavelength=10000.0, layout="interleaved", num_axes=1
+):
     """The sinusoidal position encoding of Vaswani et al. (2017), in float32.
 
     `PE(p, 2i) = sin(p / max_wavelength ** (2i / dim))` and
@@ -115,15 +117,25 @@ def sinusoidal(positions, dim, max_wavelength=10000.0, layout="interleaved"):
     `layout="concat"` all `dim / 2` sines come first, then all cosines; `dim`
     must then be even.
 
+    With `num_axes` > 1 (a position on a grid, as in MAE) `positions` end in
+    an axis of `num_axes` coordinates, and the features split into
+    `num_axes` equal blocks: block `a` is this encoding, in `layout`, of
+    coordinate `a` with `dim / num_axes` features. `dim` must then be a
+    multiple of `num_axes` (of `2 * num_axes` for `layout="concat"`).
+
     Args:
-        positions: tensor of any shape, integer or float. Float positions
+        positions: tensor of any shape, integer or float, ending in an axis
+            of `num_axes` coordinates when `num_axes` > 1. Float positions
             (timestamps, say) are encoded as they are.
         dim: int. The encoding width.
         max_wavelength: float. The longest wavelength. Defaults to `10000.0`.
         layout: `"interleaved"` or `"concat"`. Defaults to `"interleaved"`.
+        num_axes: int. The number of coordinates of a position. Defaults to
+            `1`.
 
     Returns:
-        A float32 tensor of shape `positions.shape + (dim,)`.
+        A float32 tensor of shape `positions.shape + (dim,)` for one axis,
+        `positions.shape[:-1] + (dim,)` for more.
 
     Example:
 
@@ -132,9 +144,17 @@ def sinusoidal(positions, dim, max_wavelength=10000.0, layout="interleaved"):
     TensorShape([4, 6])
     >>> [round(float(v), 4) for v in table[1, :2]]  # sin(1), cos(1)
     [0.8415, 0.5403]
+    >>> grid = sinusoidal(grid_positions((2, 3)), dim=8, num_axes=2)
+    >>> grid.shape  # (row, column) blocks of 4 features each
+    TensorShape([6, 8])
     """
     check_layout(layout)
     check_positive_int("dim", dim)
+    check_num_axes(num_axes)
+    if num_axes > 1:
+        return _sinusoidal_on_axes(
+            positions, dim, max_wavelength, layout, num_axes
+        )
     if layout == "concat" and dim % 2:
         raise ValueError(
             "`dim` must be even for layout='concat'. "
@@ -151,6 +171,29 @@ def sinusoidal(positions, dim, max_wavelength=10000.0, layout="interleaved"):
         pairs, tf.concat([tf.shape(phases)[:-1], [2 * phases.shape[-1]]], 0)
     )  # (..., 2 * ceil(dim / 2))
     return table[..., :dim]
+
+
+def _sinusoidal_on_axes(positions, dim, max_wavelength, layout, num_axes):
+    """`sinusoidal` of each coordinate in its own block of `dim / num_axes`."""
+    block = 2 * num_axes if layout == "concat" else num_axes
+    if dim % block:
+        raise ValueError(
+            f"`dim` must be a multiple of {block} for num_axes={num_axes} "
+            f"and layout={layout!r}. Received: dim={dim}"
+        )
+    positions = tf.convert_to_tensor(positions)
+    if positions.shape.rank is None or positions.shape[-1] != num_axes:
+        raise ValueError(
+            f"`positions` must end in an axis of {num_axes} coordinates for "
+            f"num_axes={num_axes}. Received positions of shape {positions.shape}"
+        )
+    return tf.concat(
+        [
+            sinusoidal(positions[..., axis], dim // num_axes, max_wavelength, layout)
+            for axis in range(num_axes)
+        ],
+        axis=-1,
+    )  # (..., dim)
 
 
 def translation_matrix(shift, dim, max_wavelength=10000.0):

@@ -282,3 +282,49 @@ def rotary_complex(x, positions, inverse_frequencies, attention_factor=1.0):
     output = np.empty_like(x)
     output[..., 0::2], output[..., 1::2] = turned.real, turned.imag
     return output
+
+
+def mae_2d_sincos_pos_embed(embed_dim, grid_size, cls_token=False):
+    """MAE's `get_2d_sincos_pos_embed` (facebookresearch/mae util/pos_embed.py).
+
+    Its construction kept as it is, in float64: `np.meshgrid(grid_w, grid_h)`
+    makes `grid[0]` the column index, so the first half of the features
+    ("emb_h" in MAE) encodes the column and the second half the row. Each
+    half is `get_1d_sincos_pos_embed_from_grid`: omega = 1 / 10000 **
+    (arange(D / 2) / (D / 2)), all sines then all cosines. A class token
+    gets a row of zeros in front.
+    """
+    grid_h = np.arange(grid_size, dtype="float64")
+    grid_w = np.arange(grid_size, dtype="float64")
+    grid = np.stack(np.meshgrid(grid_w, grid_h), axis=0)  # w goes first
+    grid = grid.reshape([2, 1, grid_size, grid_size])
+
+    def embed_1d(half_dim, pos):
+        omega = np.arange(half_dim // 2, dtype="float64") / (half_dim / 2.0)
+        omega = 1.0 / 10000**omega  # (D/2,)
+        out = np.einsum("m,d->md", pos.reshape(-1), omega)  # (M, D/2)
+        return np.concatenate([np.sin(out), np.cos(out)], axis=1)  # (M, D)
+
+    emb_h = embed_1d(embed_dim // 2, grid[0])  # (H*W, D/2)
+    emb_w = embed_1d(embed_dim // 2, grid[1])  # (H*W, D/2)
+    pos_embed = np.concatenate([emb_h, emb_w], axis=1)  # (H*W, D)
+    if cls_token:
+        pos_embed = np.concatenate([np.zeros([1, embed_dim]), pos_embed], axis=0)
+    return pos_embed
+
+
+def sinusoidal_on_axes(positions, dim, max_wavelength=10000.0, layout="concat"):
+    """N-D sinusoidal encoding: axis a's 1-D encoding in block a, in float64.
+
+    `positions` of shape `(..., num_axes)`; each block has `dim / num_axes`
+    features, from `sinusoidal` above.
+    """
+    positions = np.asarray(positions, dtype="float64")
+    num_axes = positions.shape[-1]
+    return np.concatenate(
+        [
+            sinusoidal(positions[..., axis], dim // num_axes, max_wavelength, layout)
+            for axis in range(num_axes)
+        ],
+        axis=-1,
+    )
