@@ -1547,19 +1547,19 @@ def test_bad_arguments_raise_value_error_naming_them(kwargs, message):
         ({}, (1, 3, 7), {}, r"even.*\(1, 3, 7\)"),
         ({}, (1, 3, 2, 7), {}, r"even.*\(1, 3, 2, 7\)"),
         ({"rotary_dim": 16}, (1, 3, 8), {}, r"rotary_dim=16.*\(1, 3, 8\)"),
-        ({}, (1, 3, 8), {"positions": np.arange(5)}, r"positions of shape \(5,\)"),
+        ({}, (1, 3, 8), {"positions": np.arange(5)}, r"positions of .*shape \(5,\)"),
         (
             {},
             (2, 3, 8),
             {"positions": np.zeros((2, 4), "int32")},
-            r"positions of shape \(2, 4\)",
+            r"positions of .*shape \(2, 4\)",
         ),
         ({}, (1, 3, 8), {"positions": np.zeros((1, 1, 3))}, "positions"),
         (
             {},
             (2, 3, 8),
             {"positions": np.zeros((3, 3), "int32")},
-            r"batch size 2.*positions of shape \(3, 3\)",
+            r"batch size 2.*positions of .*shape \(3, 3\)",
         ),
         (
             {"sequence_axis": 0, "feature_axis": 1},

@@ -28,6 +28,52 @@ class RotaryEmbedding(AttentionPosition):
     the trained one (see `keras_posenc.rope_scaling`); `"dynamic"` and
     `"longrope"` follow the current length, the largest position plus one.
 
+    On a grid (images, video, multimodal sequences) a position has
+    `num_axes` coordinates `p_a`, and pair `i` turns by the angle
+    `sum_a Theta[i, a] * p_a`. A query and a key then have a dot product
+    that depends on the per-axis differences of their positions only.
+    `axis_layout` says which axis each pair reads and at which frequency
+    (with `num_axes=1` every layout is the 1-D RoPE above):
+
+    - `"blocks"` (the default; axial RoPE, as EVA-02, rotary-embedding-torch's
+      axial frequencies and Qwen2-VL's vision encoder): the pairs split into
+      `num_axes` contiguous blocks, block `a` reads axis `a` with a schedule
+      of its own over its width, so every axis gets the whole range of
+      frequencies, from 1 down to `1 / max_wavelength`. That is why it is
+      the default: no axis is left with only slow or only fast pairs, and
+      it is the axial setting that learned frequencies start from.
+    - `"sections"` (Qwen2-VL's M-RoPE, `mrope_section`): one 1-D schedule
+      over the whole rotary width, whose contiguous sections of
+      `axis_sections[a]` pairs read axes `t, h, w` in turn; the later axes
+      get the slower frequencies.
+    - `"interleaved"` (Qwen3-VL's interleaved M-RoPE): one 1-D schedule,
+      pair `i` reading axis `i % num_axes` (`t, h, w, t, h, w, ...`), so
+      every axis spans the range of frequencies. With `axis_sections`, as
+      Qwen3-VL's `mrope_section` `[24, 20, 20]`, axis `a >= 1` reads pairs
+      `a, a + n, ...` below `n * axis_sections[a]` and axis 0 the rest (the
+      last 4 pairs there).
+    - `"alternating"` (Pixtral's 2-D RoPE): one 1-D schedule whose
+      frequencies are dealt to the axes in turn (`w_0, w_2, ...` to rows,
+      `w_1, w_3, ...` to columns) while the pairs stay in contiguous blocks
+      (the first half of the pairs read rows, the second half columns).
+
+    Qwen3-VL and Pixtral give each axis the same frequencies but put them in
+    different pairs: interleaved, pair `2j` reads rows and `2j + 1` columns
+    at frequency `w_2j` and `w_2j+1`; alternating, pair `j` reads rows at
+    `w_2j` and pair `d / 4 + j` columns at `w_2j+1`. The two differ by a
+    fixed permutation of the pairs, so they give the same attention scores
+    for queries and keys whose features are permuted alike, but a
+    checkpoint's projection weights match one of them only.
+
+    With `learned_frequencies=True`, `Theta` is a trainable float32 weight
+    of shape `(heads, rotary_dim / 2, num_axes)`, one per head and axis,
+    initialised from `axis_layout` (RoPE-Mixed, Heo et al. 2024): each pair
+    may then learn to read a mixture of the axes, diagonal directions.
+
+    `num_prefix_tokens` leading tokens (class or register tokens, as in
+    timm's ViTs) have no grid position and are left unrotated; the positions
+    given cover the tokens after them.
+
     Angles, cosines and sines and the rotation are computed in float32
     whatever the dtype policy, and the output is cast to the compute dtype
     at the end. Masks pass through unchanged.
@@ -50,6 +96,23 @@ class RotaryEmbedding(AttentionPosition):
             frequencies alone. Defaults to `None`.
         sequence_axis: int. The axis of positions. Defaults to `1`.
         feature_axis: int. The axis of features. Defaults to `-1`.
+        num_axes: int. The number of coordinates of a position: 1 for text,
+            2 for an image, 3 for video or Qwen2-VL's `(t, h, w)`. Defaults
+            to `1`.
+        axis_layout: str. Which axis each rotary pair reads, and at which
+            frequency: `"blocks"`, `"sections"`, `"interleaved"` or
+            `"alternating"`, as above. Defaults to `"blocks"`.
+        axis_sections: list of ints or None. The number of rotary pairs of
+            each axis, summing to `rotary_dim / 2` (Qwen2-VL's
+            `mrope_section`, `[16, 24, 24]` for heads of 128). `None` shares
+            the pairs equally. Not for `"alternating"`. Defaults to `None`.
+        learned_frequencies: bool. Whether `Theta` is a trainable weight per
+            head and axis, initialised from `axis_layout` (RoPE-Mixed). Then
+            the layer takes inputs `(batch, sequence, heads, head_dim)` or
+            `(batch, sequence, dim)` (one head), with the default axes, and
+            no `scaling`. Defaults to `False`.
+        num_prefix_tokens: int. Leading tokens that have no position and are
+            left unrotated (class and register tokens). Defaults to `0`.
         **kwargs: other keyword arguments passed to `keras.layers.Layer`,
             including `name`, `dtype` etc.
 
@@ -57,10 +120,20 @@ class RotaryEmbedding(AttentionPosition):
         inputs: float tensor with a sequence and a feature axis, typically
             `(batch, sequence, heads, head_dim)` or `(batch, sequence, dim)`.
         start_index: int or integer scalar tensor. The position of the first
-            element, for cached decoding. Defaults to `0`.
+            element, for cached decoding; one axis only (with `num_axes` >
+            1 it must be `0`). Defaults to `0`.
         positions: optional tensor of shape `(sequence,)` or
-            `(batch, sequence)`, integer or float. Overrides `start_index`:
-            left padding, packed sequences.
+            `(batch, sequence)`, integer or float, or `(sequence, num_axes)`
+            or `(batch, sequence, num_axes)` on a grid, such as
+            `keras_posenc.ops.grid_positions(grid_shape)` or
+            `keras_posenc.ops.multimodal_positions(...)`; `sequence` counts
+            the tokens after the `num_prefix_tokens`. Overrides
+            `start_index`: left padding, packed sequences.
+        grid_shape: optional list of `num_axes` ints (or integer scalar
+            tensors), such as `(rows, columns)`: the tokens after the
+            prefix are that grid, row-major, and take the positions
+            `ops.grid_positions(grid_shape)`. With `num_axes` > 1, pass
+            `positions` or `grid_shape`.
 
     Returns:
         The rotated inputs, of the same shape, in the layer's compute dtype.
@@ -84,10 +157,28 @@ class RotaryEmbedding(AttentionPosition):
     >>> llama_3_1(queries, start_index=100000).shape
     TensorShape([2, 6, 4, 16])
 
+    On a 2 x 3 grid of image patches after a class token, axial RoPE:
+
+    >>> patches = np.ones((2, 1 + 2 * 3, 4, 16), "float32")
+    >>> axial = RotaryEmbedding(num_axes=2, num_prefix_tokens=1)
+    >>> axial(patches, grid_shape=(2, 3)).shape
+    TensorShape([2, 7, 4, 16])
+    >>> qwen2_vl = RotaryEmbedding(
+    ...     max_wavelength=1e6, num_axes=3, axis_layout="sections",
+    ...     axis_sections=[2, 3, 3],
+    ... )
+    >>> tokens = np.ones((1, 9, 2, 16), "float32")  # text, a 2 x 3 image, text
+    >>> positions = ops.multimodal_positions([2, (1, 2, 3), 1])
+    >>> qwen2_vl(tokens, positions=positions).shape
+    TensorShape([1, 9, 2, 16])
+
     References:
         - [Su et al., 2021](https://arxiv.org/abs/2104.09864)
         - [Chen et al., 2023](https://arxiv.org/abs/2306.15595)
         - [Peng et al., 2023](https://arxiv.org/abs/2309.00071)
+        - [Fang et al., 2023 (EVA-02)](https://arxiv.org/abs/2303.11331)
+        - [Wang et al., 2024 (Qwen2-VL)](https://arxiv.org/abs/2409.12191)
+        - [Heo et al., 2024 (RoPE-Mixed)](https://arxiv.org/abs/2403.13298)
     """
 
     def __init__(
@@ -98,6 +189,11 @@ class RotaryEmbedding(AttentionPosition):
         scaling=None,
         sequence_axis=1,
         feature_axis=-1,
+        num_axes=1,
+        axis_layout="blocks",
+        axis_sections=None,
+        learned_frequencies=False,
+        num_prefix_tokens=0,
         **kwargs,
     ):
         # Float positions are call arguments that Keras would otherwise
@@ -126,13 +222,30 @@ class RotaryEmbedding(AttentionPosition):
                 "`sequence_axis` and `feature_axis` must differ. Received: "
                 f"sequence_axis={sequence_axis}, feature_axis={feature_axis}"
             )
+        _check_grid_arguments(
+            num_axes,
+            axis_layout,
+            axis_sections,
+            learned_frequencies,
+            num_prefix_tokens,
+            rotary_dim,
+            scaling,
+            sequence_axis,
+            feature_axis,
+        )
         self.max_wavelength = float(max_wavelength)
         self.layout = layout
         self.rotary_dim = rotary_dim
         self.scaling = copy.deepcopy(scaling)
         self.sequence_axis = sequence_axis
         self.feature_axis = feature_axis
+        self.num_axes = num_axes
+        self.axis_layout = axis_layout
+        self.axis_sections = None if axis_sections is None else list(axis_sections)
+        self.learned_frequencies = learned_frequencies
+        self.num_prefix_tokens = num_prefix_tokens
         self.supports_masking = True
+        self.frequencies = None
 
     def _axes(self, input_shape):
         """`(sequence_axis, feature_axis, rotated)` for inputs of this shape.
@@ -181,39 +294,163 @@ class RotaryEmbedding(AttentionPosition):
                 f"shape {tuple(input_shape)}"
             )
         rope_scaling.check_scaling(self.scaling, rotated)
+        if self._on_grid:
+            # Whether the sections fit the pairs, known from the width only.
+            ops.rope_pair_axes(
+                rotated // 2, self.num_axes, self.axis_layout, self.axis_sections
+            )
+        if self.learned_frequencies and (
+            rank not in (3, 4) or (rank == 4 and input_shape[2] is None)
+        ):
+            raise ValueError(
+                "With learned_frequencies=True, RotaryEmbedding takes inputs "
+                "of shape (batch, sequence, heads, head_dim), with a known "
+                "number of heads, or (batch, sequence, dim). Received inputs "
+                f"of shape {tuple(input_shape)}"
+            )
         return sequence_axis, feature_axis, rotated
 
+    @property
+    def _on_grid(self):
+        """Whether angles come from a frequency matrix, not today's 1-D path."""
+        return self.num_axes > 1 or self.learned_frequencies
+
     def build(self, input_shape):
-        self._axes(input_shape)
+        _, _, rotated = self._axes(input_shape)
+        if self.learned_frequencies:
+            heads = input_shape[2] if len(input_shape) == 4 else 1
+            self._build_frequencies(heads, rotated)
 
-    def _positions(self, inputs, sequence_axis, start_index, positions):
-        """The positions to encode: `(seq,)` or `(batch, seq)`."""
-        if positions is None:
-            return ops.position_ids(tf.shape(inputs)[sequence_axis], start_index)
-        positions = tf.convert_to_tensor(positions)
-        # Per-batch positions need a batch axis before the sequence axis.
-        ops.check_positions(
-            positions,
-            inputs.shape[sequence_axis],
-            inputs.shape[0],
-            per_batch=sequence_axis > 0,
+    def _build_frequencies(self, heads, rotated):
+        """Make the learned `Theta`, `(heads, rotated / 2, num_axes)`."""
+        shape = (heads, rotated // 2, self.num_axes)
+        if self.frequencies is not None:
+            # One layer may serve several attentions of the same sizes.
+            if tuple(self.frequencies.shape) != shape:
+                raise ValueError(
+                    "This RotaryEmbedding learned frequencies of shape "
+                    f"{tuple(self.frequencies.shape)} (heads, pairs, "
+                    f"num_axes). Received: inputs that need {shape}"
+                )
+            return
+
+        def axial(shape, dtype=None):
+            return tf.broadcast_to(self._fixed_frequency_matrix(rotated), shape)
+
+        self.frequencies = self.add_weight(
+            name="frequencies",
+            shape=shape,
+            initializer=axial,
+            dtype="float32",  # angles at grid coordinates in the thousands
         )
-        return positions
 
-    def call(self, inputs, start_index=0, positions=None):
+    def _fixed_frequency_matrix(self, rotated):
+        """`Theta` of `axis_layout`: float32 `(rotated / 2, num_axes)`."""
+        return ops.rope_frequency_matrix(
+            rotated,
+            self.num_axes,
+            self.axis_layout,
+            self.axis_sections,
+            self.max_wavelength,
+        )
+
+    def get_build_config(self):
+        if self.frequencies is not None:
+            return {"frequencies_shape": list(self.frequencies.shape)}
+        return super().get_build_config()
+
+    def build_from_config(self, config):
+        if "frequencies_shape" in config:
+            heads, pairs, _ = config["frequencies_shape"]
+            self._build_frequencies(heads, 2 * pairs)
+            self.built = True
+        else:
+            super().build_from_config(config)
+
+    def _positions(self, inputs, sequence_axis, start_index, positions, grid_shape):
+        """The positions of the tokens after the prefix, as `read_positions` gives."""
+        length = inputs.shape[sequence_axis]
+        if length is not None:
+            if length < self.num_prefix_tokens:
+                raise ValueError(
+                    f"Inputs must hold at least the {self.num_prefix_tokens} "
+                    "prefix tokens (num_prefix_tokens). Received inputs of "
+                    f"shape {tuple(inputs.shape)}"
+                )
+            length -= self.num_prefix_tokens
+        if self.num_axes > 1 and not (
+            isinstance(start_index, int) and start_index == 0
+        ):
+            raise ValueError(
+                f"`start_index` offsets positions on one axis; with "
+                f"num_axes={self.num_axes} pass `positions` instead. "
+                f"Received: start_index={start_index!r}"
+            )
+        if grid_shape is not None:
+            if positions is not None:
+                raise ValueError(
+                    "Pass `positions` or `grid_shape`, not both. Received: "
+                    f"grid_shape={grid_shape!r} and positions of shape "
+                    f"{tf.convert_to_tensor(positions).shape}"
+                )
+            ops.check_grid_shape(grid_shape, num_axes=self.num_axes)
+            positions = ops.grid_positions(grid_shape)  # (tokens, num_axes)
+            if self.num_axes == 1:
+                positions = positions[:, 0]  # (tokens,)
+        if positions is not None:
+            # Per-batch positions need a batch axis before the sequence axis.
+            return ops.read_positions(
+                positions,
+                self.num_axes,
+                sequence_length=length,
+                batch_size=inputs.shape[0],
+                per_batch=sequence_axis > 0,
+            )
+        if self.num_axes > 1:
+            axes = ", ".join(f"p{axis}" for axis in range(self.num_axes))
+            raise ValueError(
+                f"RotaryEmbedding with num_axes={self.num_axes} needs the "
+                "position of each token: pass `grid_shape=` the grid of the "
+                "tokens after the prefix, such as (rows, columns), or "
+                f"`positions=` of shape (sequence, {self.num_axes}) or "
+                f"(batch, sequence, {self.num_axes}), a ({axes}) per token "
+                "(see keras_posenc.ops.grid_positions). Received neither"
+            )
+        return ops.position_ids(
+            tf.shape(inputs)[sequence_axis] - self.num_prefix_tokens, start_index
+        )
+
+    def call(self, inputs, start_index=0, positions=None, grid_shape=None):
         sequence_axis, feature_axis, rotated = self._axes(inputs.shape)
         last = inputs.shape.rank - 1
         if feature_axis != last:
             inputs = tf.experimental.numpy.moveaxis(inputs, feature_axis, last)
             if sequence_axis > feature_axis:
                 sequence_axis -= 1
-        positions = self._positions(inputs, sequence_axis, start_index, positions)
-        outputs = self._rotate(
+        positions = self._positions(
+            inputs, sequence_axis, start_index, positions, grid_shape
+        )
+        outputs = self._rotate_after_prefix(
             inputs, sequence_axis, rotated, positions, self._length(positions)
         )
         if feature_axis != last:
             outputs = tf.experimental.numpy.moveaxis(outputs, last, feature_axis)
         return outputs
+
+    def _rotate_after_prefix(self, inputs, sequence_axis, rotated, positions, length):
+        """`_rotate` the tokens after the `num_prefix_tokens`; keep the prefix."""
+        if not self.num_prefix_tokens:
+            return self._rotate(inputs, sequence_axis, rotated, positions, length)
+        prefix, tokens = tf.split(
+            inputs, [self.num_prefix_tokens, -1], axis=sequence_axis
+        )
+        return tf.concat(
+            [
+                tf.cast(prefix, self.compute_dtype),
+                self._rotate(tokens, sequence_axis, rotated, positions, length),
+            ],
+            axis=sequence_axis,
+        )
 
     def _length(self, *positions):
         """The current length for the schedule: the largest position + 1."""
@@ -230,13 +467,21 @@ class RotaryEmbedding(AttentionPosition):
         """Rotate `inputs`, features last, by `positions` along `sequence_axis`."""
         rank = inputs.shape.rank
         last = rank - 1
-        frequencies, attention_factor = rope_scaling.rope_parameters(
-            self.scaling, rotated, self.max_wavelength, length
-        )
-        phases = ops.angles(positions, frequencies)  # ([batch,] seq, rotated / 2)
-        # Size-1 axes wherever the table has none: heads, and batch when the
-        # positions are shared.
-        table_axes = {sequence_axis, last} | ({0} if phases.shape.rank == 3 else set())
+        if self._on_grid:
+            phases, attention_factor, batched = self._grid_phases(
+                positions, rotated, rank
+            )
+        else:
+            frequencies, attention_factor = rope_scaling.rope_parameters(
+                self.scaling, rotated, self.max_wavelength, length
+            )
+            phases = ops.angles(positions, frequencies)  # ([batch,] seq, rotated / 2)
+            batched = phases.shape.rank == 3
+        # Size-1 axes wherever the table has none: heads (unless learned per
+        # head), and batch when the positions are shared.
+        table_axes = {sequence_axis, last} | ({0} if batched else set())
+        if self.learned_frequencies and rank == 4:
+            table_axes.add(2)
         for axis in range(rank):
             if axis not in table_axes:
                 phases = tf.expand_dims(phases, axis)
@@ -253,6 +498,27 @@ class RotaryEmbedding(AttentionPosition):
             )
         return outputs
 
+    def _grid_phases(self, positions, rotated, rank):
+        """Angles from `Theta`: `(phases, attention_factor, batched)`.
+
+        `phases` is `([batch,] seq, rotated / 2)`, or `([batch,] seq, heads,
+        rotated / 2)` for learned frequencies and inputs with heads.
+        """
+        if self.num_axes == 1:
+            positions = positions[..., tf.newaxis]  # ([batch,] seq, 1)
+        batched = positions.shape.rank == 3
+        if self.learned_frequencies:
+            phases = ops.grid_angles(
+                positions, self.frequencies
+            )  # ([batch,] seq, heads, rotated / 2)
+            if rank == 3:
+                phases = phases[..., 0, :]  # one head: ([batch,] seq, rotated / 2)
+        else:
+            phases = ops.grid_angles(
+                positions, self._fixed_frequency_matrix(rotated)
+            )  # ([batch,] seq, rotated / 2)
+        return phases, 1.0, batched
+
     def check_attention(self, num_heads, key_dim, value_dim):
         heads_shape = (None, None, num_heads, key_dim)
         sequence_axis, feature_axis, _ = self._axes(heads_shape)
@@ -265,13 +531,20 @@ class RotaryEmbedding(AttentionPosition):
                 f"feature_axis={self.feature_axis}"
             )
 
+    def build_for_attention(self, num_heads, key_dim, value_dim):
+        self.check_attention(num_heads, key_dim, value_dim)
+        if self.learned_frequencies:
+            _, _, rotated = self._axes((None, None, num_heads, key_dim))
+            self._build_frequencies(num_heads, rotated)
+        self.built = True
+
     def transform_query_key(self, query, key, query_positions, key_positions):
         # One schedule for both, at the length of all positions together.
         length = self._length(query_positions, key_positions)
         rotated = self._axes(query.shape)[2]
         return (
-            self._rotate(query, 1, rotated, query_positions, length),
-            self._rotate(key, 1, rotated, key_positions, length),
+            self._rotate_after_prefix(query, 1, rotated, query_positions, length),
+            self._rotate_after_prefix(key, 1, rotated, key_positions, length),
         )
 
     def compute_output_shape(self, input_shape):
@@ -316,6 +589,31 @@ class RotaryEmbedding(AttentionPosition):
           `sliding_window_pattern`-th layer is full attention) says which
           layer has which. Gemma 4's full attention layers use
           `"proportional"` RoPE over their `global_head_dim` wide heads.
+
+        Grids (see the class docstring for the layouts):
+
+        - Qwen2-VL and Qwen2.5-VL (`"model_type"` `"qwen2_vl"`,
+          `"qwen2_5_vl"`, or their `"_text"` configs): M-RoPE over `(t, h,
+          w)`, `num_axes=3`, `axis_layout="sections"` with
+          `axis_sections=` the schedule's `mrope_section` (`[16, 24, 24]`
+          when missing, as transformers). Its `"type"` or `"rope_type"`
+          `"mrope"` is the default schedule; any other schedule (YaRN) on a
+          grid is a `ValueError`, as the constructor does not support it.
+          Build the positions with `keras_posenc.ops.multimodal_positions`.
+        - Qwen3-VL (`"qwen3_vl"`, `"qwen3_vl_moe"`, their `"_text"`
+          configs, or any `"mrope_interleaved": true`): likewise with
+          `axis_layout="interleaved"` (`mrope_section` `[24, 20, 20]`
+          when missing). Its text config carries them in `rope_scaling`
+          or, as transformers 5 writes it, `rope_parameters`.
+        - Pixtral's vision encoder (`"model_type": "pixtral"`, its
+          `vision_config`): 2-D RoPE over rows and columns of patches,
+          `num_axes=2`, `axis_layout="alternating"`, over the whole head
+          (`head_dim`, or `hidden_size / num_attention_heads`), with base
+          `rope_theta` (10000 by default). A patch's position is its
+          `(row, column)` in its image, up to `image_size // patch_size - 1`
+          on each axis. Features pair as transformers' converted weights
+          pair them, `"half"`; Mistral's own checkpoints pair them
+          `"interleaved"`.
 
         DeepSeek-V2 and V3 (`"model_type"` `"deepseek_v2"` or
         `"deepseek_v3"`) rotate a separate slice of each head, of
@@ -381,6 +679,17 @@ class RotaryEmbedding(AttentionPosition):
         ... )
         >>> local.max_wavelength, local.scaling
         (10000.0, None)
+        >>> qwen2_vl = RotaryEmbedding.from_hf_config(
+        ...     {
+        ...         "model_type": "qwen2_vl",
+        ...         "hidden_size": 3584,
+        ...         "num_attention_heads": 28,
+        ...         "rope_theta": 1000000.0,
+        ...         "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+        ...     }
+        ... )
+        >>> qwen2_vl.num_axes, qwen2_vl.axis_layout, qwen2_vl.axis_sections
+        (3, 'sections', [16, 24, 24])
         """
         if not isinstance(config, dict):
             raise ValueError(
@@ -398,13 +707,22 @@ class RotaryEmbedding(AttentionPosition):
         if parameters.get("rope_type") == "su":
             parameters["rope_type"] = "longrope"
         base = parameters.pop("rope_theta", base)
+        model_type = config.get("model_type")
+        if model_type == "pixtral":
+            # Rows and columns of patches, the whole head; "axial" names it.
+            return cls(
+                max_wavelength=base,
+                num_axes=2,
+                axis_layout="alternating",
+                **kwargs,
+            )
+        grid = _mrope_arguments(model_type, parameters)
         rope_type = parameters.get("rope_type", "default")
         # GPT-NeoX's config.json names the share rotary_pct.
         partial = parameters.pop(
             "partial_rotary_factor",
             config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)),
         )
-        model_type = config.get("model_type")
         layout, rotary_dim = "half", None
         if model_type in _DEEPSEEK_MODEL_TYPES:
             ops.check_positive_int(
@@ -463,6 +781,7 @@ class RotaryEmbedding(AttentionPosition):
             layout=layout,
             rotary_dim=rotary_dim,
             scaling=scaling,
+            **grid,
             **kwargs,
         )
 
@@ -476,12 +795,98 @@ class RotaryEmbedding(AttentionPosition):
                 "scaling": copy.deepcopy(self.scaling),
                 "sequence_axis": self.sequence_axis,
                 "feature_axis": self.feature_axis,
+                "num_axes": self.num_axes,
+                "axis_layout": self.axis_layout,
+                "axis_sections": copy.copy(self.axis_sections),
+                "learned_frequencies": self.learned_frequencies,
+                "num_prefix_tokens": self.num_prefix_tokens,
             }
         )
         return config
 
 
 _DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+# transformers' mrope_section when a Qwen-VL config gives none.
+_MROPE_SECTIONS = {
+    "qwen2_vl": [16, 24, 24],
+    "qwen2_5_vl": [16, 24, 24],
+    "qwen3_vl": [24, 20, 20],
+    "qwen3_vl_moe": [24, 20, 20],
+}
+
+
+def _check_grid_arguments(
+    num_axes,
+    axis_layout,
+    axis_sections,
+    learned_frequencies,
+    num_prefix_tokens,
+    rotary_dim,
+    scaling,
+    sequence_axis,
+    feature_axis,
+):
+    """Raise a `ValueError` unless the grid arguments make a RotaryEmbedding."""
+    ops.check_axis_layout(axis_layout, num_axes, axis_sections)
+    if not isinstance(learned_frequencies, bool):
+        raise ValueError(
+            "`learned_frequencies` must be a bool. "
+            f"Received: learned_frequencies={learned_frequencies!r}"
+        )
+    if (
+        isinstance(num_prefix_tokens, bool)
+        or not isinstance(num_prefix_tokens, int)
+        or num_prefix_tokens < 0
+    ):
+        raise ValueError(
+            "`num_prefix_tokens` must be a non-negative integer. "
+            f"Received: num_prefix_tokens={num_prefix_tokens!r}"
+        )
+    if rotary_dim is not None and axis_sections is not None:
+        ops.rope_pair_axes(rotary_dim // 2, num_axes, axis_layout, axis_sections)
+    if scaling is not None and (num_axes > 1 or learned_frequencies):
+        raise ValueError(
+            "`scaling` stretches a 1-D schedule and is not supported with "
+            "num_axes > 1 or learned frequencies (the Qwen-VL and Pixtral "
+            "configs use the default schedule). Received: "
+            f"scaling={scaling!r}, num_axes={num_axes}, "
+            f"learned_frequencies={learned_frequencies}"
+        )
+    if learned_frequencies and (sequence_axis, feature_axis) != (1, -1):
+        raise ValueError(
+            "With learned_frequencies=True, RotaryEmbedding takes inputs "
+            "(batch, sequence, [heads,] features): sequence_axis=1 and "
+            f"feature_axis=-1. Received: sequence_axis={sequence_axis}, "
+            f"feature_axis={feature_axis}"
+        )
+
+
+def _mrope_arguments(model_type, parameters):
+    """The grid arguments of a Qwen-VL config's M-RoPE, `{}` for other configs.
+
+    Takes `mrope_section` and `mrope_interleaved` out of `parameters` and
+    reads the `"mrope"` schedule as the default one, as transformers does.
+    """
+    base_type = (model_type or "").removesuffix("_text")
+    sections = parameters.pop("mrope_section", None)
+    interleaved = parameters.pop("mrope_interleaved", False)
+    if parameters.get("rope_type") == "mrope":
+        parameters["rope_type"] = "default"
+    if sections is None:
+        # The Qwen-VL text models apply M-RoPE whatever their config says.
+        sections = _MROPE_SECTIONS.get(base_type)
+    if sections is None:
+        return {}
+    # Qwen3-VL's text model interleaves whatever its config says.
+    if interleaved or base_type.startswith("qwen3_vl"):
+        axis_layout = "interleaved"
+    else:
+        axis_layout = "sections"
+    return {
+        "num_axes": len(sections),
+        "axis_layout": axis_layout,
+        "axis_sections": list(sections),
+    }
 
 
 def _rope_entry(config, layer_type):
