@@ -1,9 +1,12 @@
 """The shared skeleton of the absolute encodings (private).
 
 `SinusoidalPositionEncoding` and `PositionEmbedding` differ only in how they
-turn positions into an encoding table; argument checks, position handling and
-merging with the token embeddings live here once.
+turn positions into an encoding table; argument checks, position handling
+(a line or a grid, prefix tokens) and merging with the token embeddings live
+here once.
 """
+
+import numbers
 
 import keras
 import tensorflow as tf
@@ -17,11 +20,25 @@ class AbsoluteEncoding(keras.layers.Layer):
     """Base of the layers that add an encoding of positions to embeddings.
 
     Subclasses implement `_encode(positions, dim)`, returning a table of shape
-    `positions.shape + (dim,)` in any float dtype, and may override
-    `_encode_consecutive` for the default positions `start_index, ...`.
+    `positions.shape + (dim,)` (one axis) or `positions.shape[:-1] + (dim,)`
+    (`num_axes` > 1) in any float dtype, and may override
+    `_encode_consecutive` for the default positions `start_index, ...`,
+    `_encode_grid` for the cells of a whole grid and `_encode_prefix` for the
+    `num_prefix_tokens` tokens before the positions (zeros here).
+
+    Inputs are tokens `(batch, sequence, features)`, or, with `num_axes` > 1,
+    a grid `(batch, *grid, features)` whose cells take their coordinates from
+    its axes, row-major (`ops.grid_positions`).
     """
 
-    def __init__(self, merge_mode="add", output_dim=None, **kwargs):
+    def __init__(
+        self,
+        merge_mode="add",
+        output_dim=None,
+        num_axes=1,
+        num_prefix_tokens=0,
+        **kwargs,
+    ):
         # Float positions are call arguments that Keras would otherwise
         # round to the compute dtype (bfloat16) before angles are formed.
         super().__init__(autocast=False, **kwargs)
@@ -42,17 +59,47 @@ class AbsoluteEncoding(keras.layers.Layer):
                 "takes the width of the inputs). "
                 f"Received: output_dim={output_dim!r}"
             )
+        ops.check_num_axes(num_axes)
+        if (
+            isinstance(num_prefix_tokens, bool)
+            or not isinstance(num_prefix_tokens, numbers.Integral)
+            or num_prefix_tokens < 0
+        ):
+            raise ValueError(
+                "`num_prefix_tokens` must be a non-negative integer. "
+                f"Received: num_prefix_tokens={num_prefix_tokens!r}"
+            )
         self.merge_mode = merge_mode
         self.output_dim = output_dim
+        self.num_axes = num_axes
+        self.num_prefix_tokens = num_prefix_tokens
         self.supports_masking = True
+
+    def _is_grid(self, input_shape):
+        """Whether inputs of `input_shape` are a grid `(batch, *grid, features)`."""
+        return self.num_axes > 1 and len(input_shape) == 2 + self.num_axes
 
     def _encoding_dim(self, input_shape):
         """The encoding width for inputs of `input_shape`."""
         input_shape = tuple(input_shape)
-        if len(input_shape) != 3:
+        if len(input_shape) != 3 and not self._is_grid(input_shape):
+            grid = ""
+            if self.num_axes > 1:
+                grid = (
+                    f", or (batch, {', '.join(['size'] * self.num_axes)}, "
+                    f"features) for a grid of num_axes={self.num_axes}"
+                )
             raise ValueError(
                 f"{type(self).__name__} expects inputs of shape "
-                "(batch, sequence, features). "
+                f"(batch, sequence, features){grid}. "
+                f"Received inputs of shape {input_shape}"
+            )
+        if self._is_grid(input_shape) and self.num_prefix_tokens:
+            raise ValueError(
+                "Grid inputs (batch, *grid, features) hold no prefix tokens: "
+                "pass the tokens as (batch, sequence, features) with "
+                f"num_prefix_tokens={self.num_prefix_tokens}, or use "
+                "num_prefix_tokens=0. "
                 f"Received inputs of shape {input_shape}"
             )
         if self.output_dim is not None:
@@ -69,12 +116,18 @@ class AbsoluteEncoding(keras.layers.Layer):
         self._encoding_dim(input_shape)
 
     def _positions(self, inputs, start_index, positions):
-        """The positions to encode: `(seq,)` or `(batch, seq)`."""
+        """The positions to encode: `(seq,)`, `(batch, seq)` or `(..., seq, n)`.
+
+        `inputs` are the tokens that have positions (after the prefix).
+        """
         if positions is None:
             return ops.position_ids(tf.shape(inputs)[1], start_index)
-        positions = tf.convert_to_tensor(positions)
-        ops.check_positions(positions, inputs.shape[1], inputs.shape[0])
-        return positions
+        return ops.read_positions(
+            positions,
+            self.num_axes,
+            sequence_length=inputs.shape[1],
+            batch_size=inputs.shape[0],
+        )
 
     def _encode_consecutive(self, inputs, start_index, dim):
         """The encoding of positions `start_index, start_index + 1, ...`.
@@ -84,16 +137,117 @@ class AbsoluteEncoding(keras.layers.Layer):
         """
         return self._encode(self._positions(inputs, start_index, None), dim)
 
-    def call(self, inputs, start_index=0, positions=None):
+    def _encode_grid(self, grid_shape, dim):
+        """The encoding of every cell of `grid_shape`, row-major: `(cells, dim)`."""
+        positions = ops.grid_positions(grid_shape)  # (cells, num_axes)
+        if self.num_axes == 1:
+            positions = positions[:, 0]  # (cells,)
+        return self._encode(positions, dim)
+
+    def _default_grid_shape(self, inputs):
+        """The grid of token inputs called with neither positions nor grid_shape."""
+        raise ValueError(
+            f"{type(self).__name__} with num_axes={self.num_axes} needs the "
+            "grid of token inputs (batch, sequence, features): pass "
+            "`grid_shape` (the grid's sizes) or `positions` of shape "
+            f"(sequence, {self.num_axes}), or call it on inputs of shape "
+            f"(batch, *grid, features). Received inputs of shape {inputs.shape}"
+        )
+
+    def _encode_prefix(self, dim):
+        """The encoding of the prefix tokens: `(num_prefix_tokens, dim)`."""
+        return tf.zeros([self.num_prefix_tokens, dim], "float32")
+
+    def _check_call(self, start_index, positions, grid_shape, grid_input):
+        if positions is not None and grid_shape is not None:
+            raise ValueError(
+                "Pass `positions` or `grid_shape`, not both. Received: "
+                f"positions of shape {tf.convert_to_tensor(positions).shape} "
+                f"and grid_shape={grid_shape!r}"
+            )
+        if grid_input and (positions is not None or grid_shape is not None):
+            name = "positions" if positions is not None else "grid_shape"
+            raise ValueError(
+                "Grid inputs (batch, *grid, features) take their positions "
+                f"from their grid axes: `{name}` is for token inputs "
+                "(batch, sequence, features). Received inputs of rank "
+                f"{2 + self.num_axes} and {name}"
+            )
+        if self.num_axes > 1 and not (
+            isinstance(start_index, numbers.Integral)
+            and not isinstance(start_index, bool)
+            and start_index == 0
+        ):
+            raise ValueError(
+                "`start_index` offsets positions on one axis only; with "
+                f"num_axes={self.num_axes} pass `positions` instead. "
+                f"Received: start_index={start_index!r}"
+            )
+        if grid_shape is not None:
+            ops.check_grid_shape(grid_shape, num_axes=self.num_axes)
+
+    def _encode_tokens(self, tokens, start_index, positions, grid_shape, dim):
+        """The encoding of `tokens` (those after the prefix)."""
+        if positions is not None:
+            positions = self._positions(tokens, start_index, positions)
+            return self._encode(positions, dim)  # (..., seq, dim)
+        if grid_shape is None and self.num_axes > 1:
+            grid_shape = self._default_grid_shape(tokens)
+        if grid_shape is None:
+            return self._encode_consecutive(tokens, start_index, dim)  # (seq, dim)
+        cells = 1
+        for size in grid_shape:
+            cells = None if tf.is_tensor(size) or cells is None else cells * size
+        if cells is not None and tokens.shape[1] not in (None, cells):
+            raise ValueError(
+                f"grid_shape={tuple(grid_shape)} has {cells} cells, but the "
+                f"inputs have {tokens.shape[1]} tokens after "
+                f"num_prefix_tokens={self.num_prefix_tokens}. "
+                f"Received inputs of shape {tokens.shape}"
+            )
+        return self._encode_grid(list(grid_shape), dim)  # (cells, dim)
+
+    def call(self, inputs, start_index=0, positions=None, grid_shape=None):
         inputs = tf.cast(inputs, self.compute_dtype)
         dim = self._encoding_dim(inputs.shape)
-        if positions is None:
-            encoding = self._encode_consecutive(
-                inputs, start_index, dim
-            )  # (seq, dim)
-        else:
-            positions = self._positions(inputs, start_index, positions)
-            encoding = self._encode(positions, dim)  # (..., seq, dim)
+        grid_input = self._is_grid(inputs.shape)
+        self._check_call(start_index, positions, grid_shape, grid_input)
+        if grid_input:
+            shape = tf.shape(inputs)
+            sizes = [
+                size if size is not None else shape[axis]
+                for axis, size in enumerate(inputs.shape[:-1])
+            ]  # batch, *grid
+            tokens = tf.reshape(
+                inputs, [sizes[0], -1, shape[-1]]
+            )  # (batch, cells, features)
+            encoding = self._encode_grid(sizes[1:], dim)  # (cells, dim)
+            outputs = self._merge(tokens, encoding, dim)
+            width = self.compute_output_shape(inputs.shape)[-1]
+            return tf.reshape(
+                outputs, sizes + [width if width is not None else -1]
+            )  # (batch, *grid, width)
+        prefix = self.num_prefix_tokens
+        encoding = self._encode_tokens(
+            inputs[:, prefix:] if prefix else inputs,
+            start_index,
+            positions,
+            grid_shape,
+            dim,
+        )  # (seq, dim) or (batch, seq, dim)
+        if prefix:
+            prefix_encoding = tf.cast(self._encode_prefix(dim), encoding.dtype)
+            if encoding.shape.rank == 3:
+                prefix_encoding = tf.broadcast_to(
+                    prefix_encoding, [tf.shape(encoding)[0], prefix, dim]
+                )  # (batch, prefix, dim)
+            encoding = tf.concat(
+                [prefix_encoding, encoding], axis=-2
+            )  # (..., prefix + seq, dim)
+        return self._merge(inputs, encoding, dim)
+
+    def _merge(self, inputs, encoding, dim):
+        """The inputs `(batch, seq, features)` merged with their encoding."""
         encoding = tf.cast(encoding, self.compute_dtype)
         if self.merge_mode == "add":
             return inputs + encoding
@@ -118,7 +272,11 @@ class AbsoluteEncoding(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            {"merge_mode": self.merge_mode, "output_dim": self.output_dim}
+            {
+                "merge_mode": self.merge_mode,
+                "output_dim": self.output_dim,
+                "num_prefix_tokens": self.num_prefix_tokens,
+            }
         )
         return config
 
