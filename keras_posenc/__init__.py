@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AlibiBias",
+    "GridRelativePositionBias",
     "PositionEmbedding",
     "PositionalMultiHeadAttention",
     "RelativePositionBias",
@@ -68,6 +69,7 @@ else:
     from keras_posenc import ops
     from keras_posenc import rope_scaling
     from keras_posenc.layers import AlibiBias
+    from keras_posenc.layers import GridRelativePositionBias
     from keras_posenc.layers import PositionEmbedding
     from keras_posenc.layers import PositionalMultiHeadAttention
     from keras_posenc.layers import RelativePositionBias

@@ -1216,3 +1216,44 @@ def resize_grid(values, grid_shape, new_grid_shape, interpolation="bicubic", ant
         grid = tf.tensordot(matrix, grid, axes=[[1], [axis]])  # new axis first
         grid = tf.experimental.numpy.moveaxis(grid, 0, axis)
     return tf.reshape(grid, [-1, channels])  # (prod(new_grid_shape), channels)
+
+
+def grid_relative_position_index(relative_position, grid_shape):
+    """Swin's row, in a table of every relative position in a window, of each.
+
+    A window of `grid_shape` `(w_1, ..., w_n)` spans `2 w_a - 1` distances
+    along axis `a`, `prod(2 w_a - 1)` relative positions in all; Swin's
+    table (Liu et al. 2021, section 3.2) holds one row per relative
+    position, in row-major order of `query - key + w_a - 1` per axis, as its
+    `relative_position_index` reads it. Distances beyond `w_a - 1` either way
+    are clipped per axis, so that positions on a larger grid read the rows of
+    the window's edge.
+
+    Args:
+        relative_position: integer tensor of shape `(..., num_axes)`: `key -
+            query` per axis, as `relative_distance` gives it.
+        grid_shape: list or tuple of positive ints, one per axis: the
+            window.
+
+    Returns:
+        An int32 tensor of shape `(...)`, each entry in `[0, prod(2 w_a -
+        1))`.
+
+    Example:
+
+    >>> grid_relative_position_index(
+    ...     [[0, 0], [1, 0], [-1, 0], [0, -1], [5, 5]], (2, 2)
+    ... ).numpy().tolist()
+    [4, 1, 7, 5, 0]
+    """
+    check_grid_shape(grid_shape)
+    relative_position = tf.cast(relative_position, "int32")  # (..., num_axes)
+    index = tf.zeros(tf.shape(relative_position)[:-1], "int32")  # (...)
+    for axis, size in enumerate(grid_shape):
+        # Swin's `coords_q - coords_k`, shifted to start from 0.
+        shifted = tf.clip_by_value(
+            -relative_position[..., axis], 1 - size, size - 1
+        ) + (size - 1)  # (...)
+        stride = math.prod(2 * later - 1 for later in grid_shape[axis + 1 :])
+        index += shifted * stride
+    return index  # (...)

@@ -9,6 +9,9 @@ if keras.backend.backend() != "tensorflow":
     _refuse_backend(keras.backend.backend())
 
 from keras_posenc.layers.alibi_bias import AlibiBias
+from keras_posenc.layers.grid_relative_position_bias import (
+    GridRelativePositionBias,
+)
 from keras_posenc.layers.position_embedding import PositionEmbedding
 from keras_posenc.layers.positional_multi_head_attention import (
     PositionalMultiHeadAttention,
@@ -27,6 +30,7 @@ from keras_posenc.layers.token_and_position_embedding import (
 
 __all__ = [
     "AlibiBias",
+    "GridRelativePositionBias",
     "PositionEmbedding",
     "PositionalMultiHeadAttention",
     "RelativePositionBias",

@@ -6,9 +6,17 @@ which default to nothing. RoPE transforms the projected queries and keys,
 ALiBi and T5 add a bias to the logits, Shaw et al. add a content term to the
 logits and a term to the values.
 
-Positions reach these methods as int32 tensors, `query_positions` of shape
-`(batch or 1, query)` and `key_positions` of shape `(batch or 1, key)`; the
-relative distance is always `key_position - query_position`.
+Every scheme says how many coordinates a position has, `num_axes` (1 for
+text; 2 or 3 on image and video grids), and how many tokens lead the
+sequence without one, `num_prefix_tokens` (class or register tokens before
+a grid, as in timm). Positions reach these methods as int32 tensors,
+`query_positions` of shape `(batch or 1, query)` and `key_positions` of
+shape `(batch or 1, key)` for one axis, `(batch or 1, query, num_axes)` and
+`(batch or 1, key, num_axes)` for more, covering the tokens after the first
+`num_prefix_tokens` only: `query` and `key` count the tokens that have
+positions, while the tensors the methods take and return cover all tokens,
+prefix ones first. The relative distance is always `key_position -
+query_position`, per axis on a grid.
 """
 
 import keras
@@ -17,7 +25,16 @@ from keras_posenc import ops
 
 
 class AttentionPosition(keras.layers.Layer):
-    """Base of the position layers that `PositionalMultiHeadAttention` takes."""
+    """Base of the position layers that `PositionalMultiHeadAttention` takes.
+
+    Subclasses that take grid positions or prefix tokens set the public
+    attributes `num_axes` (the coordinates of a position, 1 by default) and
+    `num_prefix_tokens` (the leading tokens without a position, 0 by
+    default).
+    """
+
+    num_axes = 1
+    num_prefix_tokens = 0
 
     def check_attention(self, num_heads, key_dim, value_dim):
         """Raise a `ValueError` unless this layer can serve such attention.
@@ -53,10 +70,14 @@ class AttentionPosition(keras.layers.Layer):
         """The projected queries and keys, transformed by their positions.
 
         Args:
-            query: tensor of shape `(batch, query, heads, key_dim)`.
-            key: tensor of shape `(batch, key, heads, key_dim)`.
-            query_positions: int32 tensor of shape `(batch or 1, query)`.
-            key_positions: int32 tensor of shape `(batch or 1, key)`.
+            query: tensor of shape `(batch, num_prefix_tokens + query, heads,
+                key_dim)`.
+            key: tensor of shape `(batch, num_prefix_tokens + key, heads,
+                key_dim)`.
+            query_positions: int32 tensor of shape `(batch or 1, query)`, or
+                `(batch or 1, query, num_axes)` when `num_axes` > 1.
+            key_positions: int32 tensor of shape `(batch or 1, key)`, or
+                `(batch or 1, key, num_axes)`.
 
         Returns:
             A tuple `(query, key)` of the same shapes and dtypes.
@@ -67,15 +88,17 @@ class AttentionPosition(keras.layers.Layer):
         """A float32 term added to the attention logits, or None.
 
         Args:
-            query: tensor of shape `(batch, query, heads, key_dim)`: the
-                projected (and transformed) queries, already scaled by
-                `1 / sqrt(key_dim)` as in the logits.
-            query_positions: int32 tensor of shape `(batch or 1, query)`.
-            key_positions: int32 tensor of shape `(batch or 1, key)`.
+            query: tensor of shape `(batch, num_prefix_tokens + query,
+                heads, key_dim)`: the projected (and transformed) queries,
+                already scaled by `1 / sqrt(key_dim)` as in the logits.
+            query_positions: int32 tensor of shape `(batch or 1, query)`, or
+                `(batch or 1, query, num_axes)` when `num_axes` > 1.
+            key_positions: int32 tensor of shape `(batch or 1, key)`, or
+                `(batch or 1, key, num_axes)`.
 
         Returns:
-            None, or a float32 tensor broadcastable to
-            `(batch, heads, query, key)`.
+            None, or a float32 tensor broadcastable to `(batch, heads,
+            num_prefix_tokens + query, num_prefix_tokens + key)`.
         """
         return None
 
@@ -83,22 +106,27 @@ class AttentionPosition(keras.layers.Layer):
         """A term added to the attention's weighted sum of values, or None.
 
         Args:
-            attention_weights: float32 tensor of shape
-                `(batch, heads, query, key)`, after the softmax and dropout.
-            query_positions: int32 tensor of shape `(batch or 1, query)`.
-            key_positions: int32 tensor of shape `(batch or 1, key)`.
+            attention_weights: float32 tensor of shape `(batch, heads,
+                num_prefix_tokens + query, num_prefix_tokens + key)`, after
+                the softmax and dropout.
+            query_positions: int32 tensor of shape `(batch or 1, query)`, or
+                `(batch or 1, query, num_axes)` when `num_axes` > 1.
+            key_positions: int32 tensor of shape `(batch or 1, key)`, or
+                `(batch or 1, key, num_axes)`.
 
         Returns:
-            None, or a tensor of shape `(batch, query, heads, value_dim)`.
+            None, or a tensor of shape `(batch, num_prefix_tokens + query,
+            heads, value_dim)`.
         """
         return None
 
 
 class HeadBias(AttentionPosition):
-    """Base of the schemes whose contribution is a bias per head (ALiBi, T5).
+    """Base of the schemes whose contribution is a bias per head (ALiBi, T5, Swin).
 
     Subclasses set `num_heads` and implement `logits_bias`; called on their
-    own, `layer(query_positions, key_positions)` returns that bias.
+    own, `layer(query_positions, key_positions)` returns that bias, with
+    rows and columns for the `num_prefix_tokens` first.
     """
 
     def check_attention(self, num_heads, key_dim, value_dim):
@@ -109,7 +137,11 @@ class HeadBias(AttentionPosition):
 
     def compute_output_shape(self, query_positions_shape, key_positions_shape):
         batch, queries, keys = ops.relative_distance_shape(
-            query_positions_shape, key_positions_shape
+            query_positions_shape, key_positions_shape, self.num_axes
+        )[:3]
+        queries, keys = (
+            None if size is None else self.num_prefix_tokens + size
+            for size in (queries, keys)
         )
         return (batch, self.num_heads, queries, keys)
 

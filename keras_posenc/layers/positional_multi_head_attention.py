@@ -36,17 +36,49 @@ def _sliding_window(layer):
     return getattr(layer, "_sliding_window", None)
 
 
+def _describe(position):
+    """The scheme, its axes and prefix tokens, for messages."""
+    if position is None:
+        return "no `position`"
+    return (
+        f"{type(position).__name__}(num_axes={position.num_axes}, "
+        f"num_prefix_tokens={position.num_prefix_tokens})"
+    )
+
+
+def _looks_like_grid(positions, length):
+    """Whether refused one-axis positions have the shape of grid positions."""
+    shape = tf.convert_to_tensor(positions).shape
+    if shape.rank == 3:
+        return shape[-1] not in (1, None)
+    return shape.rank == 2 and length is not None and (
+        shape[0] == length and shape[-1] != length
+    )
+
+
 @keras.saving.register_keras_serializable(package="keras_posenc")
 class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     """Multi-head attention with a relative position scheme inside.
 
     A `keras.layers.MultiHeadAttention` with one more argument, `position`:
     a `RotaryEmbedding` (rotates the projected queries and keys), an
-    `AlibiBias` or a `RelativePositionBias` (add a bias per head to the
-    logits), or a `RelativePositionEmbedding` (Shaw et al.: a term on the
-    logits and one on the values). The layer asks its `position` for these
-    contributions and knows nothing else of the scheme. With
+    `AlibiBias`, a `RelativePositionBias` or a `GridRelativePositionBias`
+    (add a bias per head to the logits), or a `RelativePositionEmbedding`
+    (Shaw et al.: a term on the logits and one on the values). The layer
+    asks its `position` for these contributions and knows nothing else of
+    the scheme. With
     `position=None` it is the Keras layer: same weights, same outputs.
+
+    On an image or video grid the scheme takes positions of `num_axes` > 1
+    coordinates (a `GridRelativePositionBias`, or a rotary embedding of
+    several axes): give `query_positions` and `key_positions` of shape
+    `(sequence, num_axes)` or `(batch, sequence, num_axes)`, such as
+    `keras_posenc.ops.grid_positions((height, width))`; they have no
+    default. A scheme with `num_prefix_tokens` (class or register tokens)
+    takes positions for the tokens after them only, `sequence` being the
+    length of the inputs less `num_prefix_tokens`. A causal mask and a
+    sliding window compare positions on a line: they need one axis and no
+    prefix tokens.
 
     Every scheme reads the positions of queries and keys, `query_positions`
     and `key_positions` (`0 .. length - 1` by default), so cached decoding
@@ -67,9 +99,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     Args:
         num_heads: int. Number of attention heads.
         key_dim: int. Size of each head's queries and keys.
-        position: a `RotaryEmbedding`, `AlibiBias`, `RelativePositionBias`
-            or `RelativePositionEmbedding` layer, or None. Defaults to
-            `None`.
+        position: a `RotaryEmbedding`, `AlibiBias`, `RelativePositionBias`,
+            `GridRelativePositionBias` or `RelativePositionEmbedding` layer,
+            or None. Defaults to `None`.
         **kwargs: the other arguments of `keras.layers.MultiHeadAttention`
             (`value_dim`, `dropout`, `use_bias`, `output_shape`,
             initializers, ...) and of `keras.layers.Layer`.
@@ -83,9 +115,14 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             use_causal_mask, return_attention_scores: as in
             `keras.layers.MultiHeadAttention`.
         query_positions: optional integer tensor of shape `(query,)` or
-            `(batch, query)`. Defaults to `0 .. query - 1`.
+            `(batch, query)`, or `(query, num_axes)` or `(batch, query,
+            num_axes)` for a scheme of `num_axes` > 1, where `query` is the
+            query length less the scheme's `num_prefix_tokens`. Defaults to
+            `0 .. query - 1` for one axis; required for more.
         key_positions: optional integer tensor of shape `(key,)` or
-            `(batch, key)`. Defaults to `0 .. key - 1`.
+            `(batch, key)`, or `(key, num_axes)` or `(batch, key,
+            num_axes)`, likewise. Defaults to `0 .. key - 1` for one axis;
+            required for more.
 
     Returns:
         The attention output of shape `(batch, query, features)` (or
@@ -108,6 +145,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         - [Press et al., 2022](https://arxiv.org/abs/2108.12409)
         - [Shaw et al., 2018](https://arxiv.org/abs/1803.02155)
         - [Raffel et al., 2020](https://arxiv.org/abs/1910.10683)
+        - [Liu et al., 2021](https://arxiv.org/abs/2103.14030)
     """
 
     def __init__(self, num_heads, key_dim, position=None, **kwargs):
@@ -116,7 +154,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             if not isinstance(position, AttentionPosition):
                 raise ValueError(
                     "`position` must be None or a RotaryEmbedding, AlibiBias, "
-                    "RelativePositionBias or RelativePositionEmbedding layer. "
+                    "RelativePositionBias, GridRelativePositionBias or "
+                    "RelativePositionEmbedding layer. "
                     f"Received: position={position!r}"
                 )
             # Axis 1 (or -2) of the projected (batch, seq, heads, dim).
@@ -132,6 +171,15 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 raise ValueError(
                     "A `position` adds to the logits, which flash attention "
                     "does not expose. Received: flash_attention=True"
+                )
+            if _sliding_window(self) is not None and (
+                position.num_axes > 1 or position.num_prefix_tokens
+            ):
+                raise ValueError(
+                    "A sliding window compares positions on a line: it needs "
+                    "a `position` of one axis and no prefix tokens. Received: "
+                    f"sliding_window={_sliding_window(self)} with "
+                    f"{_describe(position)}"
                 )
             position.check_attention(num_heads, key_dim, self.value_dim)
         self.position = position
@@ -154,27 +202,70 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
 
     def _positions(self, positions, inputs, name):
-        """`positions` as int32 of shape (batch or 1, length), or the default."""
+        """`positions` as int32 `(batch or 1, length[, num_axes])`, or the default.
+
+        `length` counts the tokens after the position's prefix tokens.
+        """
+        position = self.position
+        num_axes = 1 if position is None else position.num_axes
+        num_prefix_tokens = 0 if position is None else position.num_prefix_tokens
+        length = inputs.shape[1]
+        if length is not None:
+            if length < num_prefix_tokens:
+                raise ValueError(
+                    f"Inputs must hold at least the {num_prefix_tokens} prefix "
+                    f"tokens of {_describe(position)}. Received: inputs of "
+                    f"shape {inputs.shape}"
+                )
+            length -= num_prefix_tokens
         if positions is None:
-            return ops.position_ids(tf.shape(inputs)[1])[tf.newaxis]  # (1, length)
-        positions = tf.convert_to_tensor(positions)
-        if not positions.dtype.is_integer:
-            raise ValueError(
-                f"`{name}` must be integers. Received: {name} of dtype "
-                f"{positions.dtype.name}"
-            )
+            if num_axes > 1:
+                raise ValueError(
+                    f"`{name}` has no default for {_describe(position)}: pass "
+                    f"the grid's positions, e.g. `{name}="
+                    "keras_posenc.ops.grid_positions((h, w))` for an h x w "
+                    f"grid. Received: {name}=None"
+                )
+            return ops.position_ids(
+                tf.shape(inputs)[1] - num_prefix_tokens
+            )[tf.newaxis]  # (1, length)
         try:
-            ops.check_positions(positions, inputs.shape[1], inputs.shape[0])
-        except ValueError:
-            raise ValueError(
-                f"`{name}` must have shape (sequence,) or (batch, sequence) "
-                f"for inputs of shape {inputs.shape}. "
-                f"Received: {name} of shape {positions.shape}"
-            ) from None
+            positions = ops.read_positions(
+                positions,
+                num_axes,
+                sequence_length=length,
+                batch_size=inputs.shape[0],
+                name=name,
+                integer=True,
+            )  # ([batch,] length[, num_axes])
+        except ValueError as error:
+            if num_axes == 1 and _looks_like_grid(positions, length):
+                scheme = (
+                    "PositionalMultiHeadAttention without a `position`"
+                    if position is None
+                    else type(position).__name__
+                )
+                raise ValueError(
+                    f"{error}. {scheme} takes positions of one axis "
+                    "(num_axes=1); grid positions need a scheme of as many "
+                    "axes as they have, such as GridRelativePositionBias."
+                ) from None
+            raise
         positions = tf.cast(positions, "int32")
-        if positions.shape.rank == 1:
+        if positions.shape.rank == (1 if num_axes == 1 else 2):
             positions = positions[tf.newaxis]
-        return positions  # (batch or 1, length)
+        return positions  # (batch or 1, length[, num_axes])
+
+    def _check_causal(self, use_causal_mask):
+        position = self.position
+        if use_causal_mask and position is not None and (
+            position.num_axes > 1 or position.num_prefix_tokens
+        ):
+            raise ValueError(
+                "A causal mask lets a query attend to keys at its position or "
+                "before: it needs positions of one axis and no prefix tokens. "
+                f"Received: use_causal_mask=True with {_describe(position)}"
+            )
 
     def call(
         self,
@@ -206,6 +297,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             return super().call(
                 query, value, use_causal_mask=use_causal_mask, **arguments
             )
+        self._check_causal(use_causal_mask)
         self._call_state.positions = (
             self._positions(query_positions, query, "query_positions"),
             self._positions(
@@ -316,6 +408,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         query_positions=None,
         key_positions=None,
     ):
+        self._check_causal(use_causal_mask)
         output_spec = super().compute_output_spec(query, value, key)
         if return_attention_scores:
             weights_shape = (

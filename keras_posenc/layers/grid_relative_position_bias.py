@@ -1,0 +1,273 @@
+import math
+import numbers
+
+import keras
+import tensorflow as tf
+
+from keras_posenc import ops
+from keras_posenc.layers._attention_position import HeadBias
+
+# Rows of the table after the grid's, for prefix tokens, in BEiT's order.
+_PREFIX_TO_GRID, _GRID_TO_PREFIX, _PREFIX_TO_PREFIX = 0, 1, 2
+_PREFIX_ENTRIES = 3
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class GridRelativePositionBias(HeadBias):
+    """Swin's relative position bias on a grid: a learned bias per head and offset.
+
+    The logit of query `i` and key `j` on a 2-D or 3-D grid (image patches,
+    video tubelets) gets a learned scalar per head, read from a table with a
+    row for each relative position in a window of `grid_shape` `(w_1, ...,
+    w_n)`: `2 w_a - 1` offsets along each axis `a`, `prod(2 w_a - 1)` rows
+    in all (Liu et al. 2021, section 3.2, equation 4). Row `sum_a (i_a - j_a
+    + w_a - 1) * stride_a`, with row-major strides over the `2 w_a - 1`
+    (Swin's `relative_position_index`, `keras_posenc.ops.
+    grid_relative_position_index`), so a table laid out as Swin's or timm's
+    `relative_position_bias_table` of shape `(rows, heads)` loads as it is.
+    Offsets beyond `w_a - 1` are clipped per axis, so that the layer also
+    serves grids larger than its window, whose far tokens share the edge
+    rows. One axis works too (a 1-D window of `2 w - 1` clipped distances).
+
+    With `num_prefix_tokens` > 0 (class or register tokens before the grid,
+    which have no grid position) the table has three more rows, as BEiT's
+    (Bao et al. 2022, section 2.3 and its code): after the grid's rows, the
+    bias of a prefix query to a grid key, of a grid query to a prefix key,
+    and of a prefix query to a prefix key, shared by all prefix tokens; the
+    bias has rows and columns for the prefix tokens first.
+
+    The bias is computed from the query and key positions, int32 of shape
+    `(sequence, num_axes)` or `(batch, sequence, num_axes)`, such as
+    `keras_posenc.ops.grid_positions(grid_shape)`, for the tokens after the
+    prefix ones. Give the layer as the `position` of
+    `PositionalMultiHeadAttention` with these as `query_positions` and
+    `key_positions`, or call it on them to get the bias.
+
+    The table, weight `"embeddings"`, is made when the attention builds, or
+    on the first call of the layer on its own, and kept and read in float32
+    whatever the dtype policy, as is the bias, which joins the float32
+    logits. A table trained at one window serves another after
+    `resized_embeddings`, bicubic per head over the `2 w_a - 1` offsets, as
+    Swin's own code fine-tunes checkpoints at new windows (below).
+
+    Args:
+        num_heads: int. The attention's number of heads, one table column
+            each.
+        grid_shape: list or tuple of positive ints. The window `(w_1, ...,
+            w_n)`, one size per axis; its length is `num_axes`.
+        num_prefix_tokens: int. The tokens before the grid, without a
+            position, that get BEiT's three learned biases. Defaults to `0`.
+        embeddings_initializer: str or `keras.initializers.Initializer`. How
+            the table starts. BEiT starts from zeros; Swin from
+            `keras.initializers.TruncatedNormal(stddev=0.02)`. Defaults to
+            `"zeros"`.
+        **kwargs: other keyword arguments passed to `keras.layers.Layer`,
+            including `name`, `dtype` etc.
+
+    Call arguments:
+        query_positions: integer tensor of shape `(batch, query, num_axes)`,
+            or `(query, num_axes)` for positions shared by the batch; for one
+            axis also `(batch, query)` or `(query,)`.
+        key_positions: integer tensor of shape `(batch, key, num_axes)`, or
+            `(key, num_axes)`, likewise.
+
+    Returns:
+        The bias to add to the attention logits: a float32 tensor of shape
+        `(batch or 1, num_heads, num_prefix_tokens + query,
+        num_prefix_tokens + key)`, batch 1 when both positions are shared.
+
+    Example:
+
+    >>> swin = GridRelativePositionBias(num_heads=2, grid_shape=(3, 3))
+    >>> positions = ops.grid_positions((3, 3))
+    >>> swin(positions, positions).shape
+    TensorShape([1, 2, 9, 9])
+    >>> tuple(swin.embeddings.shape)  # (2 * 3 - 1) ** 2 offsets
+    (25, 2)
+    >>> beit = GridRelativePositionBias(2, (3, 3), num_prefix_tokens=1)
+    >>> beit(positions, positions).shape  # a class token first
+    TensorShape([1, 2, 10, 10])
+
+    Fine-tuning at a larger window, from the trained table:
+
+    >>> larger = GridRelativePositionBias(num_heads=2, grid_shape=(5, 5))
+    >>> larger.build()
+    >>> _ = larger.embeddings.assign(swin.resized_embeddings((5, 5)))
+    >>> tuple(larger.embeddings.shape)
+    (81, 2)
+
+    References:
+        - [Liu et al., 2021](https://arxiv.org/abs/2103.14030)
+        - [Bao et al., 2022](https://arxiv.org/abs/2106.08254)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        grid_shape,
+        num_prefix_tokens=0,
+        embeddings_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        ops.check_positive_int("num_heads", num_heads)
+        _check_window(grid_shape, "grid_shape")
+        if (
+            not isinstance(num_prefix_tokens, numbers.Integral)
+            or isinstance(num_prefix_tokens, bool)
+            or num_prefix_tokens < 0
+        ):
+            raise ValueError(
+                "`num_prefix_tokens` must be a non-negative integer. "
+                f"Received: num_prefix_tokens={num_prefix_tokens!r}"
+            )
+        try:
+            initializer = keras.initializers.get(embeddings_initializer)
+        except ValueError as error:
+            raise ValueError(
+                "`embeddings_initializer` must be a Keras initializer. Received: "
+                f"embeddings_initializer={embeddings_initializer!r}"
+            ) from error
+        self.num_heads = num_heads
+        self.grid_shape = tuple(int(size) for size in grid_shape)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.embeddings_initializer = initializer
+        self.num_axes = len(self.grid_shape)
+
+    @property
+    def _grid_entries(self):
+        """The table's rows for relative positions on the grid."""
+        return math.prod(2 * size - 1 for size in self.grid_shape)
+
+    def build_for_attention(self, num_heads, key_dim, value_dim):
+        self.check_attention(num_heads, key_dim, value_dim)
+        self.build()
+
+    def build(self, query_positions_shape=None, key_positions_shape=None):
+        # The table depends on no input shape; the attention may have built
+        # the layer already.
+        if self.built:
+            return
+        prefix_entries = _PREFIX_ENTRIES if self.num_prefix_tokens else 0
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self._grid_entries + prefix_entries, self.num_heads),
+            initializer=self.embeddings_initializer,
+            dtype="float32",
+            # Read in float32 even inside a mixed precision attention.
+            autocast=False,
+        )
+
+    def logits_bias(self, query, query_positions, key_positions):
+        distance = ops.relative_distance(
+            query_positions, key_positions, self.num_axes
+        )  # (batch or 1, query, key[, num_axes]): key - query
+        if self.num_axes == 1:
+            distance = distance[..., tf.newaxis]  # (batch or 1, query, key, 1)
+        rows = ops.grid_relative_position_index(
+            distance, self.grid_shape
+        )  # (batch or 1, query, key)
+        if self.num_prefix_tokens:
+            rows = self._with_prefix_rows(rows)  # (batch or 1, query, key)
+        # One scalar per (head, query, key) from the flattened (heads, rows)
+        # table, laid out as the logits it joins (as T5's bias).
+        entries = self.embeddings.shape[0]
+        table = tf.reshape(tf.transpose(self.embeddings), [-1])  # (heads * rows,)
+        head_offsets = (
+            tf.range(self.num_heads)[:, tf.newaxis, tf.newaxis] * entries
+        )  # (heads, 1, 1)
+        return tf.cast(
+            tf.gather(table, rows[:, tf.newaxis] + head_offsets), "float32"
+        )  # (batch or 1, heads, query, key)
+
+    def _with_prefix_rows(self, rows):
+        """Grid rows `(b, q, k)` with BEiT's rows for the prefix tokens first."""
+        prefix = self.num_prefix_tokens
+        first = self._grid_entries
+        rows = tf.pad(rows, [[0, 0], [prefix, 0], [prefix, 0]])  # (b, P + q, P + k)
+        prefix_query = (
+            tf.range(tf.shape(rows)[1])[:, tf.newaxis] < prefix
+        )  # (P + q, 1)
+        prefix_key = tf.range(tf.shape(rows)[2])[tf.newaxis] < prefix  # (1, P + k)
+        return tf.where(
+            prefix_query & prefix_key,
+            first + _PREFIX_TO_PREFIX,
+            tf.where(
+                prefix_query,
+                first + _PREFIX_TO_GRID,
+                tf.where(prefix_key, first + _GRID_TO_PREFIX, rows),
+            ),
+        )  # (b, P + q, P + k)
+
+    def resized_embeddings(self, grid_shape, interpolation="bicubic", antialias=False):
+        """The table resampled for a window of `grid_shape`, in float32.
+
+        Each head's biases over the `2 w_a - 1` offsets per axis are
+        resampled to `2 w'_a - 1` with `keras_posenc.ops.resize_grid`
+        (PyTorch's `interpolate(..., align_corners=False)`): for two axes
+        and `"bicubic"`, Swin's own code for fine-tuning a checkpoint at a
+        new window, and timm's `resize_rel_pos_bias_table_simple` (timm's
+        `resize_rel_pos_bias_table` follows BEiT's geometric spacing
+        instead); for three axes, cubic along each. The prefix tokens' rows
+        are kept as they are. Assign the result to the `embeddings` of a
+        layer built with the new `grid_shape` (see the class example).
+
+        Args:
+            grid_shape: list or tuple of positive ints. The new window, as
+                many sizes as `num_axes`.
+            interpolation: `"bicubic"`, `"bilinear"` or `"linear"`.
+                Defaults to `"bicubic"`.
+            antialias: bool. PyTorch's `antialias=True`, for shrinking.
+                Defaults to `False`.
+
+        Returns:
+            A float32 tensor of shape `(prod(2 w'_a - 1) + prefix rows,
+            num_heads)`.
+        """
+        _check_window(grid_shape, "grid_shape", self.num_axes)
+        ops.check_interpolation(interpolation, allow_none=False)
+        if not isinstance(antialias, bool):
+            raise ValueError(
+                f"`antialias` must be a bool. Received: antialias={antialias!r}"
+            )
+        if not self.built:
+            raise ValueError(
+                "The table is made when the layer builds: build it, or call "
+                "it, before resizing it."
+            )
+        offsets = [2 * size - 1 for size in self.grid_shape]
+        new_offsets = [2 * size - 1 for size in grid_shape]
+        resized = ops.resize_grid(
+            self.embeddings[: self._grid_entries],
+            offsets,
+            new_offsets,
+            interpolation,
+            antialias,
+        )  # (prod(new_offsets), heads)
+        return tf.concat(
+            [resized, self.embeddings[self._grid_entries :]], axis=0
+        )  # (new rows, heads)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "grid_shape": list(self.grid_shape),
+                "num_prefix_tokens": self.num_prefix_tokens,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+            }
+        )
+        return config
+
+
+def _check_window(grid_shape, name, num_axes=None):
+    """A window's sizes: Python ints, as a config holds them."""
+    ops.check_grid_shape(grid_shape, name, num_axes)
+    if any(tf.is_tensor(size) for size in grid_shape):
+        raise ValueError(
+            f"`{name}` must be a list or tuple of positive integers, not "
+            f"tensors. Received: {name}={grid_shape!r}"
+        )
