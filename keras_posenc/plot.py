@@ -390,6 +390,135 @@ def extrapolation_curves(lengths, nll, entropy_rate, train_length):
     return figure
 
 
+def grid_similarity(grid_shape=(14, 14), dim=64, max_wavelength=10000.0, anchors=None):
+    """The similarity of a 2-D encoding's cells to a few cells of the grid.
+
+    Each panel shows, for one anchor cell, the cosine similarity of every
+    cell's `SinusoidalPositionEncoding(num_axes=2)` encoding (half the
+    features for the row, half for the column) to the anchor's: it peaks at
+    the anchor and falls off along rows and columns alike, the picture of
+    Dosovitskiy et al.'s figure 7 for learned tables, here in closed form.
+
+    Args:
+        grid_shape: tuple of 2 ints. `(height, width)`. Defaults to
+            `(14, 14)`, ViT-B/16 at 224 pixels.
+        dim: int. The encoding width, a multiple of 4. Defaults to `64`.
+        max_wavelength: float. The longest wavelength. Defaults to
+            `10000.0`.
+        anchors: list of `(row, column)` pairs or None. The cells compared
+            with all the others. Defaults to `None`, meaning a corner, an
+            edge and the centre.
+
+    Returns:
+        A `matplotlib.figure.Figure` with one heatmap per anchor.
+    """
+    ops.check_grid_shape(grid_shape, num_axes=2)
+    height, width = grid_shape
+    if anchors is None:
+        anchors = [(0, 0), (0, width // 2), (height // 2, width // 2)]
+    for anchor in anchors:
+        if not (
+            isinstance(anchor, (list, tuple))
+            and len(anchor) == 2
+            and all(isinstance(value, numbers.Integral) for value in anchor)
+            and 0 <= anchor[0] < height
+            and 0 <= anchor[1] < width
+        ):
+            raise ValueError(
+                "`anchors` must be (row, column) cells of the grid "
+                f"{tuple(grid_shape)}. Received: anchors={anchors!r}"
+            )
+    table = ops.sinusoidal(
+        ops.grid_positions(grid_shape), dim, max_wavelength, num_axes=2
+    ).numpy()  # (height * width, dim)
+    table /= np.linalg.norm(table, axis=-1, keepdims=True)
+    similarities = [
+        (table @ table[row * width + column]).reshape(height, width)
+        for row, column in anchors
+    ]
+    # One colour scale for all panels, from the least similar cell to 1.
+    lowest = min(float(similarity.min()) for similarity in similarities)
+    figure = Figure(figsize=(3.2 * len(anchors) + 1, 3.4), layout="constrained")
+    panels = figure.subplots(1, len(anchors), squeeze=False)[0]
+    for panel, (row, column), similarity in zip(panels, anchors, similarities):
+        image = panel.imshow(similarity, cmap="viridis", vmin=lowest, vmax=1.0)
+        panel.plot(column, row, marker="x", color="white")
+        panel.set_title(f"cell ({row}, {column})")
+        panel.set_xlabel("column")
+        panel.set_ylabel("row")
+    figure.colorbar(image, ax=list(panels), label="cosine similarity")
+    figure.suptitle(
+        f"2-D sinusoidal encoding on a {height} x {width} grid (dim={dim})"
+    )
+    return figure
+
+
+# The settings `rope_axis_assignment` draws: (title, num_axes, axis_layout,
+# axis_sections), for a head of 128 features, 64 rotary pairs.
+ROPE_AXIS_HEAD_DIM = 128
+ROPE_AXIS_SETTINGS = (
+    ("axial blocks (EVA-02), 2 axes", 2, "blocks", None),
+    ("alternating (Pixtral), 2 axes", 2, "alternating", None),
+    ("M-RoPE sections (Qwen2-VL), t/h/w = 16/24/24", 3, "sections", [16, 24, 24]),
+    ("interleaved M-RoPE (Qwen3-VL), t/h/w = 24/20/20", 3, "interleaved", [24, 20, 20]),
+)
+
+
+def rope_axis_assignment(max_wavelength=10000.0):
+    """Which axis each rotary pair reads on a grid, and at what frequency.
+
+    One panel per axis layout of `RotaryEmbedding(num_axes=...)`: a bar per
+    rotary pair, its height the pair's frequency (log scale), its colour the
+    axis it turns with. Axial blocks give every axis the whole range of
+    frequencies over a block of its own; M-RoPE sections keep the 1-D
+    schedule and give each axis a contiguous run of it, so time gets only
+    the fast frequencies and width only the slow ones; the interleaved and
+    alternating layouts deal the schedule out to the axes in turn, so every
+    axis spans it.
+
+    The head is Qwen2-VL's: 128 features, 64 rotary pairs.
+
+    Args:
+        max_wavelength: float. The base of the frequencies. Defaults to
+            `10000.0`.
+
+    Returns:
+        A `matplotlib.figure.Figure` with one panel per setting of
+        `ROPE_AXIS_SETTINGS`.
+    """
+    ops.check_max_wavelength(max_wavelength)
+    rotary_dim = ROPE_AXIS_HEAD_DIM
+    pairs = rotary_dim // 2
+    figure = Figure(figsize=(9, 7), layout="constrained")
+    panels = figure.subplots(len(ROPE_AXIS_SETTINGS), 1, sharex=True)
+    colours = ("tab:blue", "tab:orange", "tab:green")
+    names = {2: ("row", "column"), 3: ("time", "row", "column")}
+    for panel, (title, num_axes, axis_layout, sections) in zip(
+        panels, ROPE_AXIS_SETTINGS
+    ):
+        theta = ops.rope_frequency_matrix(
+            rotary_dim, num_axes, axis_layout, sections, max_wavelength
+        ).numpy()  # (pairs, num_axes)
+        axes = np.argmax(theta, axis=-1)
+        frequencies = theta.max(axis=-1)
+        for axis in range(num_axes):
+            chosen = axes == axis
+            panel.bar(
+                np.arange(pairs)[chosen],
+                frequencies[chosen],
+                width=0.85,
+                color=colours[axis],
+                label=names[num_axes][axis],
+            )
+        panel.set_yscale("log")
+        panel.set_title(title, fontsize="medium")
+        panel.set_ylabel("frequency")
+        panel.legend(loc="upper right", fontsize="small", ncols=num_axes)
+    panels[-1].set_xlabel("rotary pair")
+    figure.suptitle(f"RoPE on grids: the axis and frequency of each pair (rotary_dim={rotary_dim})")
+    return figure
+
+
 def save_plots(out_dir, length=128, dim=64):
     """Write the heatmap, the similarity curve and the RoPE wavelengths as PNGs.
 

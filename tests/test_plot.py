@@ -321,3 +321,51 @@ def test_save_plots_writes_three_pngs(tmp_path):
             content = file.read()
         assert content.startswith(PNG_SIGNATURE)
         assert len(content) > 10_000
+
+
+def test_grid_similarity_shows_the_2d_encodings_cosine_similarity():
+    anchors = [(0, 0), (2, 3)]
+    figure = plot.grid_similarity(grid_shape=(5, 6), dim=16, anchors=anchors)
+    panels = [axes for axes in figure.axes if axes.images]
+    assert len(panels) == len(anchors)
+    # Cells in row-major order, the row's encoding in the first half.
+    cells = np.array([[r, c] for r in range(5) for c in range(6)])
+    table = references.sinusoidal_on_axes(cells, 16, layout="interleaved")
+    table /= np.linalg.norm(table, axis=-1, keepdims=True)
+    for panel, (row, column) in zip(panels, anchors):
+        expected = (table @ table[row * 6 + column]).reshape(5, 6)
+        image = np.asarray(panel.images[0].get_array())
+        np.testing.assert_allclose(image, expected, atol=1e-5)
+        assert image[row, column] == pytest.approx(1.0, abs=1e-5)
+        assert f"({row}, {column})" in panel.get_title()
+
+
+@pytest.mark.parametrize(
+    "anchors", [[(5, 0)], [(0, -1)], [(1,)], "center"]
+)
+def test_grid_similarity_refuses_anchors_off_the_grid(anchors):
+    with pytest.raises(ValueError, match="`anchors` must be"):
+        plot.grid_similarity(grid_shape=(5, 6), dim=16, anchors=anchors)
+
+
+def test_rope_axis_assignment_draws_each_pairs_axis_and_frequency():
+    figure = plot.rope_axis_assignment(max_wavelength=1000.0)
+    expected = {
+        "axial": references.axial_rope_frequencies(128, 2, 1000.0),
+        "alternating": references.pixtral_frequencies(128, 1000.0),
+        "sections": references.mrope_frequencies(128, [16, 24, 24], 1000.0),
+        "interleaved M-RoPE": references.interleaved_mrope_frequencies(
+            128, [24, 20, 20], 1000.0
+        ),
+    }
+    assert len(figure.axes) == len(expected)
+    for panel, (name, theta) in zip(figure.axes, expected.items()):
+        assert name in panel.get_title()
+        assert panel.get_yscale() == "log"
+        for axis, bars in enumerate(panel.containers):
+            pairs = np.flatnonzero(theta[:, axis])
+            centres = [bar.get_x() + bar.get_width() / 2 for bar in bars]
+            np.testing.assert_allclose(centres, pairs)
+            np.testing.assert_allclose(
+                [bar.get_height() for bar in bars], theta[pairs, axis], rtol=1e-6
+            )
