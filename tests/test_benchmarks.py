@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from keras_posenc.bench import absolute
 from keras_posenc.bench import attention
+from keras_posenc.bench import grid
 from keras_posenc.bench import rotary_embedding
 from keras_posenc.bench import suite
 from keras_posenc.bench import timing
@@ -319,6 +320,7 @@ def test_bench_writes_the_machine_and_every_table(tmp_path, capsys):
         "| keras_posenc against | its median (ms) |",
         "| scheme | median (ms) | / plain | target | met |",
         "| peak (MiB) | / plain | target | met |",
+        "| layer | median (ms) | against | ratio | target | met | / its 1-D path |",
     ):
         assert header in written
     # Tiny sizes time nothing worth judging: no verdict, and a note says so.
@@ -345,3 +347,21 @@ def test_machine_description_reads_proc_files(tmp_path):
         # MemTotal and the physical pages both count the kernel's usable RAM.
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         assert suite._memory() == f"{total / 2**30:.1f} GiB"
+
+
+def test_grid_benchmark_times_every_layer_against_its_baseline():
+    results = grid.run(**suite.TINY_GRID, repeats=2, warmup=1)
+    assert set(results) == set(grid.TARGETS)
+    for name, result in results.items():
+        baseline = "vs_plain" if name.startswith("attention") else "vs_floor"
+        assert math.isfinite(result[baseline]) and result[baseline] > 0
+        if baseline == "vs_floor":
+            assert math.isfinite(result["vs_line"]) and result["vs_line"] > 0
+    table = grid.format_table(results, judged=False)
+    assert table.count("| tiny run |") == len(grid.TARGETS)
+
+
+def test_grid_benchmark_checks_that_the_layer_and_its_floor_agree():
+    candidates = {"grid": tf.identity, "floor": lambda x: x + 1.0}
+    with pytest.raises(AssertionError, match="the grid layer and its floor"):
+        grid._check_agreement("sinusoidal", candidates, tf.zeros((1, 4, 2)), "floor")

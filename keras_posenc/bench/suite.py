@@ -5,7 +5,8 @@ against keras-hub and the precomputed-table floor),
 `keras_posenc.bench.rotary_embedding` (RoPE against keras-hub and its floor) and
 `keras_posenc.bench.attention` (one self-attention call per position scheme against
 plain `keras.layers.MultiHeadAttention`, and the peak memory of each, Shaw's
-included), and prints a description of the machine followed by each
+included) and `keras_posenc.bench.grid` (the layers on a grid of patches
+against their floors, their 1-D paths and plain attention), and prints a description of the machine followed by each
 benchmark's table of ratios, as Markdown. Every call is compiled with XLA;
 ratios are medians over rounds of paired calls (see `keras_posenc.bench.timing`).
 
@@ -30,6 +31,7 @@ import tensorflow as tf
 
 from keras_posenc.bench import absolute
 from keras_posenc.bench import attention
+from keras_posenc.bench import grid
 from keras_posenc.bench import rotary_embedding
 
 # Sizes of `tiny=True`: enough to run every candidate, too small to time.
@@ -37,6 +39,14 @@ TINY_ABSOLUTE = {"shape": (1, 16, 8), "vocabulary_size": 50}
 TINY_ROTARY_SHAPE = (1, 16, 2, 8)
 TINY_ATTENTION = {"batch": 1, "length": 8, "heads": 2, "key_dim": 4}
 TINY_MEMORY_LENGTH = 16
+TINY_GRID = {
+    "grid": (4, 4),
+    "batch": 1,
+    "features": 8,
+    "heads": 2,
+    "key_dim": 8,
+    "attention_batch": 1,
+}
 TINY_REPEATS = 2
 TINY_WARMUP = 1
 WARMUP = 3
@@ -159,6 +169,7 @@ def run(out=None, repeats=30, tiny=False):
         rotary_shape = TINY_ROTARY_SHAPE
         attention_sizes = TINY_ATTENTION
         memory_length = TINY_MEMORY_LENGTH
+        grid_sizes = TINY_GRID
     else:
         warmup = WARMUP
         absolute_sizes = {
@@ -173,6 +184,14 @@ def run(out=None, repeats=30, tiny=False):
             "key_dim": attention.KEY_DIM,
         }
         memory_length = attention.MEMORY_LENGTH
+        grid_sizes = {
+            "grid": grid.GRID,
+            "batch": grid.BATCH,
+            "features": grid.FEATURES,
+            "heads": grid.HEADS,
+            "key_dim": grid.KEY_DIM,
+            "attention_batch": grid.ATTENTION_BATCH,
+        }
 
     _progress(
         "Timing additive encodings (SinusoidalPositionEncoding, "
@@ -193,6 +212,11 @@ def run(out=None, repeats=30, tiny=False):
         warmup=warmup,
         memory_length=memory_length,
     )
+    _progress(
+        "Timing the grid layers against their floors, their 1-D paths and "
+        "plain attention ..."
+    )
+    grid_results = grid.run(**grid_sizes, repeats=repeats, warmup=warmup)
 
     width = attention_sizes["heads"] * attention_sizes["key_dim"]
     attention_input = (
@@ -239,6 +263,12 @@ def run(out=None, repeats=30, tiny=False):
             f"memory of one call at {memory_input}, as XLA assigns it.",
             "",
             attention.format_table(attention_results, judged=not tiny),
+            "",
+            "## Grids: images, video, multimodal",
+            "",
+            grid.describe(**grid_sizes, repeats=repeats) + ".",
+            "",
+            grid.format_table(grid_results, judged=not tiny),
             "",
         ]
     )
