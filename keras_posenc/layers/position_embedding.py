@@ -296,11 +296,12 @@ class PositionEmbedding(AbsoluteEncoding):
                 if static_length > self.sequence_length:
                     return self._resized_rows([static_length])
             else:
-                return tf.cond(
-                    length > self.sequence_length,
-                    lambda: self._resized_rows([length]),
-                    lambda: self._grid_rows()[:length],
-                )  # (seq, dim)
+                # Resized to at least the table's length (exactly the table
+                # at that length), then cut: no branch on the length.
+                stretched = self._resized_rows(
+                    [tf.maximum(length, self.sequence_length)]
+                )  # (max(seq, sequence_length), dim)
+                return stretched[:length]  # (seq, dim)
         with tf.control_dependencies(self._range_assertions(positions)):
             start = tf.identity(tf.cast(start_index, "int32"))
         return tf.slice(
@@ -318,21 +319,21 @@ class PositionEmbedding(AbsoluteEncoding):
                 return self._grid_rows()  # (cells, dim)
             self._check_interpolation([int(size) for size in static])
             return self._resized_rows(grid_shape)  # (new cells, dim)
-        same = tf.reduce_all(
-            [
-                tf.equal(tf.cast(size, "int32"), table_size)
-                for size, table_size in zip(grid_shape, table_grid)
-            ]
-        )
         if self.interpolation is None:
+            same = tf.reduce_all(
+                [
+                    tf.equal(tf.cast(size, "int32"), table_size)
+                    for size, table_size in zip(grid_shape, table_grid)
+                ]
+            )
             assertion = tf.debugging.Assert(
                 same, [self._refusal_message("another grid")]
             )
             with tf.control_dependencies([assertion]):
                 return tf.identity(self._grid_rows())
-        return tf.cond(
-            same, self._grid_rows, lambda: self._resized_rows(grid_shape)
-        )  # (cells, dim)
+        # A grid known only when the graph runs is always resized: to the
+        # table's own grid that is exactly the table (weights 1 and 0).
+        return self._resized_rows(grid_shape)  # (cells, dim)
 
     def _resized_rows(self, grid_shape):
         """The table's rows after the prefix, resized to `grid_shape`."""
