@@ -190,6 +190,16 @@ def test_prefix_tokens_have_no_sinusoidal_encoding():
     )(tokens, positions=ops.grid_positions(grid)).numpy()
     np.testing.assert_array_equal(concatenated[:, :, :8], tokens)
     np.testing.assert_array_equal(concatenated[:, :2, 8:], 0.0)  # zeros
+    # Per-batch coordinates after the prefix (packed or jittered grids).
+    per_batch = np.stack([ops.grid_positions(grid), ops.grid_positions(grid) + 1])
+    learned = PositionEmbedding(grid_shape=(3, 4), num_prefix_tokens=2)
+    outputs = learned(tokens, positions=per_batch).numpy()
+    table = learned.embeddings.numpy()
+    rows = 2 + per_batch[..., 0] * 4 + per_batch[..., 1]  # (batch, 6)
+    np.testing.assert_array_equal(outputs[:, :2], tokens[:, :2] + table[:2])
+    np.testing.assert_array_equal(
+        outputs[:, 2:], tokens[:, 2:] + table[rows]
+    )
     # A prefix on a line: positions count from the first token after it.
     line = SinusoidalPositionEncoding(num_prefix_tokens=1, merge_mode=None)(
         np.zeros((1, 5, 6), "float32")
