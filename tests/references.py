@@ -328,3 +328,82 @@ def sinusoidal_on_axes(positions, dim, max_wavelength=10000.0, layout="concat"):
         ],
         axis=-1,
     )
+
+
+# Swin's relative position bias on a grid, BEiT's prefix rows (issue 14).
+
+
+def swin_relative_position_index(window, class_token=False):
+    """Swin's `relative_position_index` for a window of 1, 2 or 3 axes.
+
+    Liu et al. 2021, section 3.2, and its code (SwinTransformer's
+    WindowAttention; Video Swin's for three axes): coordinates from an "ij"
+    meshgrid, flattened; `coords[:, :, None] - coords[:, None, :]` (query
+    minus key); each axis shifted by `w - 1`, multiplied by the number of
+    offsets of the axes after it, and summed. With `class_token`, BEiT's
+    (Bao et al. 2022, beit/modeling_finetune.py): a first row and column,
+    `rows` for class to patch, `rows + 1` patch to class, `rows + 2` class
+    to class, where `rows` is the number of patch-to-patch rows.
+    """
+    coords = np.stack(
+        np.meshgrid(*[np.arange(size) for size in window], indexing="ij")
+    ).reshape(len(window), -1)  # (axes, cells)
+    relative = (coords[:, :, None] - coords[:, None, :]).transpose(1, 2, 0)
+    relative = relative + (np.asarray(window) - 1)  # (cells, cells, axes)
+    for axis in range(len(window) - 1):
+        relative[:, :, axis] *= math.prod(2 * size - 1 for size in window[axis + 1 :])
+    index = relative.sum(-1)  # (cells, cells)
+    if class_token:
+        rows = math.prod(2 * size - 1 for size in window)
+        index = np.pad(index, [(1, 0), (1, 0)])
+        index[0, :] = rows
+        index[:, 0] = rows + 1
+        index[0, 0] = rows + 2
+    return index
+
+
+def grid_relative_position_bias(
+    table, window, query_positions, key_positions, num_prefix_tokens=0
+):
+    """Swin's bias for any positions, one query and key at a time, in float64.
+
+    `table` is `(rows, heads)`; positions are `(batch, sequence, axes)`.
+    The offset `query - key` of each axis is clipped to `+-(w - 1)`, then
+    read as the row-major index over the `2 w - 1` offsets of each axis.
+    Prefix tokens, first in the sequence, read BEiT's three rows after the
+    grid's (prefix to grid, grid to prefix, prefix to prefix).
+
+    Returns:
+        `(batch, heads, prefix + query, prefix + key)`.
+    """
+    table = np.asarray(table, "float64")
+    sizes = [2 * size - 1 for size in window]
+    rows = math.prod(sizes)
+    batch, queries, keys = (
+        query_positions.shape[0],
+        query_positions.shape[1],
+        key_positions.shape[1],
+    )
+    prefix = num_prefix_tokens
+    bias = np.zeros((batch, table.shape[1], prefix + queries, prefix + keys))
+    for b in range(batch):
+        for i in range(prefix + queries):
+            for j in range(prefix + keys):
+                if i < prefix and j < prefix:
+                    row = rows + 2
+                elif i < prefix:
+                    row = rows
+                elif j < prefix:
+                    row = rows + 1
+                else:
+                    offset = [
+                        min(max(q - k, 1 - size), size - 1) + size - 1
+                        for q, k, size in zip(
+                            query_positions[b, i - prefix],
+                            key_positions[b, j - prefix],
+                            window,
+                        )
+                    ]
+                    row = int(np.ravel_multi_index(offset, sizes))
+                bias[b, :, i, j] = table[row]
+    return bias

@@ -13,6 +13,7 @@ import pytest
 import keras_posenc
 from keras_posenc.layers import (
     AlibiBias,
+    GridRelativePositionBias,
     PositionalMultiHeadAttention,
     PositionEmbedding,
     RelativePositionBias,
@@ -59,6 +60,28 @@ def on_positions(layer):
     key_positions = keras.Input((None,), dtype="int32")
     bias = layer(query_positions, key_positions)  # (batch, heads, query, key)
     return keras.Model([query_positions, key_positions], bias), position_pairs()
+
+
+def on_grid_positions(layer):
+    """A head bias called on its own, on grid positions `(batch, 6, 2)`."""
+    query_positions = keras.Input((None, 2), dtype="int32")
+    key_positions = keras.Input((None, 2), dtype="int32")
+    bias = layer(query_positions, key_positions)  # (batch, heads, query, key)
+    grid = np.stack([np.arange(LENGTH) // 3, np.arange(LENGTH) % 3], axis=-1)
+    positions = np.stack([grid, grid[::-1]]).astype("int32")  # (batch, 6, 2)
+    return keras.Model([query_positions, key_positions], bias), [positions, positions]
+
+
+def in_grid_attention(position):
+    """Attention with `position` on a class token and a 2 x 3 grid, then a Dense."""
+    tokens = keras.Input((None, FEATURES))
+    positions = keras.Input((None, 2), dtype="int32")
+    attended = PositionalMultiHeadAttention(
+        num_heads=NUM_HEADS, key_dim=KEY_DIM, position=position
+    )(tokens, tokens, query_positions=positions, key_positions=positions)
+    model = keras.Model([tokens, positions], keras.layers.Dense(2)(attended))
+    _, [grid, _] = on_grid_positions(GridRelativePositionBias(1, (1, 1)))
+    return model, [random_floats((BATCH, 1 + LENGTH, FEATURES)), grid]
 
 
 def in_attention(position):
@@ -131,6 +154,14 @@ CASES = {
     "attention_alibi": lambda: in_attention(AlibiBias(num_heads=NUM_HEADS)),
     "attention_t5": lambda: in_attention(
         RelativePositionBias(num_heads=NUM_HEADS, num_buckets=8, max_distance=16)
+    ),
+    "grid_bias": lambda: on_grid_positions(
+        GridRelativePositionBias(num_heads=NUM_HEADS, grid_shape=(2, 2))
+    ),
+    "attention_grid_bias_prefix": lambda: in_grid_attention(
+        GridRelativePositionBias(
+            num_heads=NUM_HEADS, grid_shape=(2, 2), num_prefix_tokens=1
+        )
     ),
     # RelativePositionEmbedding loads from `.h5` inside attention only: see
     # test_h5_cannot_rebuild_a_relative_position_embedding_called_alone.

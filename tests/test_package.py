@@ -14,6 +14,7 @@ def test_public_api():
         assert getattr(keras_posenc, name) is not None
     for name in (
         "AlibiBias",
+        "GridRelativePositionBias",
         "PositionEmbedding",
         "PositionalMultiHeadAttention",
         "RelativePositionBias",

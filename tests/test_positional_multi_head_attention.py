@@ -107,6 +107,8 @@ def reference_attention(
     key_positions=None,
     mask=None,
     causal=False,
+    transform_query_key=None,
+    logits_bias=None,
 ):
     """The layer's attention recomputed in float64, head by head.
 
@@ -114,6 +116,10 @@ def reference_attention(
     query, key)` (True: may attend); `causal` lets each query attend to keys
     at its position or before. A query that
     may attend to no key gets zero weights, as with Keras' masked softmax.
+    For schemes the 1-D positions above do not describe (grids), the caller
+    gives its own reference's contributions: `transform_query_key(queries,
+    keys)` of the projected `(batch, sequence, heads, key_dim)`, and
+    `logits_bias`, float64 `(batch or 1, heads, query, key)`.
 
     Returns:
         The output `(batch, query, features)` and the attention weights
@@ -130,7 +136,9 @@ def reference_attention(
     values = project(value, layer.value_dense)  # (batch, key, heads, value_dim)
     heads, key_dim = queries.shape[2], queries.shape[3]
     position = layer.position
-    if isinstance(position, RotaryEmbedding):
+    if transform_query_key is not None:
+        queries, keys = transform_query_key(queries, keys)
+    elif isinstance(position, RotaryEmbedding):
         inverse_frequencies, _ = references.rope_inverse_frequencies(
             key_dim, position.max_wavelength
         )
@@ -188,6 +196,8 @@ def reference_attention(
                             position.max_distance,
                         )
                         logits[j] += bias_table[bucket, n]
+                    if logits_bias is not None:
+                        logits[j] += logits_bias[min(b, len(logits_bias) - 1), n, i, j]
                 row = allowed[b, n, i]
                 if row.any():
                     exponentials = np.where(

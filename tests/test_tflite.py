@@ -88,6 +88,10 @@ MODELS = {
     "attention_t5": lambda: attention_model(
         keras_posenc.RelativePositionBias(2, num_buckets=8, max_distance=16)
     ),
+    # One axis: the default positions serve, with no input for them.
+    "attention_grid_bias_one_axis": lambda: attention_model(
+        keras_posenc.GridRelativePositionBias(2, (4,)), use_causal_mask=False
+    ),
 }
 
 

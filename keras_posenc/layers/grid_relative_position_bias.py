@@ -163,7 +163,7 @@ class GridRelativePositionBias(HeadBias):
             query_positions, key_positions, self.num_axes
         )  # (batch or 1, query, key[, num_axes]): key - query
         if self.num_axes == 1:
-            distance = distance[..., tf.newaxis]  # (batch or 1, query, key, 1)
+            distance = tf.expand_dims(distance, -1)  # (batch or 1, query, key, 1)
         rows = ops.grid_relative_position_index(
             distance, self.grid_shape
         )  # (batch or 1, query, key)
