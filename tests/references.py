@@ -330,6 +330,110 @@ def sinusoidal_on_axes(positions, dim, max_wavelength=10000.0, layout="concat"):
     )
 
 
+# RoPE on grids (issue 14): Theta[i, a] is pair i's frequency for axis a.
+
+
+def axial_rope_frequencies(rotary_dim, num_axes, base=10000.0):
+    """Axial RoPE (EVA-02; rotary-embedding-torch's axial "lang" frequencies).
+
+    Each axis has its own RoPE of rotary_dim / num_axes features: pairs
+    a * k .. a * k + k - 1 (k = rotary_dim / (2 num_axes)) read axis a, pair
+    a * k + j at base^(-2j / (rotary_dim / num_axes)). Returns a float64
+    `(rotary_dim / 2, num_axes)` array.
+    """
+    axis_dim = rotary_dim // num_axes
+    pairs_per_axis = axis_dim // 2
+    theta = np.zeros((rotary_dim // 2, num_axes), "float64")
+    for pair in range(rotary_dim // 2):
+        axis, j = divmod(pair, pairs_per_axis)
+        theta[pair, axis] = base ** (-2.0 * j / axis_dim)
+    return theta
+
+
+def mrope_frequencies(rotary_dim, mrope_section, base=10000.0):
+    """Qwen2-VL's M-RoPE (Wang et al. 2024, section 2.1; `mrope_section`).
+
+    One RoPE schedule over the whole width, pair i at base^(-2i / rotary_dim);
+    the first mrope_section[0] pairs read t, the next mrope_section[1] read h,
+    the last mrope_section[2] read w.
+    """
+    theta = np.zeros((rotary_dim // 2, len(mrope_section)), "float64")
+    bounds = np.cumsum(mrope_section)
+    for pair in range(rotary_dim // 2):
+        axis = int(np.searchsorted(bounds, pair, side="right"))
+        theta[pair, axis] = base ** (-2.0 * pair / rotary_dim)
+    return theta
+
+
+def interleaved_mrope_frequencies(rotary_dim, mrope_section, base=10000.0):
+    """Qwen3-VL's interleaved M-RoPE (`Qwen3VLTextRotaryEmbedding`).
+
+    One RoPE schedule, pair i at base^(-2i / rotary_dim), reading t by
+    default; pair i reads h when i % 3 == 1 and i < 3 * mrope_section[1], w
+    when i % 3 == 2 and i < 3 * mrope_section[2].
+    """
+    theta = np.zeros((rotary_dim // 2, 3), "float64")
+    for pair in range(rotary_dim // 2):
+        axis = 0
+        if pair % 3 == 1 and pair < 3 * mrope_section[1]:
+            axis = 1
+        elif pair % 3 == 2 and pair < 3 * mrope_section[2]:
+            axis = 2
+        theta[pair, axis] = base ** (-2.0 * pair / rotary_dim)
+    return theta
+
+
+def pixtral_frequencies(head_dim, base=10000.0):
+    """Pixtral's 2-D RoPE (mistral's `precompute_freqs_cis_2d`).
+
+    The head's RoPE schedule w_k = base^(-2k / head_dim), k < head_dim / 2:
+    the even ones, w_0, w_2, ..., for rows in the first head_dim / 4 pairs,
+    the odd ones, w_1, w_3, ..., for columns in the last head_dim / 4.
+    """
+    quarter = head_dim // 4
+    theta = np.zeros((head_dim // 2, 2), "float64")
+    for pair in range(head_dim // 2):
+        axis, j = divmod(pair, quarter)
+        theta[pair, axis] = base ** (-2.0 * (2 * j + axis) / head_dim)
+    return theta
+
+
+def grid_rotary(x, positions, theta, layout="half", num_prefix_tokens=0):
+    """RoPE on a grid, one 2x2 rotation per feature pair, in float64.
+
+    `x` is `(batch, seq, dim)` or `(batch, seq, heads, dim)`; `positions` is
+    `(seq - num_prefix_tokens, n)` or `(batch, seq - num_prefix_tokens, n)`;
+    `theta` is `(pairs, n)`, or `(heads, pairs, n)` per head. Pair i of a
+    token at p turns by sum_a theta[i, a] * p[a]; its features are (i, i + r/2)
+    for layout "half", (2i, 2i + 1) for "interleaved", r = 2 * pairs, and the
+    features from r on pass through, as do the first num_prefix_tokens tokens.
+    """
+    x = np.asarray(x, dtype="float64")
+    positions = np.asarray(positions, dtype="float64")
+    theta = np.asarray(theta, dtype="float64")
+    pairs = theta.shape[-2]
+    output = x.copy()
+    for batch in range(x.shape[0]):
+        for step in range(num_prefix_tokens, x.shape[1]):
+            token = step - num_prefix_tokens
+            p = positions[token] if positions.ndim == 2 else positions[batch, token]
+            for head in range(x.shape[2] if x.ndim == 4 else 1):
+                head_theta = theta[head] if theta.ndim == 3 else theta
+                where = (batch, step, head) if x.ndim == 4 else (batch, step)
+                for pair in range(pairs):
+                    if layout == "half":
+                        first, second = pair, pair + pairs
+                    else:
+                        first, second = 2 * pair, 2 * pair + 1
+                    angle = sum(
+                        head_theta[pair, axis] * p[axis] for axis in range(len(p))
+                    )
+                    a, b = x[where + (first,)], x[where + (second,)]
+                    output[where + (first,)] = a * math.cos(angle) - b * math.sin(angle)
+                    output[where + (second,)] = b * math.cos(angle) + a * math.sin(angle)
+    return output
+
+
 # Swin's relative position bias on a grid, BEiT's prefix rows (issue 14).
 
 

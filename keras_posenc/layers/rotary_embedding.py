@@ -129,10 +129,11 @@ class RotaryEmbedding(AttentionPosition):
             `keras_posenc.ops.multimodal_positions(...)`; `sequence` counts
             the tokens after the `num_prefix_tokens`. Overrides
             `start_index`: left padding, packed sequences.
-        grid_shape: optional list of `num_axes` ints (or integer scalar
-            tensors), such as `(rows, columns)`: the tokens after the
-            prefix are that grid, row-major, and take the positions
-            `ops.grid_positions(grid_shape)`. With `num_axes` > 1, pass
+        grid_shape: optional list of `num_axes` ints, or of integer scalar
+            tensors (all one or the other: Keras takes no mix of tensors
+            and ints in a call argument), such as `(rows, columns)`: the
+            tokens after the prefix are that grid, row-major, and take the
+            positions `ops.grid_positions(grid_shape)`. With `num_axes` > 1, pass
             `positions` or `grid_shape`.
 
     Returns:
@@ -341,7 +342,10 @@ class RotaryEmbedding(AttentionPosition):
             name="frequencies",
             shape=shape,
             initializer=axial,
-            dtype="float32",  # angles at grid coordinates in the thousands
+            # Float32, and read so: angles at grid coordinates in the
+            # thousands, even inside a mixed precision attention.
+            dtype="float32",
+            autocast=False,
         )
 
     def _fixed_frequency_matrix(self, rotated):
@@ -504,6 +508,7 @@ class RotaryEmbedding(AttentionPosition):
         `phases` is `([batch,] seq, rotated / 2)`, or `([batch,] seq, heads,
         rotated / 2)` for learned frequencies and inputs with heads.
         """
+        positions = tf.convert_to_tensor(positions)
         if self.num_axes == 1:
             positions = positions[..., tf.newaxis]  # ([batch,] seq, 1)
         batched = positions.shape.rank == 3
