@@ -362,7 +362,9 @@ def test_grid_attention_traces_once_for_two_grid_sizes_under_xla():
         cells = int(np.prod(grid_shape))
         tokens = random_inputs((BATCH, 1 + cells, FEATURES))
         positions = grid(grid_shape).astype("int32")
-        expected = layer(tokens, tokens, query_positions=positions, key_positions=positions)
+        expected = layer(
+            tokens, tokens, query_positions=positions, key_positions=positions
+        )
         assert_close(attend(tokens, positions), expected.numpy().astype("float64"))
     assert attend.experimental_get_tracing_count() == 1
 
