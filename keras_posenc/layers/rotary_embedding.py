@@ -1,4 +1,5 @@
 import copy
+import numbers
 
 import keras
 import tensorflow as tf
@@ -383,7 +384,7 @@ class RotaryEmbedding(AttentionPosition):
                 )
             length -= self.num_prefix_tokens
         if self.num_axes > 1 and not (
-            isinstance(start_index, int) and start_index == 0
+            isinstance(start_index, numbers.Integral) and start_index == 0
         ):
             raise ValueError(
                 f"`start_index` offsets positions on one axis; with "
@@ -472,9 +473,8 @@ class RotaryEmbedding(AttentionPosition):
         rank = inputs.shape.rank
         last = rank - 1
         if self._on_grid:
-            phases, attention_factor, batched = self._grid_phases(
-                positions, rotated, rank
-            )
+            phases, batched = self._grid_phases(positions, rotated, rank)
+            attention_factor = 1.0  # no scaling on a grid
         else:
             frequencies, attention_factor = rope_scaling.rope_parameters(
                 self.scaling, rotated, self.max_wavelength, length
@@ -503,7 +503,7 @@ class RotaryEmbedding(AttentionPosition):
         return outputs
 
     def _grid_phases(self, positions, rotated, rank):
-        """Angles from `Theta`: `(phases, attention_factor, batched)`.
+        """Angles from `Theta`, and whether they have a batch axis.
 
         `phases` is `([batch,] seq, rotated / 2)`, or `([batch,] seq, heads,
         rotated / 2)` for learned frequencies and inputs with heads.
@@ -522,7 +522,7 @@ class RotaryEmbedding(AttentionPosition):
             phases = ops.grid_angles(
                 positions, self._fixed_frequency_matrix(rotated)
             )  # ([batch,] seq, rotated / 2)
-        return phases, 1.0, batched
+        return phases, batched
 
     def check_attention(self, num_heads, key_dim, value_dim):
         heads_shape = (None, None, num_heads, key_dim)
