@@ -538,14 +538,17 @@ def test_position_embedding_config_round_trip_and_old_configs():
     assert PositionEmbedding.from_config(config).get_config() == config
     grid_default = PositionEmbedding(grid_shape=(3, 4)).get_config()
     assert grid_default["interpolation"] == "bicubic"
+    # A line's config is the one it had before grids: no grid arguments.
     line = PositionEmbedding(8).get_config()
-    assert line["interpolation"] is None and line["grid_shape"] is None
-    old = {
-        key: value
-        for key, value in line.items()
-        if key not in ("grid_shape", "num_prefix_tokens", "interpolation", "antialias")
-    }
-    assert PositionEmbedding.from_config(old).get_config() == line
+    assert not {
+        "grid_shape", "num_prefix_tokens", "interpolation", "antialias"
+    } & set(line)
+    assert PositionEmbedding.from_config(line).get_config() == line
+    stretched = PositionEmbedding(8, interpolation="linear").get_config()
+    assert stretched["interpolation"] == "linear"
+    assert PositionEmbedding.from_config(stretched).interpolation == "linear"
+    refusing = PositionEmbedding(grid_shape=(3, 4), interpolation=None).get_config()
+    assert PositionEmbedding.from_config(refusing).interpolation is None
 
 
 @pytest.mark.parametrize(

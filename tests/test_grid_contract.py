@@ -9,6 +9,7 @@ same numbers.
 
 import json
 import os
+import zipfile
 
 import keras
 import numpy as np
@@ -225,3 +226,40 @@ def test_resize_to_the_same_grid_is_the_identity():
 def test_bad_resize_arguments_raise_value_error_naming_them(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_one_axis_configs_are_the_ones_saved_before_grids():
+    # The configs the file holds, as the code before grids wrote them.
+    with zipfile.ZipFile(FIXTURE) as archive:
+        saved = json.loads(archive.read("config.json"))
+
+    def without_sharing(value):
+        # Keras marks objects serialized twice in one pass (a dtype policy)
+        # with a `shared_object_id`, which files hold without.
+        if isinstance(value, dict):
+            return {
+                key: without_sharing(item)
+                for key, item in value.items()
+                if key != "shared_object_id"
+            }
+        if isinstance(value, list):
+            return [without_sharing(item) for item in value]
+        return value
+
+    def layer_configs(model_config):
+        model_config = without_sharing(model_config)
+        configs = {}
+        for layer in model_config["config"]["layers"]:
+            config = dict(layer["config"])
+            if isinstance(config.get("position"), dict):
+                position = config.pop("position")
+                configs[f"{config['name']}/position"] = position["config"]
+            configs[config["name"]] = config
+        return configs
+
+    model = keras.models.load_model(FIXTURE, safe_mode=True)
+    before = layer_configs(saved)
+    now = layer_configs(json.loads(json.dumps(keras.saving.serialize_keras_object(model))))
+    assert before.keys() == now.keys()
+    for name in before:
+        assert now[name] == before[name], name

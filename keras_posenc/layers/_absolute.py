@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 
 from keras_posenc import ops
+from keras_posenc.layers._grid_config import add_grid_arguments
 
 MERGE_MODES = ("add", "concat", None)
 
@@ -272,13 +273,14 @@ class AbsoluteEncoding(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(
-            {
-                "merge_mode": self.merge_mode,
-                "output_dim": self.output_dim,
-                "num_prefix_tokens": self.num_prefix_tokens,
-            }
+            {"merge_mode": self.merge_mode, "output_dim": self.output_dim}
         )
-        return config
+        return add_grid_arguments(
+            config,
+            {"num_prefix_tokens": self.num_prefix_tokens},
+            {"num_prefix_tokens": 0},
+            on_a_grid=self.num_axes > 1,
+        )
 
     @classmethod
     def from_config(cls, config):

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from keras_posenc import ops
 from keras_posenc.layers._absolute import AbsoluteEncoding
+from keras_posenc.layers._grid_config import add_grid_arguments
 
 _LINE_INTERPOLATIONS = ("linear",)
 _GRID_INTERPOLATIONS = ("bilinear", "bicubic")
@@ -452,14 +453,17 @@ class PositionEmbedding(AbsoluteEncoding):
         else:
             initializer = keras.initializers.serialize(self.initializer)
         config.update(
+            {"sequence_length": self.sequence_length, "initializer": initializer}
+        )
+        return add_grid_arguments(
+            config,
             {
-                "sequence_length": self.sequence_length,
-                "initializer": initializer,
                 "grid_shape": (
                     None if self.grid_shape is None else list(self.grid_shape)
                 ),
                 "interpolation": self.interpolation,
                 "antialias": self.antialias,
-            }
+            },
+            {"grid_shape": None, "interpolation": None, "antialias": False},
+            on_a_grid=self.grid_shape is not None,
         )
-        return config

@@ -7,6 +7,7 @@ import tensorflow as tf
 from keras_posenc import ops
 from keras_posenc import rope_scaling
 from keras_posenc.layers._attention_position import AttentionPosition
+from keras_posenc.layers._grid_config import add_grid_arguments
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -800,14 +801,26 @@ class RotaryEmbedding(AttentionPosition):
                 "scaling": copy.deepcopy(self.scaling),
                 "sequence_axis": self.sequence_axis,
                 "feature_axis": self.feature_axis,
+            }
+        )
+        return add_grid_arguments(
+            config,
+            {
                 "num_axes": self.num_axes,
                 "axis_layout": self.axis_layout,
                 "axis_sections": copy.copy(self.axis_sections),
                 "learned_frequencies": self.learned_frequencies,
                 "num_prefix_tokens": self.num_prefix_tokens,
-            }
+            },
+            {
+                "num_axes": 1,
+                "axis_layout": "blocks",
+                "axis_sections": None,
+                "learned_frequencies": False,
+                "num_prefix_tokens": 0,
+            },
+            on_a_grid=self.num_axes > 1,
         )
-        return config
 
 
 _DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")

@@ -2,6 +2,7 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc.layers._absolute import AbsoluteEncoding
+from keras_posenc.layers._grid_config import add_grid_arguments
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -169,10 +170,11 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
     def get_config(self):
         config = super().get_config()
         config.update(
-            {
-                "max_wavelength": self.max_wavelength,
-                "layout": self.layout,
-                "num_axes": self.num_axes,
-            }
+            {"max_wavelength": self.max_wavelength, "layout": self.layout}
         )
-        return config
+        return add_grid_arguments(
+            config,
+            {"num_axes": self.num_axes},
+            {"num_axes": 1},
+            on_a_grid=self.num_axes > 1,
+        )
