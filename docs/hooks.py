@@ -149,6 +149,8 @@ def on_pre_build(config):
         "encoding_heatmap_concat.png": plot.encoding_heatmap(layout="concat"),
         "similarity.png": plot.similarity_curve(),
         "rope_wavelengths.png": plot.rope_wavelengths(),
+        "grid_similarity.png": plot.grid_similarity(),
+        "rope_axis_assignment.png": plot.rope_axis_assignment(),
         "alibi_bias.png": _alibi_bias_figure(),
         "t5_buckets.png": _t5_buckets_figure(),
         "extrapolation.png": plot.extrapolation_curves(
