@@ -65,6 +65,7 @@ PUBLIC_FUNCTIONS = [
     keras_posenc.ops.check_grid_shape,
     keras_posenc.ops.resize_matrix,
     keras_posenc.ops.resize_grid,
+    keras_posenc.ops.check_axis_layout,
     keras_posenc.ops.rope_pair_axes,
     keras_posenc.ops.rope_frequency_matrix,
     keras_posenc.ops.grid_angles,

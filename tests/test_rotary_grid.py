@@ -7,7 +7,6 @@ at grid coordinates up to 1024, serialization, Hugging Face configs and
 Qwen2-VL's M-RoPE positions as transformers' `get_rope_index` gives them.
 """
 
-import inspect
 import json
 import os
 
@@ -23,7 +22,6 @@ from keras_posenc import RotaryEmbedding
 from keras_posenc import ops
 from tests import references
 from tests.test_case import TestCase
-from tests.test_docs import documented_args
 
 FIXTURE = os.path.join(
     os.path.dirname(__file__), "fixtures", "qwen2_vl_rope_index.npz"
@@ -606,19 +604,3 @@ def test_multimodal_positions_after_a_long_video_continue_past_its_frames():
 def test_multimodal_positions_bad_segments(segments, spatial_merge_size, message):
     with pytest.raises(ValueError, match=message):
         ops.multimodal_positions(segments, spatial_merge_size)
-
-
-@pytest.mark.parametrize(
-    "function",
-    [
-        ops.check_axis_layout,
-        ops.rope_pair_axes,
-        ops.rope_frequency_matrix,
-        ops.grid_angles,
-        ops.multimodal_positions,
-    ],
-    ids=lambda function: function.__name__,
-)
-def test_ops_args_sections_agree_with_the_signatures(function):
-    parameters = list(inspect.signature(function).parameters)
-    assert documented_args(inspect.getdoc(function)) == parameters
