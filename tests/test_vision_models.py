@@ -5,11 +5,13 @@ Patches from `keras.layers.Conv2D`, a class token, an encoder block of
 the 2-D sinusoidal encoding, the learned table resized on the fly, axial
 RoPE, M-RoPE sections, Swin's grid bias. With the resizable table and with
 axial RoPE the model trains under XLA at two image sizes through `None`
-dimensions, learns a task only positions can solve, and saves to `.keras`
-and loads with identical outputs at both sizes. With every scheme it
-exports a SavedModel that plain TensorFlow serves at a second resolution,
-and converts to TFLite with built-in ops only.
+dimensions, learns a task only positions can solve, saves to `.keras`, and
+loads in a fresh process with identical outputs at both sizes. With every
+scheme it exports a SavedModel that plain TensorFlow serves at a second
+resolution, and converts to TFLite with built-in ops only.
 """
+
+import os
 
 import keras
 import numpy as np
@@ -207,16 +209,47 @@ def test_trains_at_two_sizes_and_learns_where_the_patch_is(trained, scheme):
     assert logits.shape == (8, CLASSES) and np.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("scheme", TRAINED)
-def test_keras_file_round_trip_at_both_sizes(trained, scheme, tmp_path):
-    model = trained[scheme]
-    path = tmp_path / f"{scheme}.keras"
-    model.save(path)
-    loaded = keras.models.load_model(path, safe_mode=True)
-    for size in (TRAIN_SIZE, SECOND_SIZE):
-        images = blob_images(size, 4, seed=size)[0]
+# Loads every `<name>.keras` in argv[1] with `PatchTokens` registered (the
+# repository root is argv[2]), calls it on `<name>.<size>.npy` for each
+# size and writes `<name>.<size>.pred.npy`.
+LOAD_CHILD = """
+import pathlib
+import sys
+
+sys.path.insert(0, sys.argv[2])
+
+import keras
+import numpy as np
+
+import keras_posenc  # noqa: F401  (registers the layers)
+import tests.test_vision_models  # noqa: F401  (registers PatchTokens)
+
+folder = pathlib.Path(sys.argv[1])
+for path in sorted(folder.glob("*.keras")):
+    model = keras.models.load_model(path, safe_mode=True)
+    for images_path in sorted(folder.glob(path.stem + ".*[0-9].npy")):
+        predictions = model(np.load(images_path)).numpy()
+        np.save(images_path.with_suffix(".pred.npy"), predictions)
+"""
+
+
+def test_keras_file_loads_in_a_fresh_process_with_identical_outputs_at_both_sizes(
+    trained, tmp_path
+):
+    expected = {}
+    for scheme, model in trained.items():
+        model.save(tmp_path / f"{scheme}.keras")
+        for size in (TRAIN_SIZE, SECOND_SIZE):
+            images = blob_images(size, 4, seed=size)[0]
+            np.save(tmp_path / f"{scheme}.{size}.npy", images)
+            expected[scheme, size] = model(images).numpy()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run_fresh_python(LOAD_CHILD, tmp_path, root)
+    for (scheme, size), predictions in expected.items():
         np.testing.assert_array_equal(
-            loaded(images).numpy(), model(images).numpy()
+            np.load(tmp_path / f"{scheme}.{size}.pred.npy"),
+            predictions,
+            err_msg=f"{scheme} at {size} px",
         )
 
 
