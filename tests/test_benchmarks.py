@@ -320,7 +320,7 @@ def test_bench_writes_the_machine_and_every_table(tmp_path, capsys):
         "| keras_posenc against | its median (ms) |",
         "| scheme | median (ms) | / plain | target | met |",
         "| peak (MiB) | / plain | target | met |",
-        "| layer | median (ms) | against | ratio | target | met | / its 1-D path |",
+        "| layer | median (ms) | against | ratio | target | met | / its 1-D path | noise |",
     ):
         assert header in written
     # Tiny sizes time nothing worth judging: no verdict, and a note says so.

@@ -129,6 +129,8 @@ def _additive(name, grid, batch, features):
         table = layer.embeddings
     candidates = {
         "grid": lambda x: layer(x, grid_shape=grid),
+        # Compiled on its own: how far two identical programs time apart.
+        "grid_again": lambda x: layer(x, grid_shape=grid),
         "line": line,
         "floor": _floor_add(table),
     }
@@ -155,6 +157,7 @@ def _rotary(name, grid, batch, heads, key_dim):
     cos, sin = _rotation_tables(layer, tokens, key_dim, grid_shape=grid)
     candidates = {
         "grid": lambda x: layer(x, grid_shape=grid),
+        "grid_again": lambda x: layer(x, grid_shape=grid),
         "line": keras_posenc.RotaryEmbedding(),
         "floor": _floor_rotate(cos, sin),
     }
@@ -271,6 +274,9 @@ def run(
         else:
             result["vs_floor"] = timing.paired_ratio(seconds, "grid", "floor")
             result["vs_line"] = timing.paired_ratio(seconds, "grid", "line")
+            result["vs_itself"] = timing.paired_ratio(
+                seconds, "grid_again", "grid"
+            )
         results[name] = result
     return results
 
@@ -287,22 +293,24 @@ def format_table(results, judged=True):
         A str.
     """
     lines = [
-        "| layer | median (ms) | against | ratio | target | met | / its 1-D path |",
-        "|---|---:|---|---:|---:|---|---:|",
+        "| layer | median (ms) | against | ratio | target | met | / its 1-D path | noise |",
+        "|---|---:|---|---:|---:|---|---:|---:|",
     ]
     for name, result in results.items():
         if "vs_plain" in result:
             against, ratio = "plain `MultiHeadAttention`", result["vs_plain"]
-            noise = timing.noise_band(result["vs_itself"])
             line = ""
         else:
             against, ratio = "floor", result["vs_floor"]
-            noise = 1.0
             line = f"{result['vs_line']:.3f}x"
+        # A ratio past its target by no more than two identical programs
+        # time apart is not told apart from meeting it.
+        noise = timing.noise_band(result["vs_itself"])
         met = timing.verdict(ratio, TARGETS[name], noise, judged=judged)
         lines.append(
             f"| {LABELS[name]} | {result['grid'] * 1e3:.2f} | {against} | "
-            f"{ratio:.3f}x | <= {TARGETS[name]:.2f}x | {met} | {line} |"
+            f"{ratio:.3f}x | <= {TARGETS[name]:.2f}x | {met} | {line} | "
+            f"{result['vs_itself']:.3f}x |"
         )
     return "\n".join(lines)
 
