@@ -247,32 +247,6 @@ def check_num_axes(num_axes):
     check_positive_int("num_axes", num_axes)
 
 
-def check_positions(
-    positions, sequence_length, batch_size=None, per_batch=True, num_axes=1
-):
-    """Raise a `ValueError` unless `positions` fit inputs of these sizes.
-
-    Args:
-        positions: tensor. With one axis, shape `(sequence,)` or, if
-            `per_batch`, `(batch, sequence)` or `(batch, sequence, 1)`; with
-            `num_axes` > 1, `(sequence, num_axes)` or, if `per_batch`,
-            `(batch, sequence, num_axes)`. A batch is 1 or `batch_size`.
-        sequence_length: int or None. The inputs' sequence length, if known.
-        batch_size: int or None. The inputs' batch size, if known.
-        per_batch: bool. Whether positions may differ along a batch axis.
-        num_axes: int. The number of coordinates of a position. Defaults to
-            `1`.
-    """
-    expected = _expected_positions(
-        positions.shape, sequence_length, batch_size, per_batch, num_axes
-    )
-    if expected:
-        raise ValueError(
-            f"`positions` must have shape {expected}. "
-            f"Received positions of shape {positions.shape}"
-        )
-
-
 def _expected_positions(shape, sequence_length, batch_size, per_batch, num_axes):
     """None if positions of `shape` fit, else the shapes that would."""
     rank = shape.rank

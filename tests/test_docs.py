@@ -59,7 +59,6 @@ PUBLIC_FUNCTIONS = [
     keras_posenc.ops.relative_position_bucket,
     keras_posenc.ops.grid_relative_position_index,
     keras_posenc.GridRelativePositionBias.resized_embeddings,
-    keras_posenc.ops.check_positions,
     keras_posenc.ops.read_positions,
     keras_posenc.ops.grid_positions,
     keras_posenc.ops.check_grid_shape,

@@ -229,37 +229,34 @@ def test_bad_resize_arguments_raise_value_error_naming_them(call, message):
 
 
 def test_one_axis_configs_are_the_ones_saved_before_grids():
-    # The configs the file holds, as the code before grids wrote them.
+    # The configs of the package's layers as the code before grids wrote
+    # them: the same keys and values. Keras objects inside them (dtype
+    # policies, initializers) are compared by class: newer Keras versions
+    # write more of their own arguments.
     with zipfile.ZipFile(FIXTURE) as archive:
         saved = json.loads(archive.read("config.json"))
 
-    def without_sharing(value):
-        # Keras marks objects serialized twice in one pass (a dtype policy)
-        # with a `shared_object_id`, which files hold without.
-        if isinstance(value, dict):
-            return {
-                key: without_sharing(item)
-                for key, item in value.items()
-                if key != "shared_object_id"
-            }
-        if isinstance(value, list):
-            return [without_sharing(item) for item in value]
-        return value
+    def ours(config):
+        return {
+            key: value["class_name"] if isinstance(value, dict) else value
+            for key, value in config.items()
+        }
 
-    def layer_configs(model_config):
-        model_config = without_sharing(model_config)
+    def package_configs(model_config):
         configs = {}
         for layer in model_config["config"]["layers"]:
-            config = dict(layer["config"])
+            config = layer["config"]
             if isinstance(config.get("position"), dict):
-                position = config.pop("position")
-                configs[f"{config['name']}/position"] = position["config"]
-            configs[config["name"]] = config
+                configs[f"{config['name']}/position"] = ours(
+                    config["position"]["config"]
+                )
+            elif (layer.get("registered_name") or "").startswith("keras_posenc>"):
+                configs[config["name"]] = ours(config)
         return configs
 
     model = keras.models.load_model(FIXTURE, safe_mode=True)
-    before = layer_configs(saved)
-    now = layer_configs(json.loads(json.dumps(keras.saving.serialize_keras_object(model))))
-    assert before.keys() == now.keys()
+    before = package_configs(saved)
+    now = package_configs(keras.saving.serialize_keras_object(model))
+    assert len(before) == 8 and before.keys() == now.keys()
     for name in before:
         assert now[name] == before[name], name
