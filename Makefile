@@ -28,14 +28,18 @@ $(OLDEST_STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/keras-posenc demo
 
+# Two workers (pytest-xdist), each file's tests on one of them: the suite's
+# module-scoped fixtures (trained models, built sites) are made once.
+PYTEST_WORKERS := -n 2 --dist loadfile
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not browser"
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not browser"
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The tests (not the notebooks) less those marked `newest`, and less the
 # site's, which need the docs extra that .venv-oldest does not install.
 test-oldest: $(OLDEST_STAMP)
-	$(OLDEST)/bin/python -m pytest tests -m "not newest" --ignore=tests/test_site.py
+	$(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" --ignore=tests/test_site.py
 
 # Every page of the built site in headless Chromium, offline; needs
 # Debian's chromium (apt-get install chromium).
