@@ -24,7 +24,6 @@ Run from the repository root:
     python -m keras_posenc.bench.absolute [--shape 8 2048 512] [--repeats 30]
 """
 
-import argparse
 import statistics
 import sys
 
@@ -351,12 +350,13 @@ def main(argv=None):
         `0`, whether or not the targets are met: timings on a busy machine
         are for a person to read.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m keras_posenc.bench.absolute",
-        description=(
+    parser = timing.argument_parser(
+        "absolute",
+        (
             "Time the absolute encodings under XLA against keras-hub's and "
             "the bare addition of precomputed tables."
         ),
+        "timed rounds of each encoding",
     )
     parser.add_argument(
         "--shape",
@@ -371,12 +371,6 @@ def main(argv=None):
         type=int_at_least(1),
         default=VOCABULARY_SIZE,
         help=f"number of token ids (default: {VOCABULARY_SIZE})",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int_at_least(1),
-        default=30,
-        help="timed rounds of each encoding (default: 30)",
     )
     args = parser.parse_args(argv)
     shape = tuple(args.shape)

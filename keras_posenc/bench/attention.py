@@ -50,7 +50,6 @@ Run from the repository root:
     python -m keras_posenc.bench.attention [--length 1024] [--repeats 30] [--no-memory]
 """
 
-import argparse
 import functools
 import statistics
 import sys
@@ -346,9 +345,9 @@ def main(argv=None):
         `0`, whether or not the targets are met: timings on a busy machine
         are for a person to read.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m keras_posenc.bench.attention",
-        description=(
+    parser = timing.argument_parser(
+        "attention",
+        (
             "Time one self-attention call under XLA with each position "
             "scheme against plain keras.layers.MultiHeadAttention, and "
             "measure the peak memory of one call at a longer length."
@@ -377,12 +376,6 @@ def main(argv=None):
         type=int_at_least(2),
         default=KEY_DIM,
         help=f"size of each head, even (default: {KEY_DIM})",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int_at_least(1),
-        default=30,
-        help="timed rounds (default: 30)",
     )
     parser.add_argument(
         "--memory-length",

@@ -30,7 +30,6 @@ Ratios are medians over rounds of paired calls in one process (see
     python -m keras_posenc.bench.grid [--grid 32 32] [--repeats 30]
 """
 
-import argparse
 import statistics
 import sys
 
@@ -341,9 +340,9 @@ def main(argv=None):
         `0`, whether or not the targets are met: timings on a busy machine
         are for a person to read.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m keras_posenc.bench.grid",
-        description=(
+    parser = timing.argument_parser(
+        "grid",
+        (
             "Time the grid layers under XLA against precomputed floors, "
             "plain MultiHeadAttention and their own 1-D paths."
         ),
@@ -355,12 +354,6 @@ def main(argv=None):
         default=GRID,
         metavar=("HEIGHT", "WIDTH"),
         help="grid of patches (default: 32 32)",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int_at_least(1),
-        default=30,
-        help="timed rounds (default: 30)",
     )
     args = parser.parse_args(argv)
     grid = tuple(args.grid)

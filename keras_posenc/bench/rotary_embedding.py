@@ -15,7 +15,6 @@ Run from the repository root:
     python -m keras_posenc.bench.rotary_embedding [--shape 8 2048 8 64] [--repeats 30]
 """
 
-import argparse
 import statistics
 import sys
 
@@ -189,12 +188,13 @@ def main(argv=None):
         `0`, whether or not the targets are met: timings on a busy machine
         are for a person to read.
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m keras_posenc.bench.rotary_embedding",
-        description=(
+    parser = timing.argument_parser(
+        "rotary_embedding",
+        (
             "Time RotaryEmbedding under XLA against keras-hub's and the "
             "bare rotation with precomputed tables."
         ),
+        "timed calls of each candidate",
     )
     parser.add_argument(
         "--shape",
@@ -203,12 +203,6 @@ def main(argv=None):
         default=SHAPE,
         metavar=("BATCH", "SEQUENCE", "HEADS", "HEAD_DIM"),
         help="input shape (default: 8 2048 8 64)",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int_at_least(1),
-        default=30,
-        help="timed calls of each candidate (default: 30)",
     )
     args = parser.parse_args(argv)
     shape = tuple(args.shape)

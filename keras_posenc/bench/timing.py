@@ -6,11 +6,14 @@ output is ready. The candidates run in rounds, in a new order each round, so
 the noise of a busy machine falls on all of them alike.
 """
 
+import argparse
 import random
 import statistics
 import time
 
 import tensorflow as tf
+
+from keras_posenc._arguments import int_at_least
 
 
 def _wait_for(outputs):
@@ -139,3 +142,31 @@ def verdict(ratio, target, noise=1.0, judged=True):
 def noise_band(self_ratio):
     """The noise factor of `verdict` from a candidate timed against its copy."""
     return max(self_ratio, 1 / self_ratio)
+
+
+def argument_parser(module, description, repeats_help="timed rounds"):
+    """The argument parser of `python -m keras_posenc.bench.<module>`.
+
+    Every benchmark takes `--repeats`, a positive number of timed rounds
+    (default 30); the caller adds its own sizes.
+
+    Args:
+        module: str. The benchmark's module in `keras_posenc.bench`.
+        description: str. What the benchmark times, for `--help`.
+        repeats_help: str. What `--repeats` counts. Defaults to
+            `"timed rounds"`.
+
+    Returns:
+        An `argparse.ArgumentParser`.
+    """
+    parser = argparse.ArgumentParser(
+        prog=f"python -m keras_posenc.bench.{module}", description=description
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int_at_least(1),
+        default=30,
+        help=f"{repeats_help} (default: 30)",
+    )
+    return parser
+
