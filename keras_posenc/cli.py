@@ -2,8 +2,9 @@
 
 `keras-posenc plot` draws the encodings to PNG files; `keras-posenc demo`
 trains one small causal language model per encoding at one length and
-evaluates it at longer ones (train short, test long); `keras-posenc bench`
-runs the speed and memory benchmarks.
+evaluates it at longer ones (train short, test long), and one small ViT per
+grid encoding at one image size and evaluates it at larger ones;
+`keras-posenc bench` runs the speed and memory benchmarks.
 
 It parses its arguments first and imports TensorFlow only for a subcommand,
 with TensorFlow's C++ start-up logging hidden unless `--verbose`: `--help`
@@ -16,18 +17,22 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+import time
 
 import keras_posenc
 from keras_posenc import demo_config
 from keras_posenc._arguments import int_at_least
 
-# What each subcommand imports beyond the base install, and the extra of
-# setup.cfg that installs it.
+# What each subcommand imports beyond the base install, as (module,
+# distribution) pairs, and the extra of setup.cfg that installs them.
 NEEDS = {
-    "plot": ("matplotlib", "plot"),
-    "demo": ("matplotlib", "demo"),
-    "bench": ("keras_hub", "bench"),
+    "plot": ((("matplotlib", "matplotlib"),), "plot"),
+    "demo": ((("matplotlib", "matplotlib"), ("sklearn", "scikit-learn")), "demo"),
+    "bench": ((("keras_hub", "keras-hub"),), "bench"),
 }
+TASKS = ("language", "vision", "both")
+# Only the language task reads these options.
+LANGUAGE_OPTIONS = ("data", "train_length", "lengths")
 
 
 def _make_parser():
@@ -78,14 +83,32 @@ def _make_parser():
     demo_parser = commands.add_parser(
         "demo",
         parents=[common],
-        help="train short, test long: one small language model per encoding",
+        help="train small, test large: one small model per encoding, on text "
+        "and on images",
         description=(
-            "Train the same small causal transformer with each encoding on "
-            "a synthetic order-2 Markov source at one length, evaluate its "
-            "negative log-likelihood per token at longer ones, save and "
-            "reload every model, and write the table and the plot. Needs "
-            "matplotlib (the `demo` extra)."
+            "Language: train the same small causal transformer with each "
+            "encoding on a synthetic order-2 Markov source (or the bytes of "
+            "Python's standard library, --data python-source) at one length "
+            "and evaluate its negative log-likelihood per token at longer "
+            "ones. Vision: train the same small ViT with each grid encoding "
+            "on scikit-learn's handwritten digits at one image size and "
+            "evaluate its accuracy at larger ones. Every model is saved and "
+            "reloaded, and each task writes its table and plot. Needs "
+            "matplotlib and scikit-learn (the `demo` extra)."
         ),
+    )
+    demo_parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default="both",
+        help="which experiment to run (default: both)",
+    )
+    demo_parser.add_argument(
+        "--data",
+        choices=demo_config.DATA,
+        default=None,
+        help="the language task's text: the synthetic source or the bytes of "
+        "the standard library's .py files (default: markov)",
     )
     demo_parser.add_argument(
         "--out",
@@ -95,13 +118,16 @@ def _make_parser():
     demo_parser.add_argument(
         "--encodings",
         nargs="+",
-        choices=demo_config.ENCODINGS,
+        choices=list(dict.fromkeys(demo_config.ENCODINGS + demo_config.VISION_ENCODINGS)),
         default=None,
         metavar="ENCODING",
         help=(
-            "encodings to train, from: " + ", ".join(demo_config.ENCODINGS)
-            + " (default: all; rope also reports its yarn, linear and "
-            "dynamic scalings)"
+            "encodings to train, with --task language from: "
+            + ", ".join(demo_config.ENCODINGS)
+            + " (rope also reports its yarn, linear and dynamic scalings); "
+            "with --task vision from: "
+            + ", ".join(demo_config.VISION_ENCODINGS)
+            + " (default: all)"
         ),
     )
     demo_parser.add_argument(
@@ -109,8 +135,11 @@ def _make_parser():
         type=int_at_least(1),
         default=None,
         help=(
-            f"training steps of each model (default: {demo_config.DEFAULT.steps}; "
-            f"{demo_config.QUICK.steps} with --quick)"
+            "training steps of each model (default: "
+            f"{demo_config.DEFAULT.steps} for language, "
+            f"{demo_config.VISION_DEFAULT.steps} for vision; "
+            f"{demo_config.QUICK.steps} and {demo_config.VISION_QUICK.steps} "
+            "with --quick)"
         ),
     )
     demo_parser.add_argument(
@@ -140,12 +169,22 @@ def _make_parser():
         "--seed",
         type=int_at_least(0),
         default=0,
-        help="seed of the source, the data and the weights (default: 0)",
+        help="seed of the Markov source and the first training seed "
+        "(default: 0)",
+    )
+    demo_parser.add_argument(
+        "--seeds",
+        type=int_at_least(1),
+        default=None,
+        metavar="N",
+        help="train each model N times, with seeds --seed to --seed + N - 1, "
+        "and report the mean and the spread (default: 1)",
     )
     demo_parser.add_argument(
         "--quick",
         action="store_true",
-        help="a tiny configuration, for tests: about a minute and a half on 2 cores",
+        help="tiny configurations, for tests: about three minutes on 2 cores "
+        "for both tasks",
     )
 
     bench_parser = commands.add_parser(
@@ -181,25 +220,33 @@ def _make_parser():
 
 def _missing(command):
     """A one-line message if `command` lacks what it imports, else `None`."""
-    module, extra = NEEDS[command]
-    if importlib.util.find_spec(module) is not None:
+    modules, extra = NEEDS[command]
+    missing = [
+        distribution
+        for module, distribution in modules
+        if importlib.util.find_spec(module) is None
+    ]
+    if not missing:
         return None
     # The version range from this package's own metadata, when installed.
     try:
         requirements = importlib.metadata.requires("keras-posenc") or []
     except importlib.metadata.PackageNotFoundError:
         requirements = []
-    distribution = module.replace("_", "-")
-    pinned = distribution
-    for line in requirements:
-        requirement, _, marker = line.partition(";")
-        if marker.strip() == f'extra == "{extra}"' and requirement.startswith(
-            distribution
-        ):
-            pinned = requirement.strip()
+    pinned = []
+    for distribution in missing:
+        pin = distribution
+        for line in requirements:
+            requirement, _, marker = line.partition(";")
+            if marker.strip() == f'extra == "{extra}"' and requirement.startswith(
+                distribution
+            ):
+                pin = requirement.strip()
+        pinned.append(f'"{pin}"')
     return (
-        f"`keras-posenc {command}` needs {distribution}, which the `{extra}` "
-        f'extra installs. Install it with: pip install "{pinned}"'
+        f"`keras-posenc {command}` needs {' and '.join(missing)}, which the "
+        f"`{extra}` extra installs. Install it with: pip install "
+        + " ".join(pinned)
     )
 
 
@@ -247,21 +294,16 @@ def main(argv=None):
     parser = _make_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
-        config = demo_config.QUICK if args.quick else demo_config.DEFAULT
-        try:
-            config = config.replace(
-                encodings=args.encodings,
-                steps=args.steps,
-                train_length=args.train_length,
-                lengths=args.lengths,
-                seed=args.seed,
-            )
-        except ValueError as error:
-            parser.error(str(error))
+        configs = _demo_configs(parser, args)
     message = _missing(args.command)
     if message is not None:
         print(f"keras-posenc: error: {message}", file=sys.stderr)
         return 1
+    if args.command == "demo":
+        # One op at a time: the demo's small models have ops too small to
+        # share the cores between them, and on 2 cores two at once train
+        # 1.6x slower. A value the user set is kept.
+        os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
     _import_tensorflow(args.verbose)
     if args.command == "plot":
         from keras_posenc import plot
@@ -273,6 +315,67 @@ def main(argv=None):
         from keras_posenc.bench import suite
 
         return suite.run(out=args.out, repeats=args.repeats, tiny=args.tiny)
-    from keras_posenc import demo
+    return _run_demos(configs, args.out)
 
-    return demo.run(config, args.out)
+
+def _demo_configs(parser, args):
+    """`{task: config}` from the demo's arguments; bad ones exit via `parser`."""
+    tasks = ("language", "vision") if args.task == "both" else (args.task,)
+    if args.encodings is not None and len(tasks) > 1:
+        parser.error(
+            "`--encodings` names the encodings of one task: add --task "
+            f"language or --task vision. Received: --encodings "
+            f"{' '.join(args.encodings)}"
+        )
+    if "language" not in tasks:
+        for name in LANGUAGE_OPTIONS:
+            if getattr(args, name) is not None:
+                option = "--" + name.replace("_", "-")
+                parser.error(
+                    f"`{option}` applies to the language task, not to --task "
+                    f"{args.task}."
+                )
+    configs = {}
+    try:
+        if "language" in tasks:
+            config = demo_config.QUICK if args.quick else demo_config.DEFAULT
+            configs["language"] = config.replace(
+                encodings=args.encodings,
+                data=args.data,
+                steps=args.steps,
+                train_length=args.train_length,
+                lengths=args.lengths,
+                seed=args.seed,
+                num_seeds=args.seeds,
+            )
+        if "vision" in tasks:
+            config = (
+                demo_config.VISION_QUICK if args.quick else demo_config.VISION_DEFAULT
+            )
+            configs["vision"] = config.replace(
+                encodings=args.encodings,
+                steps=args.steps,
+                seed=args.seed,
+                num_seeds=args.seeds,
+            )
+    except ValueError as error:
+        parser.error(str(error))
+    return configs
+
+
+def _run_demos(configs, out_dir):
+    """Run each task's demo in turn; the first failing status, else `0`."""
+    from keras_posenc import demo
+    from keras_posenc import demo_vision
+
+    runners = {"language": demo.run, "vision": demo_vision.run}
+    started = time.perf_counter()
+    for task, config in configs.items():
+        if len(configs) > 1:
+            print(f"\n== The {task} task ==\n", flush=True)
+        status = runners[task](config, out_dir)
+        if status:
+            return status
+    if len(configs) > 1:
+        print(f"\nBoth tasks done in {time.perf_counter() - started:.0f} s.")
+    return 0

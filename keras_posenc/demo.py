@@ -13,14 +13,21 @@ whose notion of position carries over to unseen lengths stays at the floor;
 one that learned absolute positions, or relative ones only up to the
 trained length, does not.
 
+With `data="python-source"` the text is real instead: the bytes of the
+Python standard library's own source files, which every Python installation
+has (see `PythonSource`). It has no known floor.
+
 Every trained model is saved to `.keras`, reloaded with `safe_mode=True` and
 checked to predict bit-identically before the reloaded model is evaluated.
+The training speed of each encoding, in tokens per second, is measured on
+the same shapes in the same process, next to Press et al.'s Table 1.
 """
 
 import csv
 import math
 import os
 import sys
+import sysconfig
 import time
 
 import keras
@@ -56,6 +63,18 @@ EVALUATION_BATCH_TOKENS = 8192
 # The most ALiBi's negative log-likelihood may rise from the trained length
 # to the longest, and what Press et al. found: it extrapolates.
 ALIBI_TOLERANCE = 0.05
+# Press et al. 2022, Table 1: training words per second of their 247M
+# language model on a V100, by encoding.
+PRESS_WORDS_PER_SECOND = {
+    "sinusoidal": 28.5e3,
+    "rope": 20.0e3,
+    "t5": 14.4e3,
+    "alibi": 28.3e3,
+}
+# One file in this many of the sorted standard library is held out for
+# evaluation.
+HELD_OUT_EVERY = 10
+BYTE_VOCABULARY_SIZE = 256
 
 
 class MarkovSource:
@@ -73,7 +92,10 @@ class MarkovSource:
             entropy of the next symbol given the previous two.
     """
 
+    vocabulary_size = VOCABULARY_SIZE
+
     def __init__(self, seed):
+        self.seed = seed
         rng = np.random.default_rng(seed)
         vocab = VOCABULARY_SIZE
         self.transitions = rng.dirichlet(
@@ -126,6 +148,114 @@ class MarkovSource:
             symbols[:, t] = np.minimum((rows < draws).sum(axis=-1), vocab - 1)
         return symbols
 
+    def describe(self):
+        """One line: what the source is and its floor."""
+        return (
+            f"Source: an order-2 Markov chain over {VOCABULARY_SIZE} symbols "
+            f"(seed {self.seed}); "
+            "its entropy rate, the floor of any model's loss, is "
+            f"{self.entropy_rate:.3f} nats per symbol."
+        )
+
+    def evaluation_stream(self, rows, width, rng):
+        """`rows` sequences of `width` symbols, as `sample`."""
+        return self.sample(rows, width, rng)
+
+
+class PythonSource:
+    """Real text: the bytes of the Python standard library's source files.
+
+    The `.py` files at the top of the standard library's folder
+    (`sysconfig.get_paths()["stdlib"]`, about 170 files and 4.7 MB in
+    Python 3.11), sorted by name; every `HELD_OUT_EVERY`-th of them is held
+    out for evaluation, the rest trained on. Each split is the
+    concatenation of its files' bytes, and a byte is a token: a vocabulary
+    of 256, no tokenizer. Its entropy rate is unknown: `entropy_rate` is
+    `None`.
+
+    Args:
+        directory: str or None. Where the `.py` files are; `None` for the
+            running Python's standard library. Defaults to `None`.
+
+    Attributes:
+        train_files: list of str. The file names trained on.
+        test_files: list of str. The file names held out.
+        train_bytes: int32 array of the training text.
+        test_bytes: int32 array of the held-out text.
+    """
+
+    vocabulary_size = BYTE_VOCABULARY_SIZE
+    entropy_rate = None
+
+    def __init__(self, directory=None):
+        if directory is None:
+            directory = sysconfig.get_paths()["stdlib"]
+        self.directory = directory
+        names = sorted(
+            name
+            for name in os.listdir(directory)
+            if name.endswith(".py") and os.path.isfile(os.path.join(directory, name))
+        )
+        self.test_files = names[HELD_OUT_EVERY - 1 :: HELD_OUT_EVERY]
+        held_out = set(self.test_files)
+        self.train_files = [name for name in names if name not in held_out]
+        self.train_bytes = self._read(self.train_files)
+        self.test_bytes = self._read(self.test_files)
+
+    def _read(self, names):
+        text = b"".join(
+            open(os.path.join(self.directory, name), "rb").read() for name in names
+        )
+        return np.frombuffer(text, dtype=np.uint8).astype(np.int32)
+
+    def describe(self):
+        """One line: what the text is and how large."""
+        return (
+            f"Text: the {len(self.train_files) + len(self.test_files)} .py "
+            f"files at the top of {self.directory}, as bytes (a vocabulary of "
+            f"{self.vocabulary_size}); {len(self.train_files)} files, "
+            f"{len(self.train_bytes) / 1e6:.2f} MB, trained on; every "
+            f"{HELD_OUT_EVERY}th, {len(self.test_files)} files, "
+            f"{len(self.test_bytes) / 1e6:.2f} MB, held out."
+        )
+
+    def sample(self, num_sequences, length, rng):
+        """Training sequences from random places of the training text.
+
+        Args:
+            num_sequences: int. How many.
+            length: int. Bytes in each.
+            rng: `numpy.random.Generator`.
+
+        Returns:
+            int32 array `(num_sequences, length)`.
+        """
+        starts = rng.integers(
+            0, len(self.train_bytes) - length + 1, size=num_sequences
+        )  # (num_sequences,)
+        return self.train_bytes[starts[:, None] + np.arange(length)]
+
+    def evaluation_stream(self, rows, width, rng=None):
+        """`rows` runs of the held-out text, evenly spaced through it.
+
+        Args:
+            rows: int. How many.
+            width: int. Bytes in each, at most the held-out text over `rows`.
+            rng: unused; the held-out runs are fixed.
+
+        Returns:
+            int32 array `(rows, width)`.
+        """
+        spacing = len(self.test_bytes) // rows
+        if spacing < width:
+            raise ValueError(
+                f"The held-out text has {len(self.test_bytes)} bytes, too few "
+                f"for {rows} runs of {width}: evaluate fewer tokens. Received: "
+                f"rows={rows}, width={width}"
+            )
+        starts = np.arange(rows) * spacing  # (rows,)
+        return self.test_bytes[starts[:, None] + np.arange(width)]
+
 
 def _attention_position(encoding, scaling=None):
     """A fresh position layer for one attention block, or `None`."""
@@ -145,7 +275,13 @@ def _attention_position(encoding, scaling=None):
     return None
 
 
-def build_model(encoding, train_length, scaling=None, jit_compile=False):
+def build_model(
+    encoding,
+    train_length,
+    scaling=None,
+    jit_compile=False,
+    vocabulary_size=VOCABULARY_SIZE,
+):
     """The pre-norm causal transformer language model with one encoding.
 
     Args:
@@ -158,13 +294,15 @@ def build_model(encoding, train_length, scaling=None, jit_compile=False):
         jit_compile: bool. Whether `fit` runs under XLA, with
             `STEPS_PER_EXECUTION` training steps per call. Defaults to
             `False`.
+        vocabulary_size: int. Token ids run from 0 to this less one.
+            Defaults to `VOCABULARY_SIZE`, the Markov source's.
 
     Returns:
         A compiled functional `keras.Model` from int32 token ids
         `(batch, seq)` to next-token logits `(batch, seq, vocab)`.
     """
     token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-    x = keras.layers.Embedding(VOCABULARY_SIZE, WIDTH)(token_ids)  # (b, seq, width)
+    x = keras.layers.Embedding(vocabulary_size, WIDTH)(token_ids)  # (b, seq, width)
     if encoding == "sinusoidal":
         x = keras_posenc.SinusoidalPositionEncoding()(x)
     elif encoding == "learned":
@@ -183,7 +321,7 @@ def build_model(encoding, train_length, scaling=None, jit_compile=False):
         )  # (b, seq, feed_forward)
         x = x + keras.layers.Dense(WIDTH)(hidden)  # (b, seq, width)
     x = keras.layers.LayerNormalization()(x)
-    logits = keras.layers.Dense(VOCABULARY_SIZE)(x)  # (b, seq, vocab)
+    logits = keras.layers.Dense(vocabulary_size)(x)  # (b, seq, vocab)
     model = keras.Model(token_ids, logits, name=f"lm_{encoding}")
     model.compile(
         optimizer=keras.optimizers.Adam(LEARNING_RATE),
@@ -262,46 +400,268 @@ def evaluation_windows(stream, length):
     return windows.reshape(-1, length + 1)
 
 
-def _train(encoding, config, source, out_dir, label):
-    """Train, save, reload and check one model; return the reloaded one."""
-    rng = np.random.default_rng([config.seed, ENCODINGS.index(encoding)])
-    sequences = source.sample(
-        config.steps * config.batch_size, config.train_length + 1, rng
-    )  # (steps * batch, train_length + 1)
-    keras.utils.set_random_seed(config.seed)
-    model = build_model(encoding, config.train_length, jit_compile=config.jit_compile)
-    # Keras' progress bar redraws one line; in a file or a CI log it is
-    # thousands of characters of ANSI codes, so there one line says it.
+class TrainingSpeed(keras.callbacks.Callback):
+    """Tokens per second of training, after the first call of the step.
+
+    Keras calls `on_train_batch_end` after each call of the compiled
+    training function (`steps_per_execution` steps). The first call traces
+    the function, and compiles it under XLA, so the clock starts at its end
+    and stops at the last call's: the steps between are the ones timed.
+
+    Args:
+        tokens_per_step: int. Tokens (or images) in one training step.
+        steps: int. Training steps in all.
+        steps_per_execution: int. Steps in each call of the function.
+    """
+
+    def __init__(self, tokens_per_step, steps, steps_per_execution):
+        super().__init__()
+        self.tokens_per_step = tokens_per_step
+        self.steps = steps
+        self.steps_per_execution = steps_per_execution
+        self.first_end = None
+        self.last_end = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.last_end = time.perf_counter()
+        if self.first_end is None:
+            self.first_end = self.last_end
+
+    @property
+    def tokens_per_second(self):
+        """A float, or `None` when the training was a single call."""
+        timed_steps = self.steps - min(self.steps_per_execution, self.steps)
+        if timed_steps == 0 or self.last_end == self.first_end:
+            return None
+        return timed_steps * self.tokens_per_step / (self.last_end - self.first_end)
+
+
+def fit(model, inputs, targets, batch_size, label, unit="tokens"):
+    """Train `model` one pass over `inputs`; return its `TrainingSpeed`.
+
+    Keras' progress bar redraws one line; in a file or a CI log it is
+    thousands of characters of ANSI codes, so there one line says it.
+
+    Args:
+        model: a compiled `keras.Model`.
+        inputs: array. One row per example, in training order.
+        targets: array. One row per example.
+        batch_size: int. Examples per step.
+        label: str. What is trained, printed first.
+        unit: str. What `TrainingSpeed` counts in a row of `inputs`:
+            `"tokens"` counts its length, anything else counts the row as
+            one. Defaults to `"tokens"`.
+
+    Returns:
+        The `TrainingSpeed` of the run.
+    """
+    steps = len(inputs) // batch_size
+    per_example = inputs.shape[1] if unit == "tokens" else 1
+    speed = TrainingSpeed(
+        batch_size * per_example, steps, model.steps_per_execution or 1
+    )
     interactive = sys.stdout.isatty()
-    print(f"\n{label} Training with {encoding}:", flush=True)
+    print(f"\n{label}:", flush=True)
     started = time.perf_counter()
     history = model.fit(
-        sequences[:, :-1],
-        sequences[:, 1:],
-        batch_size=config.batch_size,
+        inputs,
+        targets,
+        batch_size=batch_size,
         epochs=1,
         shuffle=False,
         verbose=1 if interactive else 0,
+        callbacks=[speed],
     )
     if not interactive:
         print(
-            f"Trained {config.steps} steps in "
-            f"{time.perf_counter() - started:.0f} s; final loss "
-            f"{history.history['loss'][-1]:.3f}."
+            f"Trained {steps} steps in {time.perf_counter() - started:.0f} s; "
+            f"final loss {history.history['loss'][-1]:.3f}."
         )
-    path = os.path.join(out_dir, f"lm_{encoding}.keras")
+    return speed
+
+
+def save_and_reload(model, path, probes):
+    """Save `model` to `path`, reload it, and check it predicts identically.
+
+    Args:
+        model: a `keras.Model`.
+        path: str. A `.keras` file.
+        probes: list of arrays. Inputs both models must map to bit-identical
+            outputs.
+
+    Returns:
+        The reloaded model, loaded with `safe_mode=True`.
+
+    Raises:
+        RuntimeError: when the reloaded model predicts differently.
+    """
     model.save(path)
     reloaded = keras.models.load_model(path, safe_mode=True)
-    probe = sequences[: config.batch_size, :-1]
-    if not np.array_equal(
-        model(probe, training=False), reloaded(probe, training=False)
-    ):
-        raise RuntimeError(
-            f"the model reloaded from {path} predicts differently from the "
-            "trained model."
-        )
+    for probe in probes:
+        if not np.array_equal(
+            model(probe, training=False), reloaded(probe, training=False)
+        ):
+            raise RuntimeError(
+                f"the model reloaded from {path} predicts differently from "
+                "the trained model."
+            )
     print(f"Saved to {path}; reloaded with safe_mode=True, predictions identical.")
     return reloaded
+
+
+def seeds(config):
+    """The training seeds of `config`: `num_seeds` from `config.seed` on."""
+    return range(config.seed, config.seed + config.num_seeds)
+
+
+def seeds_line(config):
+    """One line saying which seeds the table averages, and how to get more."""
+    if config.num_seeds == 1:
+        return (
+            f"One seed ({config.seed}): `--seeds 3` trains each model three "
+            "times and gives the mean and the spread."
+        )
+    return (
+        f"{config.num_seeds} seeds ({', '.join(map(str, seeds(config)))}): "
+        "each cell is the mean, with the sample standard deviation after ±."
+    )
+
+
+def combine(runs):
+    """Per-seed tables as one: `{row: {column: [value per seed] or None}}`.
+
+    Args:
+        runs: list of dicts, one per seed, each `{row: {column: value or
+            None}}`, with the same rows and columns.
+
+    Returns:
+        A dict in the first run's row order.
+    """
+    return {
+        row: {
+            column: (
+                None
+                if value is None
+                else [run[row][column] for run in runs]
+            )
+            for column, value in columns.items()
+        }
+        for row, columns in runs[0].items()
+    }
+
+
+def mean(values):
+    """The mean of a list of floats, or `None` for `None`."""
+    return None if values is None else float(np.mean(values))
+
+
+def cell(values):
+    """A table cell: `n/a`, a value, or the mean ± the sample deviation."""
+    if values is None:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
+
+
+def format_markdown(results, columns, headers=None, extra=()):
+    """A Markdown table: one row per entry of `results`, a column per `columns`.
+
+    Args:
+        results: dict from row name to `{column: [values] or None}`, as
+            `combine` gives.
+        columns: list. The columns' keys, in order.
+        headers: list of str or None. Their headers; `None` for the keys.
+            Defaults to `None`.
+        extra: list of `(header, {row: str})` pairs: more columns after
+            those, blank where a row has no entry. Defaults to `()`.
+
+    Returns:
+        A str.
+    """
+    headers = [str(column) for column in columns] if headers is None else headers
+    names = list(headers) + [header for header, _ in extra]
+    lines = [
+        "| encoding | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for name, scores in results.items():
+        cells = [cell(scores[column]) for column in columns]
+        cells += [texts.get(name, "") for _, texts in extra]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(path, results, columns, headers=None, extra=()):
+    """Write the table as CSV: the mean of each column, `n/a` where undefined.
+
+    With more than one seed each column is followed by its sample standard
+    deviation, headed `<column> std`. `extra` is a list of `(header, {row:
+    float or None})` columns written after them.
+    """
+    headers = [str(column) for column in columns] if headers is None else headers
+    spread = any(
+        values is not None and len(values) > 1
+        for scores in results.values()
+        for values in scores.values()
+    )
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(
+            ["encoding"]
+            + [
+                name
+                for header in headers
+                for name in ([header, f"{header} std"] if spread else [header])
+            ]
+            + [header for header, _ in extra]
+        )
+        for name, scores in results.items():
+            row = [name]
+            for column in columns:
+                values = scores[column]
+                row.append("n/a" if values is None else f"{np.mean(values):.4f}")
+                if spread:
+                    row.append(
+                        "n/a"
+                        if values is None
+                        else f"{np.std(values, ddof=1):.4f}"
+                    )
+            for _, numbers in extra:
+                value = numbers.get(name)
+                row.append("" if value is None else f"{value:.1f}")
+            writer.writerow(row)
+
+
+def _train(encoding, config, source, out_dir, label, seed):
+    """Train, save, reload and check one model.
+
+    Returns:
+        The reloaded model and its training tokens per second.
+    """
+    rng = np.random.default_rng([seed, ENCODINGS.index(encoding)])
+    sequences = source.sample(
+        config.steps * config.batch_size, config.train_length + 1, rng
+    )  # (steps * batch, train_length + 1)
+    keras.utils.set_random_seed(seed)
+    model = build_model(
+        encoding,
+        config.train_length,
+        jit_compile=config.jit_compile,
+        vocabulary_size=source.vocabulary_size,
+    )
+    speed = fit(
+        model,
+        sequences[:, :-1],
+        sequences[:, 1:],
+        config.batch_size,
+        f"{label} Training with {encoding}",
+    )
+    prefix = "lm_python_source" if config.data == "python-source" else "lm"
+    suffix = f"_seed{seed}" if config.num_seeds > 1 else ""
+    path = os.path.join(out_dir, f"{prefix}_{encoding}{suffix}.keras")
+    reloaded = save_and_reload(model, path, [sequences[: config.batch_size, :-1]])
+    return reloaded, speed.tokens_per_second
 
 
 def _evaluate(model, encoding, config, stream):
@@ -312,11 +672,11 @@ def _evaluate(model, encoding, config, stream):
             scores[length] = None  # The table has no rows past its length.
         else:
             scores[length] = mean_nll(model, evaluation_windows(stream, length))
-        print(f"NLL per token at length {length}: {_cell(scores[length])}")
+        print(f"NLL per token at length {length}: {_value(scores[length])}")
     return scores
 
 
-def _evaluate_rope_scalings(model, plain_scores, config, stream):
+def _evaluate_rope_scalings(model, plain_scores, config, stream, vocabulary_size):
     """`{"rope + schedule": {length: nll}}` of the trained RoPE model.
 
     Up to the trained length every schedule is plain RoPE, and dynamic
@@ -335,49 +695,61 @@ def _evaluate_rope_scalings(model, plain_scores, config, stream):
                     "rope",
                     config.train_length,
                     rope_scaling(schedule, length, config.train_length),
+                    vocabulary_size=vocabulary_size,
                 )
                 scaled.set_weights(model.get_weights())
             scores[length] = mean_nll(scaled, evaluation_windows(stream, length))
             print(
                 f"NLL per token with {schedule} scaling at length {length}: "
-                f"{_cell(scores[length])}"
+                f"{_value(scores[length])}"
             )
         results[f"rope + {schedule}"] = scores
     return results
 
 
-def format_markdown(results, lengths):
-    """A Markdown table of NLL by encoding (rows) and length (columns)."""
-    lines = [
-        "| encoding | " + " | ".join(str(length) for length in lengths) + " |",
-        "|---|" + "---:|" * len(lengths),
-    ]
-    for name, scores in results.items():
-        cells = [_cell(scores[length]) for length in lengths]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _cell(value):
+def _value(value):
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def write_csv(path, results, lengths):
-    """Write the table as CSV: one row per encoding, `n/a` where undefined."""
-    with open(path, "w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(["encoding"] + [str(length) for length in lengths])
-        for name, scores in results.items():
-            writer.writerow([name] + [_cell(scores[length]) for length in lengths])
+def speed_columns(speeds):
+    """The table's speed columns from `{encoding: [tokens/s per seed]}`.
+
+    Returns:
+        A list of `(header, {row: str})`: the mean training tokens per
+        second, its ratio to sinusoidal's, and Press et al.'s ratio (Table
+        1) where they measured the encoding.
+    """
+    means = {name: mean(values) for name, values in speeds.items() if values}
+    reference = means.get("sinusoidal")
+    return [
+        ("train tokens/s", {name: f"{value:,.0f}" for name, value in means.items()}),
+        (
+            "÷ sinusoidal",
+            {}
+            if reference is None
+            else {name: f"{value / reference:.2f}x" for name, value in means.items()},
+        ),
+        (
+            "Press et al. ÷ sinusoidal",
+            {
+                name: f"{words / PRESS_WORDS_PER_SECOND['sinusoidal']:.2f}x"
+                for name, words in PRESS_WORDS_PER_SECOND.items()
+                if name in means
+            },
+        ),
+    ]
 
 
-def findings(results, config, entropy_rate):
+def findings(results, config, entropy_rate, speeds=None):
     """Lines that say whether the table shows the paper's direction.
 
     Args:
-        results: dict of encoding name to `{length: nll or None}`.
+        results: dict of encoding name to `{length: nll or None}`, one value
+            per cell (the mean over seeds).
         config: `Config`.
-        entropy_rate: float. The source's floor.
+        entropy_rate: float or None. The source's floor, if known.
+        speeds: dict or None. Encoding name to training tokens per second.
+            Defaults to `None`.
 
     Returns:
         A list of str, one per comparison the trained encodings allow.
@@ -401,7 +773,7 @@ def findings(results, config, entropy_rate):
             )
     if "learned" in results:
         lines.append(
-            f"learned: {_cell(results['learned'][short])} at {short}; n/a past "
+            f"learned: {_value(results['learned'][short])} at {short}; n/a past "
             f"its {config.train_length} positions."
         )
     # Press et al. and Peng et al. compare the schedules at 4x the trained
@@ -420,7 +792,24 @@ def findings(results, config, entropy_rate):
                 f"{name}: {ours:.3f} at {scaled} against "
                 f"plain RoPE's {plain:.3f} (better: {verdict})."
             )
-    lines.append(f"Entropy rate of the source (the floor): {entropy_rate:.3f}.")
+    reference = (speeds or {}).get("sinusoidal")
+    if reference:
+        ratios = [
+            f"{name} {value / reference:.2f}x"
+            + (
+                f" (Press et al. {PRESS_WORDS_PER_SECOND[name] / PRESS_WORDS_PER_SECOND['sinusoidal']:.2f}x)"
+                if name in PRESS_WORDS_PER_SECOND
+                else ""
+            )
+            for name, value in speeds.items()
+            if value and name != "sinusoidal"
+        ]
+        if ratios:
+            lines.append(
+                "Training speed against sinusoidal: " + ", ".join(ratios) + "."
+            )
+    if entropy_rate is not None:
+        lines.append(f"Entropy rate of the source (the floor): {entropy_rate:.3f}.")
     return lines
 
 
@@ -430,7 +819,8 @@ def run(config, out_dir):
     Args:
         config: `Config`. What to train and evaluate.
         out_dir: str or path-like. Where the models, the table (`nll.md`,
-            `nll.csv`) and the plot (`nll.png`) go; created if needed.
+            `nll.csv`) and the plot (`nll.png`) go, created if needed; for
+            `data="python-source"` the files are `nll_python_source.*`.
 
     Returns:
         The exit status: `0`, or `1` if a reloaded model predicts
@@ -440,66 +830,98 @@ def run(config, out_dir):
 
     started = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)
-    source = MarkovSource(config.seed)
+    if config.data == "python-source":
+        source = PythonSource()
+    else:
+        source = MarkovSource(config.seed)
     longest = config.lengths[-1]
-    stream = source.sample(
+    stream = source.evaluation_stream(
         math.ceil(config.evaluation_tokens / longest),
         longest + 1,
         np.random.default_rng([config.seed, len(ENCODINGS)]),
     )  # (rows, longest + 1), scored at every length
-    print(
-        f"Source: an order-2 Markov chain over {VOCABULARY_SIZE} symbols "
-        f"(seed {config.seed}); its entropy rate, the floor of any model's "
-        f"loss, is {source.entropy_rate:.3f} nats per symbol."
-    )
+    print(source.describe())
     print(
         f"Model: {NUM_LAYERS} pre-norm causal transformer blocks, width "
         f"{WIDTH}, {NUM_HEADS} heads, feed-forward {FEED_FORWARD_DIM}. "
         f"Training: {config.steps} steps of {config.batch_size} sequences of "
         f"{config.train_length} tokens. Evaluation: mean negative "
         f"log-likelihood per token on the same {stream.shape[0] * longest} "
-        f"tokens at lengths {', '.join(map(str, config.lengths))}."
+        f"tokens at lengths {', '.join(map(str, config.lengths))}. "
+        + seeds_line(config)
     )
-    results = {}
-    for number, encoding in enumerate(config.encodings, start=1):
-        label = f"[{number}/{len(config.encodings)}]"
-        try:
-            model = _train(encoding, config, source, out_dir, label)
-        except RuntimeError as error:
-            print(f"Error: {error}", file=sys.stderr)
-            return 1
-        results[encoding] = _evaluate(model, encoding, config, stream)
-        if encoding == "rope":
-            results.update(
-                _evaluate_rope_scalings(model, results["rope"], config, stream)
-            )
+    runs, speed_runs = [], []
+    total = len(config.encodings) * config.num_seeds
+    number = 0
+    for seed in seeds(config):
+        scores, speeds = {}, {}
+        for encoding in config.encodings:
+            number += 1
+            seed_text = f", seed {seed}" if config.num_seeds > 1 else ""
+            label = f"[{number}/{total}{seed_text}]"
+            try:
+                model, speeds[encoding] = _train(
+                    encoding, config, source, out_dir, label, seed
+                )
+            except RuntimeError as error:
+                print(f"Error: {error}", file=sys.stderr)
+                return 1
+            scores[encoding] = _evaluate(model, encoding, config, stream)
+            if encoding == "rope":
+                scores.update(
+                    _evaluate_rope_scalings(
+                        model, scores["rope"], config, stream, source.vocabulary_size
+                    )
+                )
+        runs.append(scores)
+        speed_runs.append(speeds)
+    results = combine(runs)
+    speeds = {
+        name: [run[name] for run in speed_runs if run[name] is not None]
+        for name in speed_runs[0]
+    }
 
     title = (
         "Mean negative log-likelihood per token (nats), trained at length "
         f"{config.train_length}"
     )
-    table = format_markdown(results, config.lengths)
-    markdown_path = os.path.join(out_dir, "nll.md")
+    floor = (
+        ""
+        if source.entropy_rate is None
+        else f"; entropy rate {source.entropy_rate:.3f}"
+    )
+    extra = speed_columns(speeds)
+    table = format_markdown(results, config.lengths, extra=extra)
+    stem = "nll_python_source" if config.data == "python-source" else "nll"
+    markdown_path = os.path.join(out_dir, f"{stem}.md")
     with open(markdown_path, "w") as file:
-        file.write(
-            f"{title}; entropy rate {source.entropy_rate:.3f}.\n\n{table}\n"
-        )
-    csv_path = os.path.join(out_dir, "nll.csv")
-    write_csv(csv_path, results, config.lengths)
+        file.write(f"{title}{floor}. {seeds_line(config)}\n\n{table}\n")
+    csv_path = os.path.join(out_dir, f"{stem}.csv")
+    write_csv(
+        csv_path,
+        results,
+        config.lengths,
+        extra=[("train tokens/s", {name: mean(values) for name, values in speeds.items()})],
+    )
+    means = {
+        name: {length: mean(values) for length, values in scores.items()}
+        for name, scores in results.items()
+    }
     figure = plot.extrapolation_curves(
         list(config.lengths),
         {
             name: [scores[length] for length in config.lengths]
-            for name, scores in results.items()
+            for name, scores in means.items()
         },
         source.entropy_rate,
         config.train_length,
     )
-    plot_path = os.path.join(out_dir, "nll.png")
+    plot_path = os.path.join(out_dir, f"{stem}.png")
     figure.savefig(plot_path, dpi=100)
 
-    print(f"\n{title}:\n\n{table}\n")
-    print("\n".join(findings(results, config, source.entropy_rate)))
+    print(f"\n{title}{floor}:\n\n{table}\n")
+    speed_means = {name: mean(values) if values else None for name, values in speeds.items()}
+    print("\n".join(findings(means, config, source.entropy_rate, speed_means)))
     print(
         f"\nWrote {markdown_path}, {csv_path} and {plot_path} in "
         f"{time.perf_counter() - started:.0f} s."

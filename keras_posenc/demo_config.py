@@ -1,7 +1,8 @@
-"""What the demo trains and evaluates: its encodings and configurations.
+"""What the demo trains and evaluates: its tasks, encodings and configurations.
 
-Plain Python, apart from `keras_posenc.demo`, which imports TensorFlow: the
-`keras-posenc` command reads these for its `--help` without importing it.
+Plain Python, apart from `keras_posenc.demo` and `keras_posenc.demo_vision`,
+which import TensorFlow: the `keras-posenc` command reads these for its
+`--help` without importing them.
 """
 
 import dataclasses
@@ -10,6 +11,30 @@ ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "shaw", "t5")
 # RoPE schedules applied to the trained RoPE model at evaluation time, with
 # no retraining: each extends the trained length to the evaluated one.
 ROPE_SCALINGS = ("yarn", "linear", "dynamic")
+# The language task's text: the synthetic order-2 Markov source, or the
+# bytes of the Python standard library's source files.
+DATA = ("markov", "python-source")
+# The vision task's encodings of a ViT's patch grid, and their rows in its
+# table: the learned table is scored without and with a bicubic resize.
+VISION_ENCODINGS = (
+    "none",
+    "learned",
+    "sinusoidal_raster",
+    "sinusoidal_2d",
+    "axial_rope",
+    "mrope",
+    "swin_bias",
+)
+VISION_LABELS = {
+    "none": "none",
+    "learned": "learned, not resized",
+    "learned_bicubic": "learned + bicubic resize",
+    "sinusoidal_raster": "sinusoidal 1-D, raster order",
+    "sinusoidal_2d": "sinusoidal 2-D",
+    "axial_rope": "axial RoPE",
+    "mrope": "M-RoPE sections",
+    "swin_bias": "Swin relative bias",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,25 +43,31 @@ class Config:
 
     Args:
         encodings: tuple of str. Encodings to train, from `ENCODINGS`.
+        data: str. The text, from `DATA`.
         steps: int. Training steps of each model.
         batch_size: int. Sequences per training step.
         train_length: int. Tokens per training sequence.
         lengths: tuple of int. Evaluation lengths, ascending.
         evaluation_tokens: int. Target tokens scored at every evaluation
             length; the same tokens at each.
-        seed: int. Seed of the source, the data and the weights.
+        seed: int. Seed of the Markov source and the evaluation text, and
+            the first seed of the training data and weights.
+        num_seeds: int. How many times each model is trained, with seeds
+            `seed, seed + 1, ...`; the table gives the mean and the spread.
         jit_compile: bool. Whether training runs under XLA. Evaluation
             calls the models eagerly either way: a few calls per shape,
             where tracing and compiling would cost more than they save.
     """
 
     encodings: tuple = ENCODINGS
+    data: str = "markov"
     steps: int = 1000
     batch_size: int = 32
     train_length: int = 64
     lengths: tuple = (64, 128, 256, 512)
     evaluation_tokens: int = 32768
     seed: int = 0
+    num_seeds: int = 1
     jit_compile: bool = True
 
     def replace(self, **changes):
@@ -52,16 +83,12 @@ class Config:
             ValueError: when an encoding is unknown, or when an evaluation
                 length is shorter than the training length.
         """
-        changes = {name: value for name, value in changes.items() if value is not None}
-        if "encodings" in changes:
-            # In the order given, each once.
-            changes["encodings"] = tuple(dict.fromkeys(changes["encodings"]))
-            unknown = [name for name in changes["encodings"] if name not in ENCODINGS]
-            if unknown:
-                raise ValueError(
-                    f"`encodings` must be among {', '.join(ENCODINGS)}. "
-                    f"Received: encodings={list(changes['encodings'])}"
-                )
+        changes = _checked(changes, ENCODINGS, "language")
+        if "data" in changes and changes["data"] not in DATA:
+            raise ValueError(
+                f"`data` must be one of {', '.join(DATA)}. "
+                f"Received: data={changes['data']!r}"
+            )
         if "lengths" in changes:
             changes["lengths"] = tuple(sorted(set(changes["lengths"])))
         config = dataclasses.replace(self, **changes)
@@ -74,6 +101,61 @@ class Config:
         return config
 
 
+def _checked(changes, encodings, task):
+    """`changes` without its `None` values, its encodings checked and deduplicated."""
+    changes = {name: value for name, value in changes.items() if value is not None}
+    if "encodings" in changes:
+        # In the order given, each once.
+        changes["encodings"] = tuple(dict.fromkeys(changes["encodings"]))
+        unknown = [name for name in changes["encodings"] if name not in encodings]
+        if unknown:
+            raise ValueError(
+                f"`encodings` must be among {', '.join(encodings)} for the "
+                f"{task} task. Received: encodings={list(changes['encodings'])}"
+            )
+    return changes
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionConfig:
+    """What the vision demo trains and evaluates.
+
+    Args:
+        encodings: tuple of str. Encodings to train, from `VISION_ENCODINGS`.
+        steps: int. Training steps of each model.
+        batch_size: int. Images per training step.
+        grids: tuple of int. Patches per side of the evaluated renderings,
+            ascending; the first is the training grid.
+        seed: int. The first seed of the training order and the weights.
+        num_seeds: int. How many times each model is trained, with seeds
+            `seed, seed + 1, ...`; the table gives the mean and the spread.
+        jit_compile: bool. Whether training runs under XLA.
+    """
+
+    encodings: tuple = VISION_ENCODINGS
+    steps: int = 500
+    batch_size: int = 32
+    grids: tuple = (8, 12, 16)
+    seed: int = 0
+    num_seeds: int = 1
+    jit_compile: bool = True
+
+    def replace(self, **changes):
+        """A copy with the changes that are not `None`, checked.
+
+        Args:
+            **changes: fields of `VisionConfig`; a `None` value keeps the
+                field.
+
+        Returns:
+            A new `VisionConfig`.
+
+        Raises:
+            ValueError: when an encoding is unknown.
+        """
+        return dataclasses.replace(self, **_checked(changes, VISION_ENCODINGS, "vision"))
+
+
 DEFAULT = Config()
 QUICK = Config(
     steps=40,
@@ -82,4 +164,8 @@ QUICK = Config(
     lengths=(16, 32, 64),
     evaluation_tokens=1024,
     jit_compile=False,
+)
+VISION_DEFAULT = VisionConfig()
+VISION_QUICK = VisionConfig(
+    steps=12, batch_size=16, grids=(2, 3, 4), jit_compile=False
 )

@@ -264,8 +264,14 @@ def _is_finite_number(value):
     )
 
 
-def _check_extrapolation_inputs(lengths, nll, entropy_rate, train_length):
-    """Raise a `ValueError` unless these suit `extrapolation_curves`."""
+def _check_extrapolation_inputs(
+    lengths, nll, entropy_rate, train_length, names=("lengths", "nll", "train_length")
+):
+    """Raise a `ValueError` unless these suit `extrapolation_curves`.
+
+    `names` are the arguments' names in the caller, for the messages.
+    """
+    lengths_name, nll_name, train_name = names
     if (
         not isinstance(lengths, (list, tuple))
         or not lengths
@@ -278,13 +284,13 @@ def _check_extrapolation_inputs(lengths, nll, entropy_rate, train_length):
         or any(a >= b for a, b in zip(lengths, lengths[1:]))
     ):
         raise ValueError(
-            "`lengths` must be a non-empty list of positive integers in "
-            f"ascending order. Received: lengths={lengths!r}"
+            f"`{lengths_name}` must be a non-empty list of positive integers "
+            f"in ascending order. Received: {lengths_name}={lengths!r}"
         )
     if not isinstance(nll, dict) or not nll:
         raise ValueError(
-            "`nll` must be a non-empty dict from encoding name to a list of "
-            f"values. Received: nll={nll!r}"
+            f"`{nll_name}` must be a non-empty dict from encoding name to a "
+            f"list of values. Received: {nll_name}={nll!r}"
         )
     for name, values in nll.items():
         if (
@@ -295,16 +301,18 @@ def _check_extrapolation_inputs(lengths, nll, entropy_rate, train_length):
             )
         ):
             raise ValueError(
-                f"`nll[{name!r}]` must be a list of {len(lengths)} finite "
-                "numbers or None, one per entry of `lengths`. "
-                f"Received: nll[{name!r}]={values!r}"
+                f"`{nll_name}[{name!r}]` must be a list of {len(lengths)} "
+                f"finite numbers or None, one per entry of `{lengths_name}`. "
+                f"Received: {nll_name}[{name!r}]={values!r}"
             )
-    if not _is_finite_number(entropy_rate) or entropy_rate < 0:
+    if entropy_rate is not None and (
+        not _is_finite_number(entropy_rate) or entropy_rate < 0
+    ):
         raise ValueError(
-            "`entropy_rate` must be a finite number >= 0. "
-            f"Received: entropy_rate={entropy_rate!r}"
+            "`entropy_rate` must be a finite number >= 0, or None where the "
+            f"floor is unknown. Received: entropy_rate={entropy_rate!r}"
         )
-    ops.check_positive_int("train_length", train_length)
+    ops.check_positive_int(train_name, train_length)
 
 
 def extrapolation_curves(lengths, nll, entropy_rate, train_length):
@@ -313,8 +321,9 @@ def extrapolation_curves(lengths, nll, entropy_rate, train_length):
     One line per encoding, with a marker at each evaluation length where its
     loss is defined; `None` (a learned table asked for positions it does not
     have) leaves that point out and breaks the line there. A dashed line
-    marks the source's entropy rate, the lowest loss any model can reach,
-    and a dotted one the length the models were trained at.
+    marks the source's entropy rate, the lowest loss any model can reach
+    (left out when it is unknown, as for real text), and a dotted one the
+    length the models were trained at.
 
     The y axis stops at `max(entropy_rate + 1.5, m + 1)`, where `m` is the
     largest loss at the evaluation lengths up to the trained length (the
@@ -330,13 +339,15 @@ def extrapolation_curves(lengths, nll, entropy_rate, train_length):
             mean negative log-likelihoods per token in nats, one per length,
             each a float or `None` where undefined. Drawn in the dict's
             order.
-        entropy_rate: float. The source's entropy rate in nats per token.
+        entropy_rate: float or None. The source's entropy rate in nats per
+            token; `None` where it is unknown.
         train_length: int. The sequence length the models were trained at.
 
     Returns:
         A `matplotlib.figure.Figure`.
     """
     _check_extrapolation_inputs(lengths, nll, entropy_rate, train_length)
+    floor = [] if entropy_rate is None else [entropy_rate]
     in_training = [
         index for index, length in enumerate(lengths) if length <= train_length
     ] or [0]
@@ -349,9 +360,11 @@ def extrapolation_curves(lengths, nll, entropy_rate, train_length):
         for index in in_training
         if values[index] is not None
     ]
-    limit = max([entropy_rate + 1.5] + [loss + 1.0 for loss in trained_losses])
+    limit = max(
+        [value + 1.5 for value in floor] + [loss + 1.0 for loss in trained_losses]
+    )
     top = min(max(defined, default=limit), limit)
-    bottom = min([entropy_rate] + defined)
+    bottom = min(floor + defined)
     # Equal losses still get a visible range.
     margin = 0.05 * max(top - bottom, 0.1)
 
@@ -373,9 +386,10 @@ def extrapolation_curves(lengths, nll, entropy_rate, train_length):
             marker=_MARKERS[number % len(_MARKERS)],
             label=label,
         )
-    axes.axhline(
-        entropy_rate, color="black", linestyle="--", label="entropy rate (floor)"
-    )
+    for value in floor:
+        axes.axhline(
+            value, color="black", linestyle="--", label="entropy rate (floor)"
+        )
     axes.axvline(
         train_length, color="gray", linestyle=":", label="trained length"
     )
@@ -386,6 +400,56 @@ def extrapolation_curves(lengths, nll, entropy_rate, train_length):
     axes.set_xlabel("evaluation length (tokens)")
     axes.set_ylabel("NLL per token (nats)")
     axes.set_title("Train short, test long")
+    figure.legend(loc="outside right upper")
+    return figure
+
+
+def resolution_curves(grids, accuracy, train_grid, spread=None):
+    """Test accuracy against the grid of patches: train at one, test larger.
+
+    One line per encoding, with a marker at each grid and, where `spread`
+    gives one, an error bar of that size; a dotted line marks the grid the
+    models were trained at and a dashed one chance, 1 in 10.
+
+    Args:
+        grids: list of int. Patches per side of each evaluated grid,
+            positive and ascending.
+        accuracy: dict. From encoding name (str) to a list of
+            `len(grids)` accuracies in [0, 1], drawn in the dict's order.
+        train_grid: int. The grid the models were trained at.
+        spread: dict or None. From encoding name to a list of
+            `len(grids)` standard deviations over seeds. Defaults to `None`.
+
+    Returns:
+        A `matplotlib.figure.Figure`.
+    """
+    _check_extrapolation_inputs(
+        grids, accuracy, None, train_grid, names=("grids", "accuracy", "train_grid")
+    )
+    for name, values in accuracy.items():
+        if any(value is None or not 0 <= value <= 1 for value in values):
+            raise ValueError(
+                f"`accuracy[{name!r}]` must hold accuracies in [0, 1]. "
+                f"Received: accuracy[{name!r}]={values!r}"
+            )
+    figure = Figure(figsize=(9, 5), layout="constrained")
+    axes = figure.add_subplot()
+    for number, (name, values) in enumerate(accuracy.items()):
+        axes.errorbar(
+            grids,
+            values,
+            yerr=None if spread is None else spread.get(name),
+            marker=_MARKERS[number % len(_MARKERS)],
+            capsize=3,
+            label=name,
+        )
+    axes.axhline(0.1, color="black", linestyle="--", label="chance (1 in 10)")
+    axes.axvline(train_grid, color="gray", linestyle=":", label="trained grid")
+    axes.set_xticks(grids, labels=[f"{grid}x{grid}" for grid in grids])
+    axes.set_ylim(0, 1.02)
+    axes.set_xlabel("grid of patches at test (the same digits, rendered larger)")
+    axes.set_ylabel("test accuracy")
+    axes.set_title("Train at one resolution, test at higher ones")
     figure.legend(loc="outside right upper")
     return figure
 

@@ -1,0 +1,467 @@
+"""Train at one resolution, test at higher ones: one small ViT per grid encoding.
+
+The experiment behind FixRes (Touvron et al. 2019) and RoPE-ViT (Heo et al.
+2024), shrunk to run on a CPU in minutes, on real images that install with
+scikit-learn: its handwritten digits (`sklearn.datasets.load_digits`, 1797
+scans of 8 x 8 pixels by 16 grey levels, from the UCI repository). Every
+digit is rendered at a training size whose patches make a grid of
+`config.grids[0]` per side, and the same held-out digits again at larger
+sizes, as a model trained at 224 px is run at 384 px. The same small ViT
+(patches from `keras.layers.Conv2D`, a class token, pre-norm encoder blocks
+of `PositionalMultiHeadAttention`) is trained with each encoding at the
+training grid and its test accuracy measured at every grid.
+
+The learned table is scored twice at the larger grids: as trained, resized
+bicubically to the new grid (what timm and Hugging Face do), and without
+resizing, its rows kept at the positions it has and zeros beyond them.
+
+Every trained model is saved to `.keras`, reloaded with `safe_mode=True` and
+checked to predict bit-identically, at the training grid and the largest,
+before the reloaded model is evaluated.
+"""
+
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import keras_posenc
+from keras_posenc import demo
+from keras_posenc import ops
+from keras_posenc.demo_config import VISION_ENCODINGS
+from keras_posenc.demo_config import VISION_LABELS
+
+PATCH_SIZE = 4
+WIDTH = 64
+NUM_HEADS = 4
+FEED_FORWARD_DIM = 128
+NUM_LAYERS = 2
+NUM_CLASSES = 10
+LEARNING_RATE = 2e-3
+STEPS_PER_EXECUTION = 10
+# The digits held out for testing, stratified by class, the same for every
+# seed: a seed changes the weights and the order of training, not the test.
+TEST_FRACTION = 0.25
+SPLIT_SEED = 0
+# Qwen2-VL's M-RoPE gives its (time, row, column) sections 16, 24 and 24 of
+# 64 rotary pairs; these are the same shares of a head's 8 pairs.
+MROPE_SECTIONS = (2, 3, 3)
+# Images scored per batch of evaluation.
+EVALUATION_BATCH = 128
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc_demo")
+class PatchTokens(keras.layers.Layer):
+    """Patches `(batch, h, w, features)` to tokens, a learned class token first.
+
+    Returns the tokens `(batch, 1 + h * w, features)` and the patches' grid
+    positions `(h * w, num_axes)`, row-major, which the attention reads; the
+    class token has none. With `num_axes=3` the positions are Qwen2-VL's
+    for one image, `(0, row, column)`: a single frame.
+
+    Args:
+        num_axes: int. 2 for `(row, column)`, 3 for `(frame, row, column)`.
+            Defaults to `2`.
+        **kwargs: other keyword arguments passed to `keras.layers.Layer`.
+    """
+
+    def __init__(self, num_axes=2, **kwargs):
+        super().__init__(**kwargs)
+        if num_axes not in (2, 3):
+            raise ValueError(
+                f"`num_axes` must be 2 or 3. Received: num_axes={num_axes!r}"
+            )
+        self.num_axes = num_axes
+
+    def build(self, input_shape):
+        self.class_token = self.add_weight(
+            name="class_token",
+            shape=(1, 1, input_shape[-1]),
+            initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+        )
+
+    def call(self, patches):
+        shape = tf.shape(patches)
+        tokens = tf.reshape(
+            patches, [shape[0], shape[1] * shape[2], patches.shape[-1]]
+        )  # (batch, h * w, features)
+        class_tokens = tf.tile(
+            tf.cast(self.class_token, tokens.dtype), [shape[0], 1, 1]
+        )  # (batch, 1, features)
+        grid = (shape[1], shape[2]) if self.num_axes == 2 else (1, shape[1], shape[2])
+        positions = ops.grid_positions(grid)  # (h * w, num_axes)
+        return tf.concat([class_tokens, tokens], axis=1), positions
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, features = input_shape
+        cells = None if None in (height, width) else height * width
+        tokens = None if cells is None else 1 + cells
+        return (batch, tokens, features), (cells, self.num_axes)
+
+    def compute_output_spec(self, patches):
+        tokens_shape, positions_shape = self.compute_output_shape(patches.shape)
+        return (
+            keras.KerasTensor(tokens_shape, dtype=patches.dtype),
+            keras.KerasTensor(positions_shape, dtype="int32"),
+        )
+
+    def get_config(self):
+        return {**super().get_config(), "num_axes": self.num_axes}
+
+
+def load_digits(grids):
+    """The digits, split, rendered at each grid's image size.
+
+    Args:
+        grids: tuple of int. Patches per side of each rendering; the first
+            is the training grid.
+
+    Returns:
+        A tuple `(train_images, train_labels, test_images, test_labels)`:
+        float32 `(n, size, size, 1)` images in [0, 1] at the training grid's
+        size, int32 labels, and a dict from grid to the held-out images at
+        its size.
+    """
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = sklearn_digits()
+    images = digits.images.astype("float32") / 16.0  # (n, 8, 8), 16 grey levels
+    train, test, train_labels, test_labels = train_test_split(
+        images,
+        digits.target.astype("int32"),
+        test_size=TEST_FRACTION,
+        stratify=digits.target,
+        random_state=SPLIT_SEED,
+    )
+    return (
+        render(train, grids[0]),
+        train_labels,
+        {grid: render(test, grid) for grid in grids},
+        test_labels,
+    )
+
+
+def render(images, grid):
+    """Digits `(n, 8, 8)` upsampled bilinearly to `grid * PATCH_SIZE` pixels a side."""
+    size = grid * PATCH_SIZE
+    return tf.image.resize(images[..., None], (size, size), method="bilinear").numpy()
+
+
+def _attention_position(encoding, train_grid):
+    """A fresh position layer for one attention block, or `None`."""
+    if encoding == "axial_rope":
+        return keras_posenc.RotaryEmbedding(num_axes=2, num_prefix_tokens=1)
+    if encoding == "mrope":
+        return keras_posenc.RotaryEmbedding(
+            num_axes=3,
+            axis_layout="sections",
+            axis_sections=list(MROPE_SECTIONS),
+            num_prefix_tokens=1,
+        )
+    if encoding == "swin_bias":
+        return keras_posenc.GridRelativePositionBias(
+            NUM_HEADS, (train_grid, train_grid), num_prefix_tokens=1
+        )
+    return None
+
+
+def build_model(encoding, train_grid, table_grid=None, jit_compile=False):
+    """The ViT with one encoding, for images of any size.
+
+    Args:
+        encoding: str. One of `VISION_ENCODINGS`.
+        train_grid: int. Patches per side at training: the learned table's
+            and Swin's window.
+        table_grid: int or None. For `"learned"`, a table of this grid that
+            is never resized (the unresized evaluation); `None` for the
+            trained table, resized bicubically to the input's grid.
+            Defaults to `None`.
+        jit_compile: bool. Whether `fit` runs under XLA, with
+            `STEPS_PER_EXECUTION` steps per call. Defaults to `False`.
+
+    Returns:
+        A compiled functional `keras.Model` from images `(batch, h, w, 1)`,
+        `h` and `w` multiples of `PATCH_SIZE`, to class logits `(batch, 10)`.
+    """
+    images = keras.Input(shape=(None, None, 1), name="images")
+    patches = keras.layers.Conv2D(WIDTH, PATCH_SIZE, strides=PATCH_SIZE)(
+        images
+    )  # (b, h, w, width)
+    if encoding == "learned":
+        if table_grid is None:
+            table = keras_posenc.PositionEmbedding(grid_shape=(train_grid, train_grid))
+        else:
+            table = keras_posenc.PositionEmbedding(
+                grid_shape=(table_grid, table_grid), interpolation=None
+            )
+        patches = table(patches)
+    elif encoding == "sinusoidal_2d":
+        patches = keras_posenc.SinusoidalPositionEncoding(num_axes=2)(patches)
+    tokens, positions = PatchTokens(3 if encoding == "mrope" else 2)(
+        patches
+    )  # (b, 1 + h * w, width), (h * w, axes)
+    if encoding == "sinusoidal_raster":
+        tokens = keras_posenc.SinusoidalPositionEncoding(num_prefix_tokens=1)(tokens)
+    for _ in range(NUM_LAYERS):
+        normed = keras.layers.LayerNormalization()(tokens)
+        attention = keras_posenc.PositionalMultiHeadAttention(
+            NUM_HEADS,
+            WIDTH // NUM_HEADS,
+            position=_attention_position(encoding, train_grid),
+        )
+        if attention.position is None:
+            attended = attention(normed, normed)
+        else:
+            attended = attention(
+                normed, normed, query_positions=positions, key_positions=positions
+            )
+        tokens = tokens + attended
+        hidden = keras.layers.Dense(FEED_FORWARD_DIM, activation="gelu")(
+            keras.layers.LayerNormalization()(tokens)
+        )  # (b, 1 + h * w, feed_forward)
+        tokens = tokens + keras.layers.Dense(WIDTH)(hidden)
+    class_token = keras.layers.LayerNormalization()(tokens)[:, 0]  # (b, width)
+    logits = keras.layers.Dense(NUM_CLASSES)(class_token)  # (b, classes)
+    model = keras.Model(images, logits, name=f"vit_{encoding}")
+    model.compile(
+        optimizer=keras.optimizers.Adam(LEARNING_RATE),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=STEPS_PER_EXECUTION if jit_compile else 1,
+        jit_compile=jit_compile,
+    )
+    return model
+
+
+def unresized_copy(model, grid, train_grid):
+    """The learned-table model at `grid` with its table zero-padded, not resized.
+
+    Rows `(r, c)` with `r, c < train_grid` keep their trained vectors; the
+    rest of the larger grid gets zeros: no position where the table has none.
+    """
+    copy = build_model("learned", train_grid, table_grid=grid)
+    copy.build((None, grid * PATCH_SIZE, grid * PATCH_SIZE, 1))
+    weights = []
+    for trained, target in zip(model.get_weights(), copy.get_weights()):
+        if trained.shape != target.shape:  # the table, (cells, width)
+            table = trained.reshape(train_grid, train_grid, -1)
+            padding = grid - train_grid
+            trained = np.pad(table, ((0, padding), (0, padding), (0, 0))).reshape(
+                target.shape
+            )
+        weights.append(trained)
+    copy.set_weights(weights)
+    return copy
+
+
+def accuracy(model, images, labels):
+    """The fraction of `images` whose most likely class is the label."""
+    correct = 0
+    for start in range(0, len(images), EVALUATION_BATCH):
+        logits = model(images[start : start + EVALUATION_BATCH], training=False)
+        correct += int(
+            np.sum(np.argmax(logits, axis=-1) == labels[start : start + EVALUATION_BATCH])
+        )
+    return correct / len(images)
+
+
+def _train(encoding, config, data, out_dir, label, seed):
+    """Train, save, reload and check one model; return the reloaded one."""
+    train_images, train_labels, test_images, _ = data
+    rng = np.random.default_rng([seed, VISION_ENCODINGS.index(encoding)])
+    count = config.steps * config.batch_size
+    passes = -(-count // len(train_images))
+    order = np.concatenate(
+        [rng.permutation(len(train_images)) for _ in range(passes)]
+    )[:count]  # shuffled afresh at each pass over the training digits
+    keras.utils.set_random_seed(seed)
+    model = build_model(encoding, config.grids[0], jit_compile=config.jit_compile)
+    demo.fit(
+        model,
+        train_images[order],
+        train_labels[order],
+        config.batch_size,
+        f"{label} Training with {VISION_LABELS[encoding]}",
+        unit="images",
+    )
+    suffix = f"_seed{seed}" if config.num_seeds > 1 else ""
+    path = os.path.join(out_dir, f"vit_{encoding}{suffix}.keras")
+    probes = [test_images[grid][: config.batch_size] for grid in config.grids[::2]]
+    return demo.save_and_reload(model, path, probes)
+
+
+def _evaluate(model, encoding, config, test_images, test_labels):
+    """`{row: {grid: accuracy}}`: one row, two for the learned table."""
+    train_grid = config.grids[0]
+    scores = {}
+    rows = {encoding: scores}
+    for grid in config.grids:
+        scores[grid] = accuracy(model, test_images[grid], test_labels)
+        print(f"Accuracy at {grid}x{grid}: {scores[grid]:.3f}")
+    if encoding == "learned":
+        rows = {"learned": {}, "learned_bicubic": scores}
+        for grid in config.grids:
+            if grid == train_grid:  # no resize to make
+                rows["learned"][grid] = scores[grid]
+                continue
+            rows["learned"][grid] = accuracy(
+                unresized_copy(model, grid, train_grid),
+                test_images[grid],
+                test_labels,
+            )
+            print(
+                f"Accuracy at {grid}x{grid} without resizing the table: "
+                f"{rows['learned'][grid]:.3f}"
+            )
+    return rows
+
+
+def findings(means, config):
+    """Lines that say what the table shows, against the literature's direction.
+
+    Args:
+        means: dict from row key (`VISION_LABELS`) to `{grid: accuracy}`,
+            the mean over seeds.
+        config: `VisionConfig`.
+
+    Returns:
+        A list of str.
+    """
+    small, large = config.grids[0], config.grids[-1]
+    lines = []
+    for key, scores in means.items():
+        lines.append(
+            f"{VISION_LABELS[key]}: {scores[small]:.3f} at {small}x{small}, "
+            f"{scores[large]:.3f} at {large}x{large} "
+            f"({scores[large] - scores[small]:+.3f})."
+        )
+    if "none" in means and len(means) > 1:
+        beaten = [
+            VISION_LABELS[key]
+            for key, scores in means.items()
+            if key != "none" and scores[small] <= means["none"][small]
+        ]
+        lines.append(
+            f"At the training grid every encoding beats none "
+            f"({means['none'][small]:.3f}): "
+            + ("yes." if not beaten else f"no, not {', '.join(beaten)}.")
+        )
+    if "learned" in means:
+        recovered = means["learned_bicubic"][large] - means["learned"][large]
+        lines.append(
+            f"Resizing the learned table bicubically at {large}x{large}: "
+            f"{recovered:+.3f} against leaving it as trained."
+        )
+    if len(means) > 1:
+        best = max(means, key=lambda key: means[key][large])
+        lines.append(
+            f"Holds best at {large}x{large}: {VISION_LABELS[best]} "
+            f"({means[best][large]:.3f})."
+        )
+    return lines
+
+
+def run(config, out_dir):
+    """Train every encoding at one grid, test it at larger ones, write the results.
+
+    Args:
+        config: `VisionConfig`. What to train and evaluate.
+        out_dir: str or path-like. Where the models (`vit_*.keras`), the
+            table (`accuracy.md`, `accuracy.csv`) and the plot
+            (`accuracy.png`) go; created if needed.
+
+    Returns:
+        The exit status: `0`, or `1` if a reloaded model predicts
+        differently from the trained one.
+    """
+    from keras_posenc import plot
+
+    started = time.perf_counter()
+    os.makedirs(out_dir, exist_ok=True)
+    data = load_digits(config.grids)
+    train_images, _, test_images, test_labels = data
+    sizes = ", ".join(
+        f"{grid}x{grid} ({grid * PATCH_SIZE} px)" for grid in config.grids
+    )
+    print(
+        f"Data: scikit-learn's handwritten digits, {len(train_images)} trained "
+        f"on and {len(test_labels)} held out, 8 x 8 pixels upsampled "
+        f"bilinearly to grids of {PATCH_SIZE} x {PATCH_SIZE} px patches: {sizes}."
+    )
+    print(
+        f"Model: a ViT of {NUM_LAYERS} pre-norm blocks, width {WIDTH}, "
+        f"{NUM_HEADS} heads, feed-forward {FEED_FORWARD_DIM}, a class token. "
+        f"Training: {config.steps} steps of {config.batch_size} images at "
+        f"{config.grids[0]}x{config.grids[0]}. " + demo.seeds_line(config)
+    )
+    runs = []
+    total = len(config.encodings) * config.num_seeds
+    number = 0
+    for seed in demo.seeds(config):
+        scores = {}
+        for encoding in config.encodings:
+            number += 1
+            seed_text = f", seed {seed}" if config.num_seeds > 1 else ""
+            try:
+                model = _train(
+                    encoding,
+                    config,
+                    data,
+                    out_dir,
+                    f"[{number}/{total}{seed_text}]",
+                    seed,
+                )
+            except RuntimeError as error:
+                print(f"Error: {error}", file=sys.stderr)
+                return 1
+            scores.update(
+                _evaluate(model, encoding, config, test_images, test_labels)
+            )
+        runs.append(scores)
+    results = demo.combine(runs)
+    labelled = {VISION_LABELS[key]: scores for key, scores in results.items()}
+    headers = [f"{grid}x{grid}" for grid in config.grids]
+    title = (
+        f"Test accuracy on held-out digits, trained at "
+        f"{config.grids[0]}x{config.grids[0]} patches"
+    )
+    table = demo.format_markdown(labelled, config.grids, headers)
+    markdown_path = os.path.join(out_dir, "accuracy.md")
+    with open(markdown_path, "w") as file:
+        file.write(f"{title}. {demo.seeds_line(config)}\n\n{table}\n")
+    csv_path = os.path.join(out_dir, "accuracy.csv")
+    demo.write_csv(csv_path, labelled, config.grids, headers)
+    means = {
+        key: {grid: demo.mean(values) for grid, values in scores.items()}
+        for key, scores in results.items()
+    }
+    spread = None
+    if config.num_seeds > 1:
+        spread = {
+            VISION_LABELS[key]: [
+                float(np.std(scores[grid], ddof=1)) for grid in config.grids
+            ]
+            for key, scores in results.items()
+        }
+    figure = plot.resolution_curves(
+        list(config.grids),
+        {
+            VISION_LABELS[key]: [scores[grid] for grid in config.grids]
+            for key, scores in means.items()
+        },
+        config.grids[0],
+        spread,
+    )
+    plot_path = os.path.join(out_dir, "accuracy.png")
+    figure.savefig(plot_path, dpi=100)
+
+    print(f"\n{title}:\n\n{table}\n")
+    print("\n".join(findings(means, config)))
+    print(
+        f"\nWrote {markdown_path}, {csv_path} and {plot_path} in "
+        f"{time.perf_counter() - started:.0f} s."
+    )
+    return 0
