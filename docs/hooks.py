@@ -24,7 +24,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # The train-short-test-long table of README.md: its header row.
-_TABLE_HEADER = re.compile(r"^\| encoding((?: \| \d+)+) \|$")
+# README's result tables: the language task's columns are lengths (speed
+# columns may follow), the vision task's grids such as `8x8`.
+_LENGTH_HEADER = re.compile(r"^\| encoding((?: \| \d+)+) \|")
+_GRID_HEADER = re.compile(r"^\| encoding((?: \| \d+x\d+)+) \|$")
 # pymdownx.arithmatex's generic output: inline \(...\) in a span, display
 # \[...\] in a div, the TeX HTML-escaped.
 _ARITHMATEX = re.compile(
@@ -110,40 +113,70 @@ def _t5_buckets_figure(num_buckets=32, max_distance=128, span=160):
     return figure
 
 
-def _readme_results(readme_path):
-    """The lengths and the NLL rows of README.md's train-short-test-long table."""
+def _readme_tables(readme_path, header):
+    """Every table of README.md whose header matches `header`, in order.
+
+    Each is `(columns, rows)`: the column names the pattern's group holds,
+    and from each row's first cell to its values in those columns, a cell
+    `mean ± spread` read as the pair, `n/a` as `None`, a number as `(value,
+    None)`. Columns after the matched ones are left out.
+    """
     with open(readme_path, encoding="utf-8") as readme:
         lines = readme.read().splitlines()
+    tables = []
     for index, line in enumerate(lines):
-        match = _TABLE_HEADER.match(line)
-        if match:
-            break
-    else:
+        match = header.match(line)
+        if not match:
+            continue
+        columns = [column.strip() for column in match.group(1).split("|") if column.strip()]
+        rows = {}
+        # Skip the header and its |---| line; the table ends at the first
+        # line that is not a row.
+        for row in lines[index + 2 :]:
+            if not row.startswith("|"):
+                break
+            cells = [cell.strip() for cell in row.strip("|").split("|")]
+            rows[cells[0]] = [
+                None
+                if cell == "n/a"
+                else tuple(float(part) for part in cell.split(" ± "))
+                if " ± " in cell
+                else (float(cell), None)
+                for cell in cells[1 : 1 + len(columns)]
+            ]
+        tables.append((columns, rows))
+    if not tables:
         raise ValueError(
-            f"No table with the header `| encoding | 64 | ...` in {readme_path}."
+            f"No table with a header like {header.pattern!r} in {readme_path}."
         )
-    lengths = [int(length) for length in match.group(1).split("|") if length.strip()]
-    nll = {}
-    # Skip the header and its |---| line; the table ends at the first
-    # line that is not a row.
-    for row in lines[index + 2 :]:
-        if not row.startswith("|"):
-            break
-        cells = [cell.strip() for cell in row.strip("|").split("|")]
-        nll[cells[0]] = [None if cell == "n/a" else float(cell) for cell in cells[1:]]
-    return lengths, nll
+    return tables
+
+
+def _means(rows):
+    return {
+        name: [None if cell is None else cell[0] for cell in cells]
+        for name, cells in rows.items()
+    }
 
 
 def on_pre_build(config):
     from keras_posenc import demo
+    from keras_posenc import demo_config
     from keras_posenc import plot
 
     out_dir = os.path.join(config["docs_dir"], "figures")
     os.makedirs(out_dir, exist_ok=True)
-    lengths, nll = _readme_results(
-        os.path.join(os.path.dirname(config["config_file_path"]), "README.md")
-    )
-    demo_config = demo.Config()
+    readme = os.path.join(os.path.dirname(config["config_file_path"]), "README.md")
+    # The Markov source's table first, then the standard library's.
+    (lengths, markov), (source_lengths, python_source) = _readme_tables(
+        readme, _LENGTH_HEADER
+    )[:2]
+    ((grids, vision),) = _readme_tables(readme, _GRID_HEADER)
+    language = demo_config.DEFAULT
+    spread = {
+        name: [0.0 if cell is None or cell[1] is None else cell[1] for cell in cells]
+        for name, cells in vision.items()
+    }
     figures = {
         "encoding_heatmap.png": plot.encoding_heatmap(),
         "encoding_heatmap_concat.png": plot.encoding_heatmap(layout="concat"),
@@ -154,10 +187,22 @@ def on_pre_build(config):
         "alibi_bias.png": _alibi_bias_figure(),
         "t5_buckets.png": _t5_buckets_figure(),
         "extrapolation.png": plot.extrapolation_curves(
-            lengths,
-            nll,
-            demo.MarkovSource(demo_config.seed).entropy_rate,
-            demo_config.train_length,
+            [int(length) for length in lengths],
+            _means(markov),
+            demo.MarkovSource(language.seed).entropy_rate,
+            language.train_length,
+        ),
+        "extrapolation_python_source.png": plot.extrapolation_curves(
+            [int(length) for length in source_lengths],
+            _means(python_source),
+            None,
+            language.train_length,
+        ),
+        "resolution.png": plot.resolution_curves(
+            [int(grid.split("x")[0]) for grid in grids],
+            _means(vision),
+            demo_config.VISION_DEFAULT.grids[0],
+            spread,
         ),
     }
     for filename, figure in figures.items():

@@ -62,7 +62,7 @@ class Config:
     encodings: tuple = ENCODINGS
     data: str = "markov"
     steps: int = 1000
-    batch_size: int = 32
+    batch_size: int = 16
     train_length: int = 64
     lengths: tuple = (64, 128, 256, 512)
     evaluation_tokens: int = 32768

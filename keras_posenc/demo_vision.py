@@ -284,7 +284,8 @@ def _train(encoding, config, data, out_dir, label, seed):
         train_images[order],
         train_labels[order],
         config.batch_size,
-        f"{label} Training with {VISION_LABELS[encoding]}",
+        f"{label} Training with "
+        + ("a learned table" if encoding == "learned" else VISION_LABELS[encoding]),
         unit="images",
     )
     suffix = f"_seed{seed}" if config.num_seeds > 1 else ""
