@@ -203,10 +203,11 @@ class PythonSource:
         self.test_bytes = self._read(self.test_files)
 
     def _read(self, names):
-        text = b"".join(
-            open(os.path.join(self.directory, name), "rb").read() for name in names
-        )
-        return np.frombuffer(text, dtype=np.uint8).astype(np.int32)
+        chunks = []
+        for name in names:
+            with open(os.path.join(self.directory, name), "rb") as file:
+                chunks.append(file.read())
+        return np.frombuffer(b"".join(chunks), dtype=np.uint8).astype(np.int32)
 
     def describe(self):
         """One line: what the text is and how large."""
