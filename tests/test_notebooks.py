@@ -24,20 +24,29 @@ EXPECTED = (
     "02_models.ipynb",
     "03_tpu_training.ipynb",
     "04_extrapolation.ipynb",
+    "05_vision.ipynb",
 )
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 COLAB = "https://colab.research.google.com/github/keras-posenc/keras-posenc/blob/main/notebooks/"
 SITE = "https://keras-posenc.github.io/keras-posenc/"
 REPOSITORY = "git+https://github.com/keras-posenc/keras-posenc"
 # The extra that a notebook importing a module (or a submodule of it)
-# installs, and what module each extra brings, which the install guards on.
+# installs, and the modules each extra brings, which the install guards on:
+# it installs when any of them is missing. `keras_posenc.demo_config` is
+# plain Python and needs no extra.
 EXTRA_OF_IMPORT = {
     "matplotlib": "plot",
     "keras_posenc.plot": "plot",
     "keras_posenc.demo": "demo",
+    "keras_posenc.demo_vision": "demo",
     "keras_posenc.bench": "bench",
 }
-MODULE_OF_EXTRA = {"plot": "matplotlib", "demo": "matplotlib", "bench": "keras_hub"}
+MODULE_OF_EXTRA = {
+    "plot": ("matplotlib",),
+    "demo": ("matplotlib", "sklearn"),
+    "bench": ("keras_hub",),
+}
+GUARDED_MODULES = {module for modules in MODULE_OF_EXTRA.values() for module in modules}
 FIND_SPEC = importlib.util.find_spec
 
 notebook_paths = pytest.mark.parametrize("path", PATHS, ids=lambda path: path.name)
@@ -108,7 +117,7 @@ def run_install_cell(cell, missing, monkeypatch):
     return shell.line_magics
 
 
-def test_the_four_notebooks_exist():
+def test_the_five_notebooks_exist():
     names = {path.name for path in PATHS}
     assert set(EXPECTED) <= names
 
@@ -143,13 +152,15 @@ def test_first_code_cell_installs_only_what_is_missing(path, monkeypatch):
     extras = extras_needed(notebook)
     requirement = f"keras-posenc[{','.join(extras)}]" if extras else "keras-posenc"
     pip = ("pip", f'install --quiet "{requirement} @ {REPOSITORY}"')
-    needed = {"keras_posenc"} | {MODULE_OF_EXTRA[extra] for extra in extras}
+    needed = {"keras_posenc"}.union(*(MODULE_OF_EXTRA[extra] for extra in extras))
 
     # Where everything is installed, as in CI: nothing runs.
     assert run_install_cell(install, set(), monkeypatch) == []
+    # Where any one module the notebook needs is missing: one install.
     for module in sorted(needed):
         assert run_install_cell(install, {module}, monkeypatch) == [pip], module
-    for module in sorted(set(MODULE_OF_EXTRA.values()) - needed):
+    # Where only what another extra brings is missing: nothing.
+    for module in sorted(GUARDED_MODULES - needed):
         assert run_install_cell(install, {module}, monkeypatch) == [], module
 
 
@@ -158,7 +169,7 @@ def test_the_extras_the_notebooks_need_are_declared_in_setup_cfg():
     setup.read(ROOT / "setup.cfg")
     declared = set(setup["options.extras_require"])
     needed = {extra for path in PATHS for extra in extras_needed(load(path))}
-    assert needed == {"plot", "demo"}  # 01 plots; 03 and 04 run the demo's code
+    assert needed == {"plot", "demo"}  # 01 plots; 03, 04 and 05 run the demo's code
     assert needed <= declared
     assert set(MODULE_OF_EXTRA) <= declared
 
@@ -181,3 +192,21 @@ def test_extras_needed_reads_every_form_of_import():
     assert extras_needed(notebook) == ["bench", "demo"]
     notebook["cells"][2]["source"].append("from matplotlib.figure import Figure\n")
     assert extras_needed(notebook) == ["bench", "demo", "plot"]
+
+
+def test_extras_needed_maps_each_demo_module():
+    def needs(source):
+        return extras_needed(
+            {
+                "cells": [
+                    {"cell_type": "code", "source": ["%pip install keras-posenc"]},
+                    {"cell_type": "code", "source": [source]},
+                ]
+            }
+        )
+
+    # The configurations are plain Python; the tasks need the demo extra.
+    assert needs("from keras_posenc import demo_config") == []
+    assert needs("from keras_posenc import demo_config, demo_vision") == ["demo"]
+    assert needs("import keras_posenc.demo_vision") == ["demo"]
+    assert needs("from keras_posenc.demo import run") == ["demo"]
