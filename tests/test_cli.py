@@ -14,6 +14,10 @@ import pytest
 import keras_posenc
 from keras_posenc import cli
 from keras_posenc import demo
+from keras_posenc import demo_vision
+from keras_posenc.demo_config import VISION_ENCODINGS
+from keras_posenc.demo_config import VISION_LABELS
+from keras_posenc.demo_config import VISION_QUICK
 from keras_posenc.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -127,30 +131,51 @@ def test_the_command_imports_the_layers_on_first_use():
     ]
 
 
+MATPLOTLIB = '"matplotlib<4,>=3.8"'
+SCIKIT_LEARN = '"scikit-learn<2,>=1.3"'
+
+
 @pytest.mark.parametrize(
-    "command, module, requirement",
+    "command, modules, distributions, pins",
     [
-        ("plot", "matplotlib", '"matplotlib<4,>=3.8"'),
-        ("demo", "matplotlib", '"matplotlib<4,>=3.8"'),
-        ("bench", "keras_hub", '"keras-hub<0.33,>=0.21"'),
+        ("plot", ["matplotlib"], "matplotlib", MATPLOTLIB),
+        ("demo", ["matplotlib"], "matplotlib", MATPLOTLIB),
+        ("demo", ["sklearn"], "scikit-learn", SCIKIT_LEARN),
+        (
+            "demo",
+            ["matplotlib", "sklearn"],
+            "matplotlib and scikit-learn",
+            f"{MATPLOTLIB} {SCIKIT_LEARN}",
+        ),
+        ("bench", ["keras_hub"], "keras-hub", '"keras-hub<0.33,>=0.21"'),
     ],
+    ids=["plot", "demo-matplotlib", "demo-sklearn", "demo-both", "bench"],
 )
 def test_a_missing_extra_is_named_in_one_line(
-    command, module, requirement, monkeypatch, capsys
+    command, modules, distributions, pins, monkeypatch, capsys
 ):
     find_spec = cli.importlib.util.find_spec
     monkeypatch.setattr(
         cli.importlib.util,
         "find_spec",
-        lambda name: None if name == module else find_spec(name),
+        lambda name: None if name in modules else find_spec(name),
     )
     assert main([command]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     (line,) = captured.err.splitlines()
-    assert line.startswith(f"keras-posenc: error: `keras-posenc {command}` needs")
-    assert f"the `{command}` extra" in line
-    assert line.endswith(f"pip install {requirement}")
+    assert line == (
+        f"keras-posenc: error: `keras-posenc {command}` needs {distributions}, "
+        f"which the `{command}` extra installs. Install it with: pip install {pins}"
+    )
+
+
+def test_the_missing_extra_pins_are_this_packages_own():
+    # The messages above quote setup.cfg's ranges, as installed.
+    requirements = cli.importlib.metadata.requires("keras-posenc")
+    for pin in ("matplotlib<4,>=3.8", "scikit-learn<2,>=1.3"):
+        assert f'{pin}; extra == "demo"' in requirements
+    assert 'keras-hub<0.33,>=0.21; extra == "bench"' in requirements
 
 
 @pytest.mark.parametrize(
@@ -168,6 +193,35 @@ def test_a_missing_extra_is_named_in_one_line(
         (["demo", "--encodings"], "argument --encodings: expected at least one"),
         (["demo", "--lengths", "32"], "`lengths` must each be at least the training length 64"),
         (["demo", "--quick", "--train-length", "40"], "Received: lengths=[16, 32, 64]"),
+        (["demo", "--seeds", "0"], "argument --seeds: must be an integer"),
+        (["demo", "--data", "wiki"], "argument --data: invalid choice: 'wiki'"),
+        (["demo", "--task", "pictures"], "argument --task: invalid choice: 'pictures'"),
+        (
+            ["demo", "--encodings", "rope"],
+            "`--encodings` names the encodings of one task",
+        ),
+        (
+            ["demo", "--task", "vision", "--encodings", "rope"],
+            "`encodings` must be among none, learned, sinusoidal_raster, "
+            "sinusoidal_2d, axial_rope, mrope, swin_bias for the vision task. "
+            "Received: encodings=['rope']",
+        ),
+        (
+            ["demo", "--task", "language", "--encodings", "axial_rope"],
+            "for the language task. Received: encodings=['axial_rope']",
+        ),
+        (
+            ["demo", "--task", "vision", "--lengths", "100"],
+            "`--lengths` applies to the language task, not to --task vision.",
+        ),
+        (
+            ["demo", "--task", "vision", "--train-length", "8"],
+            "`--train-length` applies to the language task",
+        ),
+        (
+            ["demo", "--task", "vision", "--data", "markov"],
+            "`--data` applies to the language task",
+        ),
         (["bench", "--repeats", "0"], "argument --repeats: must be an integer"),
         (["train"], "invalid choice: 'train'"),
         ([], "the following arguments are required"),
@@ -188,15 +242,43 @@ def test_bad_arguments_exit_with_a_one_line_message(argv, message, capsys):
 
 
 QUICK_LENGTHS = [str(length) for length in demo.QUICK.lengths]
+QUICK_GRIDS = [f"{grid}x{grid}" for grid in VISION_QUICK.grids]
+SPEED_HEADERS = ["train tokens/s", "÷ sinusoidal", "Press et al. ÷ sinusoidal"]
 
 
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory):
-    """The quick demo's output folder and what it printed."""
+    """The quick demo of both tasks: its output folder and what it printed."""
     out_dir = tmp_path_factory.mktemp("demo")
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         status = main(["demo", "--quick", "--out", str(out_dir)])
     return status, out_dir, printed.getvalue()
+
+
+def markdown_rows(markdown):
+    """`{first cell: [other cells]}` of a Markdown table's body rows."""
+    rows = {}
+    for line in markdown.splitlines():
+        if line.startswith("| ") and not line.startswith("| encoding |"):
+            name, *cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[name] = cells
+    return rows
+
+
+def test_quick_demo_runs_both_tasks(quick_demo):
+    status, _, printed = quick_demo
+    assert status == 0
+    language = printed.index("== The language task ==")
+    vision = printed.index("== The vision task ==")
+    done = printed.index("Both tasks done in")
+    assert language < vision < done
+    assert printed.count("predictions identical") == len(demo.ENCODINGS) + len(
+        VISION_ENCODINGS
+    )
+    # Not a terminal: one line per model and length, no progress bars (the
+    # longest line is the language task's description of its model).
+    assert "\x1b" not in printed and "\r" not in printed
+    assert max(len(line) for line in printed.splitlines()) < 400
 
 
 def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
@@ -207,15 +289,20 @@ def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
     ]
     with open(out_dir / "nll.csv", newline="") as file:
         rows = list(csv.reader(file))
-    assert rows[0] == ["encoding"] + QUICK_LENGTHS
+    assert rows[0] == ["encoding"] + QUICK_LENGTHS + ["train tokens/s"]
     assert sorted(row[0] for row in rows[1:]) == sorted(names)
     ceiling = math.log(demo.VOCABULARY_SIZE) + 2.0
-    for name, *cells in rows[1:]:
+    for name, *cells, speed in rows[1:]:
         for length, cell in zip(demo.QUICK.lengths, cells):
             if name == "learned" and length > demo.QUICK.train_length:
                 assert cell == "n/a"
             else:
                 assert 0.0 < float(cell) < ceiling, (name, length, cell)
+        # The scalings are the trained RoPE model's: not trained again.
+        if name in demo.ENCODINGS:
+            assert float(speed) > 0, name
+        else:
+            assert speed == "", name
     with open(out_dir / "nll.md") as file:
         markdown = file.read()
     title = (
@@ -223,15 +310,24 @@ def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
         f"{demo.QUICK.train_length}"
     )
     assert markdown.startswith(f"{title}; entropy rate ")
-    assert f"{title}:" in printed
-    assert "| encoding | " + " | ".join(QUICK_LENGTHS) + " |" in markdown
-    assert "| learned | " in markdown and "n/a" in markdown
+    assert f"{title}; entropy rate " in printed
+    assert (
+        "| encoding | " + " | ".join(QUICK_LENGTHS + SPEED_HEADERS) + " |" in markdown
+    )
+    table = markdown_rows(markdown)
+    assert sorted(table) == sorted(names)
+    assert table["learned"][1:3] == ["n/a", "n/a"]
+    assert table["sinusoidal"][-2:] == ["1.00x", "1.00x"]
+    assert table["rope"][-1] == "0.70x" and table["t5"][-1] == "0.51x"
+    assert table["none"][-1] == ""
+    assert table["rope + yarn"][-3:] == ["", "", ""]
+    for name in demo.ENCODINGS:
+        tokens_per_second, ratio, _ = table[name][-3:]
+        assert float(tokens_per_second.replace(",", "")) > 0
+        assert ratio.endswith("x") and float(ratio[:-1]) > 0
     assert "entropy rate" in printed and "nats per symbol" in printed
     assert "Entropy rate of the source (the floor)" in printed
-    assert "predictions identical" in printed
-    # Not a terminal: one line per model and length, no progress bars.
-    assert "\x1b" not in printed and "\r" not in printed
-    assert max(len(line) for line in printed.splitlines()) < 300
+    assert "Training speed against sinusoidal: " in printed
     assert printed.count(f"Trained {demo.QUICK.steps} steps in") == len(
         demo.ENCODINGS
     )
@@ -252,23 +348,151 @@ def test_quick_demo_models_reload(quick_demo, encoding):
     assert np.all(np.isfinite(logits))
 
 
+def test_quick_demo_writes_the_vision_table(quick_demo):
+    status, out_dir, printed = quick_demo
+    assert status == 0
+    labels = list(VISION_LABELS.values())
+    with open(out_dir / "accuracy.csv", newline="") as file:
+        rows = list(csv.reader(file))
+    assert rows[0] == ["encoding"] + QUICK_GRIDS
+    assert sorted(row[0] for row in rows[1:]) == sorted(labels)
+    accuracies = {name: [float(cell) for cell in cells] for name, *cells in rows[1:]}
+    for name, cells in accuracies.items():
+        assert all(0.0 <= cell <= 1.0 for cell in cells), (name, cells)
+    # At the trained grid there is nothing to resize: one model, one score.
+    assert (
+        accuracies["learned, not resized"][0]
+        == accuracies["learned + bicubic resize"][0]
+    )
+    with open(out_dir / "accuracy.md") as file:
+        markdown = file.read()
+    title = "Test accuracy on held-out digits, trained at 2x2 patches"
+    assert markdown.startswith(f"{title}. One seed (0)")
+    assert f"{title}:" in printed
+    assert "| encoding | " + " | ".join(QUICK_GRIDS) + " |" in markdown
+    table = markdown_rows(markdown)
+    assert sorted(table) == sorted(labels)
+    for name, cells in table.items():
+        assert [float(cell) for cell in cells] == pytest.approx(
+            accuracies[name], abs=5e-4
+        )
+    assert printed.count(f"Trained {VISION_QUICK.steps} steps in") == len(
+        VISION_ENCODINGS
+    )
+    assert "Data: scikit-learn's handwritten digits" in printed
+    assert "Holds best at 4x4: " in printed
+    with open(out_dir / "accuracy.png", "rb") as file:
+        assert file.read(8) == PNG_SIGNATURE
+
+
+@pytest.mark.parametrize("encoding", VISION_ENCODINGS)
+def test_quick_demo_vision_models_reload(quick_demo, encoding):
+    _, out_dir, _ = quick_demo
+    model = keras.models.load_model(out_dir / f"vit_{encoding}.keras", safe_mode=True)
+    assert any(
+        isinstance(layer, demo_vision.PatchTokens) for layer in model.layers
+    )
+    rng = np.random.default_rng(0)
+    for size in (8, 16):  # the trained grid, 2 x 2 patches, and 4 x 4
+        images = rng.random((2, size, size, 1)).astype("float32")
+        logits = model.predict(images, verbose=0)
+        assert logits.shape == (2, demo_vision.NUM_CLASSES)
+        assert np.all(np.isfinite(logits))
+
+
 def test_demo_trains_the_chosen_encodings(tmp_path, capsys):
     argv = [
-        "demo", "--quick", "--encodings", "alibi", "learned", "--steps", "3",
-        "--lengths", "16", "48", "--seed", "5", "--out", str(tmp_path),
+        "demo", "--task", "language", "--quick", "--encodings", "alibi",
+        "learned", "--steps", "3", "--lengths", "16", "48", "--seed", "5",
+        "--out", str(tmp_path),
     ]
     assert main(argv) == 0
     with open(tmp_path / "nll.csv", newline="") as file:
         rows = list(csv.reader(file))
-    assert rows[0] == ["encoding", "16", "48"]
+    assert rows[0] == ["encoding", "16", "48", "train tokens/s"]
     assert [row[0] for row in rows[1:]] == ["alibi", "learned"]
     assert rows[2][2] == "n/a"
     printed = capsys.readouterr().out
     assert "3 steps" in printed and "(seed 5)" in printed
+    assert "One seed (5)" in printed
+    # One task: no task headings.
+    assert "== The" not in printed and "Both tasks" not in printed
     assert sorted(path.name for path in tmp_path.glob("*.keras")) == [
         "lm_alibi.keras",
         "lm_learned.keras",
     ]
+    assert not (tmp_path / "accuracy.csv").exists()
+
+
+def test_demo_on_the_standard_librarys_bytes(tmp_path, capsys):
+    argv = [
+        "demo", "--task", "language", "--data", "python-source", "--quick",
+        "--encodings", "alibi", "--steps", "2", "--out", str(tmp_path),
+    ]
+    assert main(argv) == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "lm_python_source_alibi.keras",
+        "nll_python_source.csv",
+        "nll_python_source.md",
+        "nll_python_source.png",
+    ]
+    with open(tmp_path / "nll_python_source.csv", newline="") as file:
+        header, alibi = list(csv.reader(file))
+    assert header == ["encoding"] + QUICK_LENGTHS + ["train tokens/s"]
+    assert alibi[0] == "alibi"
+    ceiling = math.log(256) + 2.0
+    assert all(0.0 < float(cell) < ceiling for cell in alibi[1:-1])
+    assert float(alibi[-1]) > 0
+    with open(tmp_path / "nll_python_source.md") as file:
+        markdown = file.read()
+    assert "entropy rate" not in markdown.lower()
+    printed = capsys.readouterr().out
+    assert "Text: the " in printed and "as bytes (a vocabulary of 256)" in printed
+    assert "Entropy rate" not in printed and "entropy rate" not in printed
+    model = keras.models.load_model(
+        tmp_path / "lm_python_source_alibi.keras", safe_mode=True
+    )
+    logits = model.predict(np.array([[0, 255, 10]], "int32"), verbose=0)
+    assert logits.shape == (1, 3, 256)
+
+
+def test_vision_demo_over_two_seeds(tmp_path, capsys):
+    argv = [
+        "demo", "--quick", "--task", "vision", "--encodings", "none", "learned",
+        "--seeds", "2", "--steps", "2", "--out", str(tmp_path),
+    ]
+    assert main(argv) == 0
+    assert sorted(path.name for path in tmp_path.glob("*.keras")) == [
+        "vit_learned_seed0.keras",
+        "vit_learned_seed1.keras",
+        "vit_none_seed0.keras",
+        "vit_none_seed1.keras",
+    ]
+    with open(tmp_path / "accuracy.csv", newline="") as file:
+        rows = list(csv.reader(file))
+    assert rows[0] == ["encoding"] + [
+        name for grid in QUICK_GRIDS for name in (grid, f"{grid} std")
+    ]
+    assert [row[0] for row in rows[1:]] == [
+        "none", "learned, not resized", "learned + bicubic resize"
+    ]
+    for name, *cells in rows[1:]:
+        values = [float(cell) for cell in cells]
+        assert all(0.0 <= value <= 1.0 for value in values[::2]), name
+        assert all(value >= 0.0 for value in values[1::2]), name
+    with open(tmp_path / "accuracy.md") as file:
+        markdown = file.read()
+    assert "2 seeds (0, 1)" in markdown
+    table = markdown_rows(markdown)
+    assert len(table) == 3
+    for cells in table.values():
+        assert len(cells) == len(QUICK_GRIDS)
+        assert all(" ± " in cell for cell in cells)
+    printed = capsys.readouterr().out
+    assert "[1/4, seed 0] Training with none:" in printed
+    assert "[3/4, seed 1] Training with none:" in printed
+    assert "[4/4, seed 1] Training with " in printed
+    assert not (tmp_path / "nll.csv").exists()
 
 
 def test_demo_fails_when_a_reloaded_model_differs(
@@ -284,8 +508,8 @@ def test_demo_fails_when_a_reloaded_model_differs(
 
     monkeypatch.setattr(keras.models, "load_model", load_perturbed_model)
     argv = [
-        "demo", "--quick", "--encodings", "alibi", "--steps", "1",
-        "--out", str(tmp_path),
+        "demo", "--task", "language", "--quick", "--encodings", "alibi",
+        "--steps", "1", "--out", str(tmp_path),
     ]
     assert main(argv) == 1
     assert "predicts differently" in capsys.readouterr().err

@@ -1,4 +1,7 @@
+import csv
 import math
+import time
+import types
 
 import keras
 import numpy as np
@@ -186,3 +189,353 @@ def test_findings_state_the_directions():
     lines = demo.findings(results, short_config, entropy_rate=1.85)
     assert "rope + yarn: 2.000 at 128 against plain RoPE's 2.100 (better: yes)." in lines
     assert lines[-1] == "Entropy rate of the source (the floor): 1.850."
+
+
+def test_markov_source_describes_itself_and_streams_its_samples(source):
+    line = source.describe()
+    assert "(seed 3)" in line
+    assert f"{source.entropy_rate:.3f} nats per symbol" in line
+    stream = source.evaluation_stream(5, 40, np.random.default_rng(7))
+    np.testing.assert_array_equal(
+        stream, source.sample(5, 40, np.random.default_rng(7))
+    )
+
+
+# Names whose sorted order differs from the order they are written in.
+PYTHON_FILE_NAMES = [
+    f"{letter}{index}.py" for index, letter in enumerate("qwertyuiopasdfghjklzxcv")
+]
+
+
+@pytest.fixture
+def python_directory(tmp_path):
+    """23 small `.py` files of random bytes, and things that are not them."""
+    rng = np.random.default_rng(0)
+    for name in PYTHON_FILE_NAMES:
+        size = int(rng.integers(40, 120))
+        content = rng.integers(0, 256, size).astype("uint8")
+        (tmp_path / name).write_bytes(content.tobytes())
+    (tmp_path / "notes.txt").write_bytes(b"not python")
+    (tmp_path / "setup.pyc").write_bytes(b"compiled")
+    package = tmp_path / "package.py"
+    package.mkdir()
+    (package / "inner.py").write_bytes(b"print('inside')\n")
+    return tmp_path
+
+
+def read_bytes(directory, names):
+    text = b"".join((directory / name).read_bytes() for name in names)
+    return np.array(list(text), dtype="int64")
+
+
+def test_python_source_splits_the_sorted_files(python_directory):
+    source = demo.PythonSource(str(python_directory))
+    names = sorted(PYTHON_FILE_NAMES)
+    # Positions 10 and 20 of the sorted list, counting from 1.
+    held_out = [name for number, name in enumerate(names, 1) if number % 10 == 0]
+    assert source.test_files == held_out
+    assert len(held_out) == 2
+    assert source.train_files == [name for name in names if name not in held_out]
+    assert set(source.train_files).isdisjoint(source.test_files)
+    assert sorted(source.train_files + source.test_files) == names
+    assert source.vocabulary_size == 256
+    assert source.entropy_rate is None
+    for split, files in (
+        (source.train_bytes, source.train_files),
+        (source.test_bytes, source.test_files),
+    ):
+        assert split.dtype == np.int32
+        np.testing.assert_array_equal(split, read_bytes(python_directory, files))
+    # Bytes past 127 stay positive: read as unsigned.
+    assert source.train_bytes.max() > 127 and source.train_bytes.min() >= 0
+    line = source.describe()
+    assert "the 23 .py files" in line and "21 files" in line and "2 files" in line
+
+
+def test_python_source_samples_runs_of_the_training_text(python_directory):
+    source = demo.PythonSource(str(python_directory))
+    text = read_bytes(python_directory, source.train_files)
+    length = 17
+    rows = source.sample(50, length, np.random.default_rng(4))
+    assert rows.shape == (50, length) and rows.dtype == np.int32
+    runs = np.lib.stride_tricks.sliding_window_view(text, length)  # (starts, length)
+    for row in rows:
+        assert np.any(np.all(runs == row, axis=1))
+    np.testing.assert_array_equal(
+        rows, source.sample(50, length, np.random.default_rng(4))
+    )
+    assert not np.array_equal(
+        rows, source.sample(50, length, np.random.default_rng(5))
+    )
+    # Every start is possible, up to the last run that fits.
+    whole = source.sample(3, len(text), np.random.default_rng(0))
+    np.testing.assert_array_equal(whole, np.tile(text, (3, 1)))
+    shifted = source.sample(60, len(text) - 1, np.random.default_rng(1))
+    assert set(map(tuple, shifted)) == {tuple(text[:-1]), tuple(text[1:])}
+
+
+def test_python_source_evaluates_evenly_spaced_held_out_runs(python_directory):
+    source = demo.PythonSource(str(python_directory))
+    text = read_bytes(python_directory, source.test_files)
+    rows, width = 4, 20
+    stream = source.evaluation_stream(rows, width, np.random.default_rng(0))
+    assert stream.shape == (rows, width)
+    spacing = len(text) // rows
+    for row in range(rows):
+        np.testing.assert_array_equal(
+            stream[row], text[row * spacing : row * spacing + width]
+        )
+    # The runs are fixed: the generator is not read.
+    np.testing.assert_array_equal(stream, source.evaluation_stream(rows, width))
+    too_wide = len(text) // rows + 1
+    with pytest.raises(
+        ValueError, match=rf"rows={rows}, width={too_wide}"
+    ):
+        source.evaluation_stream(rows, too_wide)
+
+
+def test_python_source_reads_the_standard_library():
+    source = demo.PythonSource()
+    assert len(source.train_files) + len(source.test_files) >= 100
+    assert len(source.train_bytes) + len(source.test_bytes) > 1_000_000
+    assert len(source.test_files) == (
+        len(source.train_files) + len(source.test_files)
+    ) // 10
+    for split in (source.train_bytes, source.test_bytes):
+        assert split.min() >= 0 and split.max() < 256
+    assert "os.py" in source.train_files + source.test_files
+
+
+def fake_clock(monkeypatch, times):
+    """Make `demo`'s `time.perf_counter` return `times` in turn."""
+    ticks = iter(times)
+    monkeypatch.setattr(
+        demo, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks))
+    )
+
+
+def test_training_speed_times_the_calls_after_the_first(monkeypatch):
+    fake_clock(monkeypatch, [10.0, 11.0, 13.0])
+    speed = demo.TrainingSpeed(tokens_per_step=100, steps=30, steps_per_execution=10)
+    for call in range(3):
+        speed.on_train_batch_end(10 * call + 9)
+    # The first call (steps 1 to 10) traces; steps 11 to 30 took 3 s.
+    assert speed.tokens_per_second == pytest.approx(20 * 100 / 3.0)
+
+
+def test_training_speed_of_a_single_call_is_none(monkeypatch):
+    fake_clock(monkeypatch, [5.0])
+    speed = demo.TrainingSpeed(tokens_per_step=100, steps=10, steps_per_execution=10)
+    speed.on_train_batch_end(9)
+    assert speed.tokens_per_second is None
+    fake_clock(monkeypatch, [5.0])
+    speed = demo.TrainingSpeed(tokens_per_step=100, steps=4, steps_per_execution=1)
+    speed.on_train_batch_end(0)  # stopped early: one call only
+    assert speed.tokens_per_second is None
+
+
+def test_training_speed_of_a_real_fit(monkeypatch, capsys):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(6)])
+    model.compile("sgd", "mse", steps_per_execution=2)
+    calls = []
+
+    class CountingSpeed(demo.TrainingSpeed):
+        def on_train_batch_end(self, batch, logs=None):
+            calls.append(batch)
+            super().on_train_batch_end(batch, logs)
+
+    monkeypatch.setattr(demo, "TrainingSpeed", CountingSpeed)
+    inputs = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
+    started = time.perf_counter()
+    speed = demo.fit(model, inputs, inputs, 2, "tiny")
+    elapsed = time.perf_counter() - started
+    # 8 steps of 2 rows of 6 tokens, in 4 calls of 2 steps.
+    assert (speed.steps, speed.steps_per_execution, speed.tokens_per_step) == (8, 2, 12)
+    assert len(calls) == 4
+    assert speed.tokens_per_second > 0
+    # 6 steps timed, within the whole fit.
+    assert speed.tokens_per_second * elapsed >= 6 * 12
+    assert "Trained 8 steps in" in capsys.readouterr().out
+    images = demo.fit(model, inputs, inputs, 2, "tiny", unit="images")
+    assert images.tokens_per_step == 2
+
+
+SEED_VALUES = {16: [1.2, 1.5, 1.1], 32: [2.0, 2.6, 2.3]}
+
+
+def sample_std(values):
+    centre = sum(values) / len(values)
+    return math.sqrt(
+        sum((value - centre) ** 2 for value in values) / (len(values) - 1)
+    )
+
+
+def three_seeds():
+    return [
+        {
+            "alibi": {16: SEED_VALUES[16][seed], 32: SEED_VALUES[32][seed]},
+            "learned": {16: 0.5 + seed, 32: None},
+        }
+        for seed in range(3)
+    ]
+
+
+def test_combine_gathers_the_seeds():
+    results = demo.combine(three_seeds())
+    assert list(results) == ["alibi", "learned"]
+    assert results["alibi"] == SEED_VALUES
+    assert results["learned"] == {16: [0.5, 1.5, 2.5], 32: None}
+    assert demo.mean(results["learned"][16]) == pytest.approx(1.5)
+    assert demo.mean(None) is None
+
+
+def parse_cell(text):
+    centre, spread = text.split(" ± ")
+    return float(centre), float(spread)
+
+
+def test_cells_give_the_mean_and_the_sample_deviation():
+    for values in SEED_VALUES.values():
+        centre, spread = parse_cell(demo.cell(values))
+        assert centre == pytest.approx(sum(values) / 3, abs=5e-4)
+        assert spread == pytest.approx(sample_std(values), abs=5e-4)
+    assert demo.cell(None) == "n/a"
+    assert demo.cell([1.23456]) == "1.235"
+
+
+def test_markdown_table_of_three_seeds():
+    results = demo.combine(three_seeds())
+    extra = [("speed", {"alibi": "1,000"}), ("note", {"learned": "short"})]
+    table = demo.format_markdown(results, [16, 32], ["at 16", "at 32"], extra=extra)
+    header, rule, alibi, learned = table.splitlines()
+    assert header == "| encoding | at 16 | at 32 | speed | note |"
+    assert rule == "|---|---:|---:|---:|---:|"
+    cells = [text.strip() for text in alibi.strip("|").split("|")]
+    assert cells[0] == "alibi"
+    for text, length in zip(cells[1:3], (16, 32)):
+        centre, spread = parse_cell(text)
+        assert centre == pytest.approx(sum(SEED_VALUES[length]) / 3, abs=5e-4)
+        assert spread == pytest.approx(sample_std(SEED_VALUES[length]), abs=5e-4)
+    assert cells[3:] == ["1,000", ""]
+    cells = [text.strip() for text in learned.strip("|").split("|")]
+    assert cells[2:] == ["n/a", "", "short"]
+    assert parse_cell(cells[1]) == pytest.approx((1.5, 1.0), abs=5e-4)
+    # Headers default to the columns' keys; one seed has no spread.
+    single = demo.combine(three_seeds()[:1])
+    table = demo.format_markdown(single, [16, 32])
+    assert table.splitlines()[0] == "| encoding | 16 | 32 |"
+    assert table.splitlines()[2] == "| alibi | 1.200 | 2.000 |"
+
+
+def test_csv_of_three_seeds(tmp_path):
+    results = demo.combine(three_seeds())
+    path = tmp_path / "table.csv"
+    demo.write_csv(
+        path,
+        results,
+        [16, 32],
+        extra=[("tokens/s", {"alibi": 1234.56, "learned": None})],
+    )
+    with open(path, newline="") as file:
+        header, alibi, learned = list(csv.reader(file))
+    assert header == ["encoding", "16", "16 std", "32", "32 std", "tokens/s"]
+    assert alibi[0] == "alibi"
+    for column, length in ((1, 16), (3, 32)):
+        values = SEED_VALUES[length]
+        assert float(alibi[column]) == pytest.approx(sum(values) / 3, abs=5e-5)
+        assert float(alibi[column + 1]) == pytest.approx(sample_std(values), abs=5e-5)
+    assert float(alibi[5]) == pytest.approx(1234.6)
+    assert learned[0] == "learned"
+    assert [float(text) for text in learned[1:3]] == pytest.approx([1.5, 1.0])
+    assert learned[3:] == ["n/a", "n/a", ""]
+    # One seed: no std columns.
+    demo.write_csv(path, demo.combine(three_seeds()[:1]), [16, 32], ["a", "b"])
+    with open(path, newline="") as file:
+        assert list(csv.reader(file)) == [
+            ["encoding", "a", "b"],
+            ["alibi", "1.2000", "2.0000"],
+            ["learned", "0.5000", "n/a"],
+        ]
+
+
+def test_seeds_follow_the_first():
+    config = demo.DEFAULT.replace(seed=5, num_seeds=3)
+    assert list(demo.seeds(config)) == [5, 6, 7]
+    assert "3 seeds (5, 6, 7)" in demo.seeds_line(config)
+    assert list(demo.seeds(demo.DEFAULT.replace(seed=5))) == [5]
+    assert demo.seeds_line(demo.DEFAULT.replace(seed=5)).startswith("One seed (5)")
+
+
+def test_speed_columns_compare_with_sinusoidal_and_press():
+    speeds = {
+        "sinusoidal": [1000.0, 1200.0],
+        "rope": [770.0],  # 0.7 of sinusoidal's mean, 1100
+        "t5": [550.0],
+        "none": [],  # never timed
+    }
+    (count_header, counts), (ratio_header, ratios), (press_header, press) = (
+        demo.speed_columns(speeds)
+    )
+    assert count_header == "train tokens/s"
+    assert counts == {"sinusoidal": "1,100", "rope": "770", "t5": "550"}
+    assert ratio_header == "÷ sinusoidal"
+    assert ratios == {"sinusoidal": "1.00x", "rope": "0.70x", "t5": "0.50x"}
+    assert press_header == "Press et al. ÷ sinusoidal"
+    assert press == {
+        "sinusoidal": "1.00x",
+        "rope": f"{20.0 / 28.5:.2f}x",
+        "t5": f"{14.4 / 28.5:.2f}x",
+    }
+    assert press["rope"] == "0.70x" and press["t5"] == "0.51x"
+    # Without sinusoidal there is nothing to divide by.
+    (_, counts), (_, ratios), (_, press) = demo.speed_columns({"alibi": [500.0]})
+    assert counts == {"alibi": "500"} and ratios == {}
+    assert press == {"alibi": f"{28.3 / 28.5:.2f}x"}
+
+
+def test_findings_of_real_text_and_speeds():
+    config = demo.QUICK
+    results = {
+        "sinusoidal": {16: 2.0, 32: 2.5, 64: 3.0},
+        "rope": {16: 1.9, 32: 2.2, 64: 2.6},
+    }
+    lines = demo.findings(results, config, entropy_rate=None)
+    assert not any("Entropy rate" in line for line in lines)
+    assert not any("Training speed" in line for line in lines)
+    assert "rope: +0.700 nats from length 16 to 64." in lines
+    speeds = {"sinusoidal": 1000.0, "rope": 700.0, "none": None}
+    lines = demo.findings(results, config, entropy_rate=None, speeds=speeds)
+    assert lines[-1] == (
+        "Training speed against sinusoidal: rope 0.70x (Press et al. 0.70x)."
+    )
+    lines = demo.findings(results, config, entropy_rate=1.5, speeds=speeds)
+    assert lines[-2].startswith("Training speed against sinusoidal:")
+    assert lines[-1] == "Entropy rate of the source (the floor): 1.500."
+
+
+def test_model_over_bytes_has_a_logit_per_byte():
+    keras.utils.set_random_seed(0)
+    model = demo.build_model("alibi", 16, vocabulary_size=256)
+    (embedding,) = [
+        layer for layer in model.layers if isinstance(layer, keras.layers.Embedding)
+    ]
+    assert embedding.input_dim == 256
+    token_ids = np.array([[0, 255, 128, 7, 200]], "int32")
+    logits = model.predict(token_ids, verbose=0)
+    assert logits.shape == (1, 5, 256)
+    assert np.all(np.isfinite(logits))
+
+
+def test_save_and_reload_checks_the_predictions(tmp_path, capsys):
+    keras.utils.set_random_seed(0)
+    model = demo.build_model("rope", 8)
+    probe = np.arange(16, dtype="int32").reshape(2, 8) % VOCAB
+    # Trained a step, as the demo's models are: its optimizer has state.
+    model.fit(probe, probe, verbose=0)
+    reloaded = demo.save_and_reload(model, str(tmp_path / "lm.keras"), [probe])
+    assert reloaded is not model
+    np.testing.assert_array_equal(
+        model.predict(probe, verbose=0), reloaded.predict(probe, verbose=0)
+    )
+    assert "predictions identical" in capsys.readouterr().out

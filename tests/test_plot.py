@@ -291,7 +291,8 @@ def test_extrapolation_curves_single_length_and_undefined_lines():
         ({"nll": {"rope": [1.0] * 4 + [True]}}, "nll['rope']="),
         ({"entropy_rate": -0.5}, "entropy_rate=-0.5"),
         ({"entropy_rate": float("inf")}, "entropy_rate=inf"),
-        ({"entropy_rate": None}, "entropy_rate=None"),
+        ({"entropy_rate": "1.7"}, "entropy_rate='1.7'"),
+        ({"entropy_rate": float("nan")}, "entropy_rate=nan"),
         ({"train_length": 0}, "train_length=0"),
         ({"train_length": 128.0}, "train_length=128.0"),
     ],
@@ -306,6 +307,120 @@ def test_extrapolation_curves_bad_inputs(arguments, message):
     }
     with pytest.raises(ValueError, match=re.escape(message)):
         plot.extrapolation_curves(**arguments)
+
+
+def test_extrapolation_curves_without_a_floor():
+    # Real text has no known entropy rate: no dashed line, and the axis is
+    # set by the losses alone, max(largest loss up to the trained length + 1).
+    figure = plot.extrapolation_curves(LENGTHS, NLL, None, 128)
+    axes = figure.axes[0]
+    *curves, trained = axes.lines
+    assert len(curves) == len(NLL)
+    assert trained.get_label() == "trained length"
+    assert all(line.get_linestyle() != "--" for line in axes.lines)
+    (legend,) = figure.legends
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert "entropy rate (floor)" not in labels
+    assert labels[-1] == "trained length"
+    bottom, top = axes.get_ylim()
+    margin = 0.05 * (3.11 - 1.77)
+    assert top == pytest.approx(3.11 + margin)
+    assert bottom == pytest.approx(1.77 - margin)
+    figure.savefig(io.BytesIO(), format="png")
+
+
+GRIDS = [8, 12, 16]
+ACCURACY = {
+    "none": [0.6, 0.4, 0.3],
+    "axial RoPE": [0.9, 0.85, 0.8],
+    "learned": [0.88, 0.5, 0.2],
+}
+
+
+def test_resolution_curves_draw_the_accuracies():
+    figure = plot.resolution_curves(GRIDS, ACCURACY, 8)
+    axes = figure.axes[0]
+    *curves, chance, trained = axes.lines
+    # Each encoding is an error-bar container around its line.
+    assert len(curves) == len(axes.containers) == len(ACCURACY)
+    for container, curve, (name, values) in zip(
+        axes.containers, curves, ACCURACY.items()
+    ):
+        assert container.get_label() == name
+        assert container.lines[0] is curve
+        assert curve.get_marker() not in ("None", None, "")
+        assert list(curve.get_xdata()) == GRIDS
+        np.testing.assert_array_equal(curve.get_ydata(), values)
+    assert chance.get_label() == "chance (1 in 10)"
+    assert list(chance.get_ydata()) == [0.1] * 2
+    assert chance.get_linestyle() == "--"
+    assert trained.get_label() == "trained grid"
+    assert list(trained.get_xdata()) == [8] * 2
+    assert trained.get_linestyle() == ":"
+    assert list(axes.get_xticks()) == GRIDS
+    assert [label.get_text() for label in axes.get_xticklabels()] == [
+        "8x8", "12x12", "16x16"
+    ]
+    assert axes.get_ylim() == pytest.approx((0.0, 1.02))
+    # No error bars without a spread.
+    for container in axes.containers:
+        _, _, bar_lines = container.lines
+        assert bar_lines == ()
+    (legend,) = figure.legends
+    # Matplotlib lists the plain lines before the error-bar containers.
+    assert sorted(text.get_text() for text in legend.get_texts()) == sorted(
+        list(ACCURACY) + ["chance (1 in 10)", "trained grid"]
+    )
+    figure.savefig(io.BytesIO(), format="png")
+
+
+def test_resolution_curves_draw_the_spread_as_error_bars():
+    spread = {"none": [0.01, 0.02, 0.03], "learned": [0.1, 0.05, 0.0]}
+    figure = plot.resolution_curves(GRIDS, ACCURACY, 8, spread)
+    containers = figure.axes[0].containers
+    assert len(containers) == len(ACCURACY)
+    for container, (name, values) in zip(containers, ACCURACY.items()):
+        _, _, bar_lines = container.lines
+        if name not in spread:
+            assert bar_lines == ()
+            continue
+        (bars,) = bar_lines  # one vertical bar per grid
+        segments = bars.get_segments()
+        assert len(segments) == len(GRIDS)
+        for segment, grid, value, deviation in zip(
+            segments, GRIDS, values, spread[name]
+        ):
+            np.testing.assert_allclose(
+                segment, [[grid, value - deviation], [grid, value + deviation]]
+            )
+    figure.savefig(io.BytesIO(), format="png")
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"grids": []}, "`grids` must be a non-empty list"),
+        ({"grids": [12, 8, 16]}, "grids=[12, 8, 16]"),
+        ({"grids": [8, 12, 12]}, "grids=[8, 12, 12]"),
+        ({"grids": [0, 12, 16]}, "grids=[0, 12, 16]"),
+        ({"grids": 8}, "grids=8"),
+        ({"accuracy": {}}, "`accuracy` must be a non-empty dict"),
+        ({"accuracy": [0.5] * 3}, "accuracy=[0.5, 0.5, 0.5]"),
+        ({"accuracy": {"rope": [0.5, 0.5]}}, "one per entry of `grids`"),
+        ({"accuracy": {"rope": [0.5, 0.5, None]}}, "accuracy['rope']=[0.5, 0.5, None]"),
+        ({"accuracy": {"rope": [0.5, 0.5, 1.5]}}, "accuracy['rope']=[0.5, 0.5, 1.5]"),
+        ({"accuracy": {"rope": [-0.1, 0.5, 0.5]}}, "accuracy['rope']=[-0.1, 0.5, 0.5]"),
+        ({"accuracy": {"rope": [0.5, "0.5", 0.5]}}, "accuracy['rope']="),
+        ({"train_grid": 0}, "train_grid=0"),
+        ({"train_grid": 8.0}, "train_grid=8.0"),
+    ],
+)
+def test_resolution_curves_bad_inputs(arguments, message):
+    arguments = {"grids": GRIDS, "accuracy": ACCURACY, "train_grid": 8, **arguments}
+    with pytest.raises(ValueError, match=re.escape(message)) as raised:
+        plot.resolution_curves(**arguments)
+    # The messages name this function's arguments, not extrapolation_curves'.
+    assert "lengths" not in str(raised.value) and "nll" not in str(raised.value)
 
 
 def test_save_plots_writes_three_pngs(tmp_path):
