@@ -437,7 +437,7 @@ class TrainingSpeed(keras.callbacks.Callback):
         return timed_steps * self.tokens_per_step / (self.last_end - self.first_end)
 
 
-def fit(model, inputs, targets, batch_size, label, unit="tokens"):
+def fit(model, inputs, targets, batch_size, label, tokens_per_example=1):
     """Train `model` one pass over `inputs`; return its `TrainingSpeed`.
 
     Keras' progress bar redraws one line; in a file or a CI log it is
@@ -449,17 +449,16 @@ def fit(model, inputs, targets, batch_size, label, unit="tokens"):
         targets: array. One row per example.
         batch_size: int. Examples per step.
         label: str. What is trained, printed first.
-        unit: str. What `TrainingSpeed` counts in a row of `inputs`:
-            `"tokens"` counts its length, anything else counts the row as
-            one. Defaults to `"tokens"`.
+        tokens_per_example: int. What `TrainingSpeed` counts in one row of
+            `inputs`: its sequence length for a language model. Defaults to
+            `1`.
 
     Returns:
         The `TrainingSpeed` of the run.
     """
     steps = len(inputs) // batch_size
-    per_example = inputs.shape[1] if unit == "tokens" else 1
     speed = TrainingSpeed(
-        batch_size * per_example, steps, model.steps_per_execution or 1
+        batch_size * tokens_per_example, steps, model.steps_per_execution or 1
     )
     interactive = sys.stdout.isatty()
     print(f"\n{label}:", flush=True)
@@ -552,8 +551,8 @@ def combine(runs):
 
 
 def mean(values):
-    """The mean of a list of floats, or `None` for `None`."""
-    return None if values is None else float(np.mean(values))
+    """The mean of a list of floats, or `None` for `None` or an empty list."""
+    return float(np.mean(values)) if values else None
 
 
 def cell(values):
@@ -657,6 +656,7 @@ def _train(encoding, config, source, out_dir, label, seed):
         sequences[:, 1:],
         config.batch_size,
         f"{label} Training with {encoding}",
+        tokens_per_example=config.train_length,
     )
     prefix = "lm_python_source" if config.data == "python-source" else "lm"
     suffix = f"_seed{seed}" if config.num_seeds > 1 else ""
@@ -846,10 +846,12 @@ def run(config, out_dir):
         f"Model: {NUM_LAYERS} pre-norm causal transformer blocks, width "
         f"{WIDTH}, {NUM_HEADS} heads, feed-forward {FEED_FORWARD_DIM}. "
         f"Training: {config.steps} steps of {config.batch_size} sequences of "
-        f"{config.train_length} tokens. Evaluation: mean negative "
-        f"log-likelihood per token on the same {stream.shape[0] * longest} "
-        f"tokens at lengths {', '.join(map(str, config.lengths))}. "
-        + seeds_line(config)
+        f"{config.train_length} tokens."
+    )
+    print(
+        "Evaluation: mean negative log-likelihood per token on the same "
+        f"{stream.shape[0] * longest} tokens at lengths "
+        f"{', '.join(map(str, config.lengths))}. " + seeds_line(config)
     )
     runs, speed_runs = [], []
     total = len(config.encodings) * config.num_seeds
@@ -898,11 +900,12 @@ def run(config, out_dir):
     with open(markdown_path, "w") as file:
         file.write(f"{title}{floor}. {seeds_line(config)}\n\n{table}\n")
     csv_path = os.path.join(out_dir, f"{stem}.csv")
+    speed_means = {name: mean(values) for name, values in speeds.items()}
     write_csv(
         csv_path,
         results,
         config.lengths,
-        extra=[("train tokens/s", {name: mean(values) for name, values in speeds.items()})],
+        extra=[("train tokens/s", speed_means)],
     )
     means = {
         name: {length: mean(values) for length, values in scores.items()}
@@ -921,7 +924,6 @@ def run(config, out_dir):
     figure.savefig(plot_path, dpi=100)
 
     print(f"\n{title}{floor}:\n\n{table}\n")
-    speed_means = {name: mean(values) if values else None for name, values in speeds.items()}
     print("\n".join(findings(means, config, source.entropy_rate, speed_means)))
     print(
         f"\nWrote {markdown_path}, {csv_path} and {plot_path} in "

@@ -286,7 +286,6 @@ def _train(encoding, config, data, out_dir, label, seed):
         config.batch_size,
         f"{label} Training with "
         + ("a learned table" if encoding == "learned" else VISION_LABELS[encoding]),
-        unit="images",
     )
     suffix = f"_seed{seed}" if config.num_seeds > 1 else ""
     path = os.path.join(out_dir, f"vit_{encoding}{suffix}.keras")

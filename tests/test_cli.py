@@ -424,6 +424,22 @@ def test_demo_trains_the_chosen_encodings(tmp_path, capsys):
     assert not (tmp_path / "accuracy.csv").exists()
 
 
+def test_a_training_of_one_call_has_no_speed(tmp_path, capsys):
+    # One step is one call of the training function: nothing is timed after
+    # the call that traces it, so the speed cells are blank, not NaN.
+    argv = [
+        "demo", "--task", "language", "--quick", "--encodings", "alibi",
+        "--steps", "1", "--out", str(tmp_path),
+    ]
+    assert main(argv) == 0
+    with open(tmp_path / "nll.csv", newline="") as file:
+        header, alibi = list(csv.reader(file))
+    assert header[-1] == "train tokens/s" and alibi[-1] == ""
+    with open(tmp_path / "nll.md") as file:
+        assert "nan" not in file.read()
+    assert "Training speed" not in capsys.readouterr().out
+
+
 def test_demo_on_the_standard_librarys_bytes(tmp_path, capsys):
     argv = [
         "demo", "--task", "language", "--data", "python-source", "--quick",

@@ -348,7 +348,7 @@ def test_training_speed_of_a_real_fit(monkeypatch, capsys):
     monkeypatch.setattr(demo, "TrainingSpeed", CountingSpeed)
     inputs = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
     started = time.perf_counter()
-    speed = demo.fit(model, inputs, inputs, 2, "tiny")
+    speed = demo.fit(model, inputs, inputs, 2, "tiny", tokens_per_example=6)
     elapsed = time.perf_counter() - started
     # 8 steps of 2 rows of 6 tokens, in 4 calls of 2 steps.
     assert (speed.steps, speed.steps_per_execution, speed.tokens_per_step) == (8, 2, 12)
@@ -357,7 +357,7 @@ def test_training_speed_of_a_real_fit(monkeypatch, capsys):
     # 6 steps timed, within the whole fit.
     assert speed.tokens_per_second * elapsed >= 6 * 12
     assert "Trained 8 steps in" in capsys.readouterr().out
-    images = demo.fit(model, inputs, inputs, 2, "tiny", unit="images")
+    images = demo.fit(model, inputs, inputs, 2, "tiny")
     assert images.tokens_per_step == 2
 
 
