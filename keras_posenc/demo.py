@@ -402,12 +402,15 @@ def evaluation_windows(stream, length):
 
 
 class TrainingSpeed(keras.callbacks.Callback):
-    """Tokens per second of training, after the first call of the step.
+    """Tokens per second of training: the median call after the first.
 
     Keras calls `on_train_batch_end` after each call of the compiled
     training function (`steps_per_execution` steps). The first call traces
-    the function, and compiles it under XLA, so the clock starts at its end
-    and stops at the last call's: the steps between are the ones timed.
+    the function, and compiles it under XLA, so it is not timed; each later
+    call is timed from the end of the one before. The median of those
+    times, over the calls that ran `steps_per_execution` steps (the last may
+    run fewer), gives the speed: a pause of the machine in one call moves
+    it little.
 
     Args:
         tokens_per_step: int. Tokens (or images) in one training step.
@@ -420,21 +423,24 @@ class TrainingSpeed(keras.callbacks.Callback):
         self.tokens_per_step = tokens_per_step
         self.steps = steps
         self.steps_per_execution = steps_per_execution
-        self.first_end = None
-        self.last_end = None
+        self.call_ends = []
 
     def on_train_batch_end(self, batch, logs=None):
-        self.last_end = time.perf_counter()
-        if self.first_end is None:
-            self.first_end = self.last_end
+        self.call_ends.append(time.perf_counter())
 
     @property
     def tokens_per_second(self):
-        """A float, or `None` when the training was a single call."""
-        timed_steps = self.steps - min(self.steps_per_execution, self.steps)
-        if timed_steps == 0 or self.last_end == self.first_end:
+        """A float, or `None` when no call after the first ran in full."""
+        durations = np.diff(self.call_ends)  # (calls - 1,)
+        full_calls = self.steps // self.steps_per_execution
+        durations = durations[: max(full_calls - 1, 0)]
+        if len(durations) == 0:
             return None
-        return timed_steps * self.tokens_per_step / (self.last_end - self.first_end)
+        return (
+            self.steps_per_execution
+            * self.tokens_per_step
+            / float(np.median(durations))
+        )
 
 
 def fit(model, inputs, targets, batch_size, label, tokens_per_example=1):
