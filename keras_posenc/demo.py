@@ -20,7 +20,8 @@ has (see `PythonSource`). It has no known floor.
 Every trained model is saved to `.keras`, reloaded with `safe_mode=True` and
 checked to predict bit-identically before the reloaded model is evaluated.
 The training speed of each encoding, in tokens per second, is measured on
-the same shapes in the same process, next to Press et al.'s Table 1.
+the same shapes in the same process, in interleaved rounds after training,
+next to Press et al.'s Table 1.
 """
 
 import csv
@@ -71,6 +72,8 @@ PRESS_WORDS_PER_SECOND = {
     "t5": 14.4e3,
     "alibi": 28.3e3,
 }
+# Calls of each model's training function timed for its speed.
+SPEED_ROUNDS = 5
 # One file in this many of the sorted standard library is held out for
 # evaluation.
 HELD_OUT_EVERY = 10
@@ -401,50 +404,81 @@ def evaluation_windows(stream, length):
     return windows.reshape(-1, length + 1)
 
 
-class TrainingSpeed(keras.callbacks.Callback):
-    """Tokens per second of training: the median call after the first.
+class CallTimes(keras.callbacks.Callback):
+    """The duration of each call of the compiled training function.
 
-    Keras calls `on_train_batch_end` after each call of the compiled
-    training function (`steps_per_execution` steps). The first call traces
-    the function, and compiles it under XLA, so it is not timed; each later
-    call is timed from the end of the one before. The median of those
-    times, over the calls that ran `steps_per_execution` steps (the last may
-    run fewer), gives the speed: a pause of the machine in one call moves
-    it little.
-
-    Args:
-        tokens_per_step: int. Tokens (or images) in one training step.
-        steps: int. Training steps in all.
-        steps_per_execution: int. Steps in each call of the function.
+    Keras calls `on_train_batch_begin` and `on_train_batch_end` around each
+    call (`steps_per_execution` steps), so the time between them is the
+    call's alone, without `fit`'s own work before and after.
     """
 
-    def __init__(self, tokens_per_step, steps, steps_per_execution):
+    def __init__(self):
         super().__init__()
-        self.tokens_per_step = tokens_per_step
-        self.steps = steps
-        self.steps_per_execution = steps_per_execution
-        self.call_ends = []
+        self.durations = []
+        self._began = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._began = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        self.call_ends.append(time.perf_counter())
-
-    @property
-    def tokens_per_second(self):
-        """A float, or `None` when no call after the first ran in full."""
-        durations = np.diff(self.call_ends)  # (calls - 1,)
-        full_calls = self.steps // self.steps_per_execution
-        durations = durations[: max(full_calls - 1, 0)]
-        if len(durations) == 0:
-            return None
-        return (
-            self.steps_per_execution
-            * self.tokens_per_step
-            / float(np.median(durations))
-        )
+        self.durations.append(time.perf_counter() - self._began)
 
 
-def fit(model, inputs, targets, batch_size, label, tokens_per_example=1):
-    """Train `model` one pass over `inputs`; return its `TrainingSpeed`.
+def training_speeds(models, inputs, targets, batch_size, rounds=SPEED_ROUNDS):
+    """Training tokens per second of each model, timed in interleaved rounds.
+
+    Each model trained already, so its training function is traced (and
+    compiled under XLA) and each call is timed alone. In every round each
+    model runs one call, `steps_per_execution` steps, the order turning by
+    one model a round; a model's speed comes from the median of its rounds.
+    Run one after another on a shared machine, models trained minutes apart
+    differ by 30% from the machine alone; seconds apart, they share its
+    state.
+
+    Args:
+        models: dict from name to a trained, compiled `keras.Model`, all
+            taking `inputs` and `targets`. They train on: use copies that
+            are done with.
+        inputs: int32 array `(examples, length)`, at least one call's worth
+            of rows.
+        targets: array `(examples, length)`.
+        batch_size: int. Rows per step.
+        rounds: int. Calls timed per model. Defaults to `SPEED_ROUNDS`.
+
+    Returns:
+        A dict from name to tokens (positions of `inputs`) per second.
+    """
+    names = list(models)
+    durations = {name: [] for name in names}
+    # Steps in one call: all of `inputs` if it holds fewer.
+    steps = {
+        name: min(model.steps_per_execution or 1, len(inputs) // batch_size)
+        for name, model in models.items()
+    }
+    for round_number in range(rounds):
+        turn = round_number % len(names)
+        for name in names[turn:] + names[:turn]:
+            model = models[name]
+            rows = steps[name] * batch_size
+            timer = CallTimes()
+            model.fit(
+                inputs[:rows],
+                targets[:rows],
+                batch_size=batch_size,
+                epochs=1,
+                shuffle=False,
+                verbose=0,
+                callbacks=[timer],
+            )
+            durations[name].extend(timer.durations)
+    return {
+        name: steps[name] * batch_size * inputs.shape[1] / float(np.median(durations[name]))
+        for name in names
+    }
+
+
+def fit(model, inputs, targets, batch_size, label):
+    """Train `model` one pass over `inputs`, printing a line where it helps.
 
     Keras' progress bar redraws one line; in a file or a CI log it is
     thousands of characters of ANSI codes, so there one line says it.
@@ -455,17 +489,9 @@ def fit(model, inputs, targets, batch_size, label, tokens_per_example=1):
         targets: array. One row per example.
         batch_size: int. Examples per step.
         label: str. What is trained, printed first.
-        tokens_per_example: int. What `TrainingSpeed` counts in one row of
-            `inputs`: its sequence length for a language model. Defaults to
-            `1`.
 
-    Returns:
-        The `TrainingSpeed` of the run.
     """
     steps = len(inputs) // batch_size
-    speed = TrainingSpeed(
-        batch_size * tokens_per_example, steps, model.steps_per_execution or 1
-    )
     interactive = sys.stdout.isatty()
     print(f"\n{label}:", flush=True)
     started = time.perf_counter()
@@ -476,14 +502,12 @@ def fit(model, inputs, targets, batch_size, label, tokens_per_example=1):
         epochs=1,
         shuffle=False,
         verbose=1 if interactive else 0,
-        callbacks=[speed],
     )
     if not interactive:
         print(
             f"Trained {steps} steps in {time.perf_counter() - started:.0f} s; "
             f"final loss {history.history['loss'][-1]:.3f}."
         )
-    return speed
 
 
 def save_and_reload(model, path, probes):
@@ -643,7 +667,7 @@ def _train(encoding, config, source, out_dir, label, seed):
     """Train, save, reload and check one model.
 
     Returns:
-        The reloaded model and its training tokens per second.
+        The trained model, the reloaded one, and the training sequences.
     """
     rng = np.random.default_rng([seed, ENCODINGS.index(encoding)])
     sequences = source.sample(
@@ -656,19 +680,18 @@ def _train(encoding, config, source, out_dir, label, seed):
         jit_compile=config.jit_compile,
         vocabulary_size=source.vocabulary_size,
     )
-    speed = fit(
+    fit(
         model,
         sequences[:, :-1],
         sequences[:, 1:],
         config.batch_size,
         f"{label} Training with {encoding}",
-        tokens_per_example=config.train_length,
     )
     prefix = "lm_python_source" if config.data == "python-source" else "lm"
     suffix = f"_seed{seed}" if config.num_seeds > 1 else ""
     path = os.path.join(out_dir, f"{prefix}_{encoding}{suffix}.keras")
     reloaded = save_and_reload(model, path, [sequences[: config.batch_size, :-1]])
-    return reloaded, speed.tokens_per_second
+    return model, reloaded, sequences
 
 
 def _evaluate(model, encoding, config, stream):
@@ -863,13 +886,13 @@ def run(config, out_dir):
     total = len(config.encodings) * config.num_seeds
     number = 0
     for seed in seeds(config):
-        scores, speeds = {}, {}
+        scores, trained = {}, {}
         for encoding in config.encodings:
             number += 1
             seed_text = f", seed {seed}" if config.num_seeds > 1 else ""
             label = f"[{number}/{total}{seed_text}]"
             try:
-                model, speeds[encoding] = _train(
+                trained[encoding], model, sequences = _train(
                     encoding, config, source, out_dir, label, seed
                 )
             except RuntimeError as error:
@@ -883,12 +906,17 @@ def run(config, out_dir):
                     )
                 )
         runs.append(scores)
-        speed_runs.append(speeds)
+        print(
+            f"\nTiming training: {SPEED_ROUNDS} rounds of one call per model.",
+            flush=True,
+        )
+        speed_runs.append(
+            training_speeds(
+                trained, sequences[:, :-1], sequences[:, 1:], config.batch_size
+            )
+        )
     results = combine(runs)
-    speeds = {
-        name: [run[name] for run in speed_runs if run[name] is not None]
-        for name in speed_runs[0]
-    }
+    speeds = {name: [run[name] for run in speed_runs] for name in speed_runs[0]}
 
     title = (
         "Mean negative log-likelihood per token (nats), trained at length "

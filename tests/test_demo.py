@@ -314,53 +314,72 @@ def fake_clock(monkeypatch, times):
     )
 
 
-def test_training_speed_times_the_calls_after_the_first(monkeypatch):
-    fake_clock(monkeypatch, [10.0, 11.0, 13.0, 14.5, 24.5, 25.0])
-    speed = demo.TrainingSpeed(tokens_per_step=100, steps=53, steps_per_execution=10)
-    for call in range(6):
-        speed.on_train_batch_end(10 * call + 9)
-    # The first call (steps 1 to 10) traces; the next four ran 10 steps in
-    # 2, 1.5, 10 (a pause) and 0.5 s, the last only 3 steps: the median of
-    # the four full calls is 1.75 s.
-    assert speed.tokens_per_second == pytest.approx(10 * 100 / 1.75)
+def test_call_times_time_each_call_alone(monkeypatch):
+    fake_clock(monkeypatch, [10.0, 11.0, 13.0, 13.5, 20.0, 24.0])
+    timer = demo.CallTimes()
+    for call in range(3):
+        timer.on_train_batch_begin(call)
+        timer.on_train_batch_end(call)
+    # What happens between the calls (13 to 13.5 s) is not counted.
+    assert timer.durations == [1.0, 0.5, 4.0]
 
 
-def test_training_speed_of_a_single_call_is_none(monkeypatch):
-    fake_clock(monkeypatch, [5.0])
-    speed = demo.TrainingSpeed(tokens_per_step=100, steps=10, steps_per_execution=10)
-    speed.on_train_batch_end(9)
-    assert speed.tokens_per_second is None
-    fake_clock(monkeypatch, [5.0])
-    speed = demo.TrainingSpeed(tokens_per_step=100, steps=4, steps_per_execution=1)
-    speed.on_train_batch_end(0)  # stopped early: one call only
-    assert speed.tokens_per_second is None
-
-
-def test_training_speed_of_a_real_fit(monkeypatch, capsys):
-    keras.utils.set_random_seed(0)
+def tiny_model(steps_per_execution):
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(6)])
-    model.compile("sgd", "mse", steps_per_execution=2)
-    calls = []
+    model.compile("sgd", "mse", steps_per_execution=steps_per_execution)
+    return model
 
-    class CountingSpeed(demo.TrainingSpeed):
-        def on_train_batch_end(self, batch, logs=None):
-            calls.append(batch)
-            super().on_train_batch_end(batch, logs)
 
-    monkeypatch.setattr(demo, "TrainingSpeed", CountingSpeed)
+def test_training_speeds_interleave_rounds_and_take_the_median(monkeypatch):
+    keras.utils.set_random_seed(0)
+    models = {"a": tiny_model(2), "b": tiny_model(2), "c": tiny_model(1)}
     inputs = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
+    for model in models.values():
+        model.fit(inputs, inputs, batch_size=2, verbose=0)
+    order, seconds = [], iter([3.0, 1.0, 2.0, 5.0, 4.0, 6.0, 1.0, 2.0, 3.0])
+    original_fit = keras.Model.fit
+
+    def timed_fit(self, *args, callbacks=(), **kwargs):
+        order.append(next(name for name, model in models.items() if model is self))
+        history = original_fit(self, *args, callbacks=callbacks, **kwargs)
+        (timer,) = callbacks
+        timer.durations = [next(seconds)]  # one call each
+        return history
+
+    monkeypatch.setattr(keras.Model, "fit", timed_fit)
+    speeds = demo.training_speeds(models, inputs, inputs, 2, rounds=3)
+    # The order turns by one model each round.
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # In that order a took 3, 6 and 2 s (median 3) for 2 steps of 2 rows of
+    # 6 tokens; b 1, 5 and 3 (median 3); c 2, 4 and 1 (median 2) for its
+    # 1 step.
+    assert speeds == pytest.approx({"a": 24 / 3.0, "b": 24 / 3.0, "c": 12 / 2.0})
+
+
+def test_training_speeds_of_real_calls():
+    keras.utils.set_random_seed(0)
+    models = {"a": tiny_model(2), "b": tiny_model(4)}
+    inputs = np.random.default_rng(0).normal(size=(6, 6)).astype("float32")
+    for model in models.values():
+        model.fit(inputs, inputs, batch_size=2, verbose=0)
     started = time.perf_counter()
-    speed = demo.fit(model, inputs, inputs, 2, "tiny", tokens_per_example=6)
+    speeds = demo.training_speeds(models, inputs, inputs, 2, rounds=2)
     elapsed = time.perf_counter() - started
-    # 8 steps of 2 rows of 6 tokens, in 4 calls of 2 steps.
-    assert (speed.steps, speed.steps_per_execution, speed.tokens_per_step) == (8, 2, 12)
-    assert len(calls) == 4
-    assert speed.tokens_per_second > 0
-    # The median call of 2 steps took no longer than the whole fit.
-    assert speed.tokens_per_second * elapsed >= 2 * 12
-    assert "Trained 8 steps in" in capsys.readouterr().out
-    images = demo.fit(model, inputs, inputs, 2, "tiny")
-    assert images.tokens_per_step == 2
+    assert set(speeds) == {"a", "b"}
+    # b's call holds the 3 steps there are, not 4; no call took longer than
+    # the whole.
+    assert speeds["a"] * elapsed >= 2 * 2 * 6
+    assert speeds["b"] * elapsed >= 3 * 2 * 6
+
+
+def test_fit_prints_one_line_when_not_a_terminal(capsys):
+    keras.utils.set_random_seed(0)
+    model = tiny_model(2)
+    inputs = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
+    demo.fit(model, inputs, inputs, 2, "tiny")
+    printed = capsys.readouterr().out
+    assert printed.startswith("\ntiny:\n") and "Trained 8 steps in" in printed
+    assert "\x1b" not in printed and "\r" not in printed
 
 
 SEED_VALUES = {16: [1.2, 1.5, 1.1], 32: [2.0, 2.6, 2.3]}
