@@ -133,7 +133,7 @@ class VisionConfig:
     """
 
     encodings: tuple = VISION_ENCODINGS
-    steps: int = 500
+    steps: int = 300
     batch_size: int = 32
     grids: tuple = (8, 12, 16)
     seed: int = 0

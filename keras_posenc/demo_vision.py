@@ -50,7 +50,7 @@ SPLIT_SEED = 0
 # 64 rotary pairs; these are the same shares of a head's 8 pairs.
 MROPE_SECTIONS = (2, 3, 3)
 # Images scored per batch of evaluation.
-EVALUATION_BATCH = 128
+EVALUATION_BATCH = 512
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc_demo")
