@@ -327,12 +327,20 @@ def build_model(
     x = keras.layers.LayerNormalization()(x)
     logits = keras.layers.Dense(vocabulary_size)(x)  # (b, seq, vocab)
     model = keras.Model(token_ids, logits, name=f"lm_{encoding}")
+    return compiled(model, jit_compile, STEPS_PER_EXECUTION)
+
+
+def compiled(model, jit_compile, steps_per_execution):
+    """`model` compiled with Adam at `LEARNING_RATE` and cross-entropy on logits.
+
+    Under XLA each call of the training function runs `steps_per_execution`
+    steps: the demos' steps are tiny, and running several per call saves
+    Python's overhead, at the cost of compiling a loop.
+    """
     model.compile(
         optimizer=keras.optimizers.Adam(LEARNING_RATE),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        # Tiny steps: running several per compiled call saves Python's
-        # overhead, at the cost of compiling a loop.
-        steps_per_execution=STEPS_PER_EXECUTION if jit_compile else 1,
+        steps_per_execution=steps_per_execution if jit_compile else 1,
         jit_compile=jit_compile,
     )
     return model

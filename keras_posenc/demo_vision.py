@@ -40,7 +40,6 @@ NUM_HEADS = 4
 FEED_FORWARD_DIM = 128
 NUM_LAYERS = 2
 NUM_CLASSES = 10
-LEARNING_RATE = 2e-3
 STEPS_PER_EXECUTION = 10
 # The digits held out for testing, stratified by class, the same for every
 # seed: a seed changes the weights and the order of training, not the test.
@@ -227,13 +226,7 @@ def build_model(encoding, train_grid, table_grid=None, jit_compile=False):
     class_token = keras.layers.LayerNormalization()(tokens)[:, 0]  # (b, width)
     logits = keras.layers.Dense(NUM_CLASSES)(class_token)  # (b, classes)
     model = keras.Model(images, logits, name=f"vit_{encoding}")
-    model.compile(
-        optimizer=keras.optimizers.Adam(LEARNING_RATE),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        steps_per_execution=STEPS_PER_EXECUTION if jit_compile else 1,
-        jit_compile=jit_compile,
-    )
-    return model
+    return demo.compiled(model, jit_compile, STEPS_PER_EXECUTION)
 
 
 def unresized_copy(model, grid, train_grid):
