@@ -851,7 +851,7 @@ def findings(results, config, entropy_rate, speeds=None):
     return lines
 
 
-def run(config, out_dir):
+def run(config, out_dir, before_timing=None):
     """Train every encoding short, test it long, and write the results.
 
     Args:
@@ -859,6 +859,9 @@ def run(config, out_dir):
         out_dir: str or path-like. Where the models, the table (`nll.md`,
             `nll.csv`) and the plot (`nll.png`) go, created if needed; for
             `data="python-source"` the files are `nll_python_source.*`.
+        before_timing: callable or None. Called with no arguments before
+            each seed's training speeds are timed: `keras-posenc demo` waits
+            there for the vision task running alongside. Defaults to `None`.
 
     Returns:
         The exit status: `0`, or `1` if a reloaded model predicts
@@ -914,6 +917,8 @@ def run(config, out_dir):
                     )
                 )
         runs.append(scores)
+        if before_timing is not None:
+            before_timing()
         print(
             f"\nTiming training: {SPEED_ROUNDS} rounds of one call per model.",
             flush=True,

@@ -272,6 +272,10 @@ def test_quick_demo_runs_both_tasks(quick_demo):
     vision = printed.index("== The vision task ==")
     done = printed.index("Both tasks done in")
     assert language < vision < done
+    # The vision task ran alongside; its log comes whole after the
+    # language task's last line.
+    assert "The vision task runs alongside" in printed[language:vision]
+    assert printed.index("nll.png in ") < vision < printed.index("accuracy.png in ")
     assert printed.count("predictions identical") == len(demo.ENCODINGS) + len(
         VISION_ENCODINGS
     )
@@ -398,6 +402,70 @@ def test_quick_demo_vision_models_reload(quick_demo, encoding):
         logits = model.predict(images, verbose=0)
         assert logits.shape == (2, demo_vision.NUM_CLASSES)
         assert np.all(np.isfinite(logits))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        [],
+        ["--quick"],
+        ["--quick", "--steps", "5", "--seed", "3", "--seeds", "2", "--verbose"],
+        [
+            "--data", "python-source", "--lengths", "16", "32",
+            "--train-length", "8", "--out", "elsewhere",
+        ],
+    ],
+    ids=["default", "quick", "steps-seeds-verbose", "language-options"],
+)
+def test_the_vision_process_gets_the_vision_config(options):
+    # `--task both` runs the vision task in a second process, from
+    # arguments of its own: they make the config this process would have.
+    parser = cli._make_parser()
+    args = parser.parse_args(["demo", *options])
+    configs = cli._demo_configs(parser, args)
+    child_args = parser.parse_args(cli._vision_argv(args))
+    assert cli._demo_configs(parser, child_args) == {"vision": configs["vision"]}
+    assert (child_args.out, child_args.verbose) == (args.out, args.verbose)
+
+
+class _Children:
+    """`subprocess.Popen` that remembers every process it starts."""
+
+    def __init__(self):
+        self.started = []
+        self._popen = subprocess.Popen
+
+    def __call__(self, *args, **kwargs):
+        process = self._popen(*args, **kwargs)
+        self.started.append(process)
+        return process
+
+
+@pytest.mark.parametrize("failure", ["status", "interrupt"])
+def test_the_vision_process_ends_with_the_language_task(
+    tmp_path, capsys, monkeypatch, failure
+):
+    children = _Children()
+    monkeypatch.setattr(cli.subprocess, "Popen", children)
+
+    def failing_run(config, out_dir, before_timing=None):
+        if failure == "interrupt":
+            raise KeyboardInterrupt
+        return 1
+
+    monkeypatch.setattr(demo, "run", failing_run)
+    argv = ["demo", "--quick", "--out", str(tmp_path)]
+    if failure == "interrupt":
+        with pytest.raises(KeyboardInterrupt):
+            main(argv)
+    else:
+        assert main(argv) == 1
+    (vision,) = children.started
+    # Killed, not left training: importing TensorFlow alone outlasts this.
+    assert vision.returncode == -9
+    printed = capsys.readouterr().out
+    assert "== The vision task ==" not in printed
+    assert not (tmp_path / "accuracy.csv").exists()
 
 
 def test_demo_trains_the_chosen_encodings(tmp_path, capsys):

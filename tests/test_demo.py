@@ -560,3 +560,25 @@ def test_save_and_reload_checks_the_predictions(tmp_path, capsys):
         model.predict(probe, verbose=0), reloaded.predict(probe, verbose=0)
     )
     assert "predictions identical" in capsys.readouterr().out
+
+
+def test_run_calls_before_timing_before_each_seeds_timing(tmp_path, capsys):
+    config = demo.QUICK.replace(encodings=("alibi",), steps=1, num_seeds=2)
+
+    def before_timing():
+        print("BEFORE TIMING")
+
+    assert demo.run(config, tmp_path, before_timing=before_timing) == 0
+    lines = capsys.readouterr().out.splitlines()
+    marks = [index for index, line in enumerate(lines) if line == "BEFORE TIMING"]
+    timings = [
+        index
+        for index, line in enumerate(lines)
+        if line.startswith("Timing training:")
+    ]
+    # Each seed: its model trained and evaluated, the hook, a blank line,
+    # then the timing.
+    assert len(marks) == 2
+    assert timings == [mark + 2 for mark in marks]
+    seed_one = lines.index("[2/2, seed 1] Training with alibi:")
+    assert marks[0] < seed_one < marks[1]
