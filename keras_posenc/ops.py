@@ -475,20 +475,84 @@ def rotate(inputs, phases, layout="half"):
     check_rope_layout(layout)
     # The angles are laid out at full width before cos and sin, which lets
     # XLA fuse the whole rotation into one loop over the inputs.
+    phases = _full_width(phases, layout)  # (..., d)
+    return inputs * tf.cos(phases) + _turned(inputs, layout) * tf.sin(phases)
+
+
+def _full_width(pairs, layout):
+    """One value per pair `(..., d / 2)` laid out per feature `(..., d)`."""
     if layout == "half":
-        phases = tf.concat([phases, phases], axis=-1)  # (..., d)
+        return tf.concat([pairs, pairs], axis=-1)
+    return tf.repeat(pairs, 2, axis=-1)
+
+
+def _turned(inputs, layout):
+    """Each pair `(a, b)` of `inputs` as `(-b, a)`: the quarter turn."""
+    if layout == "half":
         first, second = tf.split(inputs, 2, axis=-1)  # (..., d / 2) each
-        turned = tf.concat([-second, first], axis=-1)  # (..., d)
-    else:
-        phases = tf.repeat(phases, 2, axis=-1)  # (..., d)
-        shape = tf.shape(inputs)
-        pairs = tf.reshape(
-            inputs, tf.concat([shape[:-1], [-1, 2]], 0)
-        )  # (..., d / 2, 2)
-        turned = tf.reshape(
-            tf.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape
-        )  # (..., d)
-    return inputs * tf.cos(phases) + turned * tf.sin(phases)
+        return tf.concat([-second, first], axis=-1)  # (..., d)
+    shape = tf.shape(inputs)
+    pairs = tf.reshape(inputs, tf.concat([shape[:-1], [-1, 2]], 0))  # (..., d / 2, 2)
+    return tf.reshape(tf.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape)
+
+
+def rotate_by_tables(inputs, cos, sin, layout="half"):
+    """`rotate` with the cosines and sines of the angles given.
+
+    Args:
+        inputs: float tensor of shape `(..., d)`, `d` even.
+        cos, sin: tensors of shape `(..., d / 2)`, the cosine and sine of
+            each pair's angle, broadcastable against `inputs[..., : d / 2]`,
+            in the dtype of `inputs`.
+        layout: `"half"` or `"interleaved"`. Defaults to `"half"`.
+
+    Returns:
+        A tensor of the shape and dtype of `inputs`.
+    """
+    check_rope_layout(layout)
+    return inputs * _full_width(cos, layout) + _turned(inputs, layout) * _full_width(
+        sin, layout
+    )
+
+
+def shifted_cos_sin(length, start_index, frequencies):
+    """cos and sin of `(start_index + n) * frequencies`, `n = 0 .. length - 1`.
+
+    Turning by `(s + n) w` is turning by `n w`, then by `s w`; as row
+    vectors, `[cos, sin]((s + n) w) = [cos, sin](n w) R(s w)`, where
+    `R(a) = [[cos a, sin a], [-sin a, cos a]]` (the angle-sum formulas). So
+    the table is the table of `n w`, fixed once the length is, times one 2 x
+    2 rotation per frequency: a small matrix product, whose run-time sines
+    are those of `s w` alone.
+
+    Written as `cos((s + n) w)` with a start read at run time, XLA fuses the
+    sines into the rotation that reads them and computes each one again for
+    every batch row and head it is broadcast over; a matrix product is not
+    fused into its consumers, so XLA makes the table once and the rotation
+    reads it.
+
+    Args:
+        length: int or scalar integer tensor. How many positions.
+        start_index: int or scalar integer tensor. The first position.
+        frequencies: float tensor of shape `(num_frequencies,)`.
+
+    Returns:
+        `(cos, sin)`: float32 tensors of shape `(length, num_frequencies)`.
+    """
+    frequencies = tf.cast(frequencies, "float32")
+    steps = angles(tf.range(length), frequencies)  # (length, frequencies): n w
+    table = tf.stack([tf.cos(steps), tf.sin(steps)], axis=-1)  # (length, f, 2)
+    start = tf.cast(start_index, "float32") * frequencies  # (f,): s w
+    cos_start, sin_start = tf.cos(start), tf.sin(start)
+    rotation = tf.stack(
+        [
+            tf.stack([cos_start, sin_start], axis=-1),
+            tf.stack([-sin_start, cos_start], axis=-1),
+        ],
+        axis=-2,
+    )  # (f, 2, 2): R(s w) per frequency
+    shifted = tf.einsum("nfk,fkj->nfj", table, rotation)  # (length, f, 2)
+    return shifted[..., 0], shifted[..., 1]
 
 
 # Rotary position embedding on grids (issue 14): which axis each pair reads.

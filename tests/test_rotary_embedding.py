@@ -2,6 +2,7 @@
 
 import copy
 import math
+import re
 
 import keras
 import keras_hub
@@ -1225,7 +1226,6 @@ def test_equals_keras_hub_rotary_embedding(hub_kwargs, scaling, shape):
     ours = RotaryEmbedding(scaling=scaling)
     for call_kwargs in (
         {},
-        {"start_index": 4093},
         {"positions": np.array([[5, 6, 7, 8, 9, 10, 11, 12, 13], list(range(9))])},
     ):
         np.testing.assert_array_equal(
@@ -1233,6 +1233,50 @@ def test_equals_keras_hub_rotary_embedding(hub_kwargs, scaling, shape):
             hub(inputs, **call_kwargs).numpy(),
             err_msg=str(call_kwargs),
         )
+    # From a start index, the table of 0, 1, ... turned by the start
+    # (`ops.shifted_cos_sin`) rounds the angles s w and n w apart, where
+    # keras-hub rounds (s + n) w: each is within float32 angle rounding of
+    # the exact rotation, so the two are within twice that of each other.
+    start_index = 4093
+    largest_angle = start_index + shape[1]  # the highest frequency is <= 1
+    largest_norm = math.sqrt(2.0) * np.max(np.abs(inputs))
+    np.testing.assert_allclose(
+        ours(inputs, start_index=start_index).numpy(),
+        hub(inputs, start_index=start_index).numpy(),
+        rtol=0,
+        atol=2 * (ANGLE_RTOL * largest_angle + OUTPUT_RTOL) * largest_norm,
+    )
+
+
+@pytest.mark.parametrize("start_index", [0, 7, 4093, 100000])
+def test_shifted_cos_sin_is_the_table_of_the_shifted_positions(start_index):
+    frequencies = 1.0 / 10000.0 ** (np.arange(0, 64, 2) / 64)  # float64
+    cos, sin = ops.shifted_cos_sin(12, tf.constant(start_index), frequencies)
+    assert cos.shape == sin.shape == (12, 32)
+    assert cos.dtype == sin.dtype == tf.float32
+    angles = (start_index + np.arange(12))[:, None] * frequencies  # float64
+    # The float32 angles s w and n w, each off by ANGLE_RTOL of itself.
+    tolerance = ANGLE_RTOL * (start_index + 12) + OUTPUT_RTOL
+    np.testing.assert_allclose(cos.numpy(), np.cos(angles), rtol=0, atol=tolerance)
+    np.testing.assert_allclose(sin.numpy(), np.sin(angles), rtol=0, atol=tolerance)
+
+
+def test_a_start_index_read_at_run_time_computes_the_sines_once():
+    # Under XLA, cos((s + n) w) with s read at run time is fused into the
+    # rotation and computed for every batch row and head; the layer turns
+    # the fixed table by s instead, so the only sines left in the compiled
+    # program are those of s w, one per frequency.
+    layer = RotaryEmbedding()
+    start_index = tf.Variable(1000)
+    call = tf.function(
+        lambda inputs: layer(inputs, start_index=start_index), jit_compile=True
+    )
+    inputs = random_inputs((2, 16, 3, 64))
+    hlo = call.experimental_get_compiler_ir(inputs)(stage="optimized_hlo")
+    shapes = re.findall(r"= (f32\[[\d,]*\])\S* (?:sine|cosine)\(", hlo)
+    assert sorted(shapes) == ["f32[32]", "f32[32]"]
+    frequencies = 1.0 / 10000.0 ** (np.arange(0, 64, 2) / 64)
+    assert_rotated(call(inputs), inputs, 1000 + np.arange(16), frequencies)
 
 
 @settings(deadline=None, max_examples=40)

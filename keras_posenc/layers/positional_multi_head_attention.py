@@ -36,6 +36,17 @@ def _sliding_window(layer):
     return getattr(layer, "_sliding_window", None)
 
 
+def _returns_scores(args, kwargs):
+    """Whether Keras' `call` asked `_compute_attention` for the weights.
+
+    Keras 3.9 and later pass `return_attention_scores` after `training`;
+    3.8 does not say, so the weights are returned.
+    """
+    if args:
+        return bool(args[0])
+    return bool(kwargs.get("return_attention_scores", True))
+
+
 def _describe(position):
     """The scheme, its axes and prefix tokens, for messages."""
     if position is None:
@@ -354,22 +365,53 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             if bias is not None:
                 logits = logits + bias
         mask = self._attention_mask(attention_mask, query_positions, key_positions)
+        # The softmax, normalized after the product with the values: with
+        # `e = exp(logits - max)` and `z` its sum over keys, the output is
+        # `(e @ value) / z`, one division per output feature, where dividing
+        # the weights first, `(e / z) @ value`, takes one more pass over the
+        # (batch, heads, query, key) logits. The dropout and a scheme's value
+        # term are linear in the weights, so they take `e` as well. Under
+        # float16 the sums `e @ value` may pass its largest value, 65504: it
+        # divides first.
         if mask is None:
-            weights = tf.nn.softmax(logits, axis=-1)  # (batch, heads, query, key)
+            exponentials = tf.exp(
+                logits - tf.reduce_max(logits, axis=-1, keepdims=True)
+            )  # (batch, heads, query, key)
         else:
             # As Keras' masked softmax: a large negative number where masked,
             # then zero weight there (a query with no key left gets none).
-            weights = tf.nn.softmax(tf.where(mask, logits, -1e9), axis=-1)
-            weights = tf.where(mask, weights, 0.0)
+            masked = tf.where(mask, logits, -1e9)
+            exponentials = tf.where(
+                mask,
+                tf.exp(masked - tf.reduce_max(masked, axis=-1, keepdims=True)),
+                0.0,
+            )
+        # Zero where every key is masked: that query's weights are all zero.
+        sums = tf.reduce_sum(exponentials, axis=-1, keepdims=True)  # (b, n, t, 1)
+        if value.dtype == tf.float16:
+            exponentials = tf.math.divide_no_nan(exponentials, sums)
+            sums = tf.ones_like(sums)
+        if _returns_scores(args, kwargs):
+            weights = tf.math.divide_no_nan(exponentials, sums)
         if self.dropout > 0.0:
-            weights = _dropout_layer(self)(weights, training=training)
+            exponentials = _dropout_layer(self)(exponentials, training=training)
+            if _returns_scores(args, kwargs):
+                weights = tf.math.divide_no_nan(exponentials, sums)
         output = tf.einsum(
-            "bnts,bsnh->btnh", tf.cast(weights, value.dtype), value
-        )  # (batch, query, heads, value_dim)
+            "bnts,bsnh->btnh", tf.cast(exponentials, value.dtype), value
+        )  # (batch, query, heads, value_dim), times the sums
         if position is not None:
-            term = position.value_term(weights, query_positions, key_positions)
+            term = position.value_term(exponentials, query_positions, key_positions)
             if term is not None:
                 output = output + tf.cast(term, output.dtype)
+        output = tf.cast(
+            tf.math.divide_no_nan(
+                tf.cast(output, "float32"), tf.transpose(sums, [0, 2, 1, 3])
+            ),
+            output.dtype,
+        )  # (batch, query, heads, value_dim)
+        if not _returns_scores(args, kwargs):
+            return output, None
         return output, tf.cast(weights, self.compute_dtype)
 
     def _attention_mask(self, attention_mask, query_positions, key_positions):

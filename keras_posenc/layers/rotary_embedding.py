@@ -433,27 +433,41 @@ class RotaryEmbedding(AttentionPosition):
             inputs = tf.experimental.numpy.moveaxis(inputs, feature_axis, last)
             if sequence_axis > feature_axis:
                 sequence_axis -= 1
+        # Positions `start_index + 0, 1, ...`: the tables come from those of
+        # `0, 1, ...` turned by the start (see `ops.shifted_cos_sin`).
+        consecutive = positions is None and grid_shape is None and not self._on_grid
         positions = self._positions(
             inputs, sequence_axis, start_index, positions, grid_shape
         )
         outputs = self._rotate_after_prefix(
-            inputs, sequence_axis, rotated, positions, self._length(positions)
+            inputs,
+            sequence_axis,
+            rotated,
+            positions,
+            self._length(positions),
+            start_index if consecutive else None,
         )
         if feature_axis != last:
             outputs = tf.experimental.numpy.moveaxis(outputs, last, feature_axis)
         return outputs
 
-    def _rotate_after_prefix(self, inputs, sequence_axis, rotated, positions, length):
+    def _rotate_after_prefix(
+        self, inputs, sequence_axis, rotated, positions, length, start_index=None
+    ):
         """`_rotate` the tokens after the `num_prefix_tokens`; keep the prefix."""
         if not self.num_prefix_tokens:
-            return self._rotate(inputs, sequence_axis, rotated, positions, length)
+            return self._rotate(
+                inputs, sequence_axis, rotated, positions, length, start_index
+            )
         prefix, tokens = tf.split(
             inputs, [self.num_prefix_tokens, -1], axis=sequence_axis
         )
         return tf.concat(
             [
                 tf.cast(prefix, self.compute_dtype),
-                self._rotate(tokens, sequence_axis, rotated, positions, length),
+                self._rotate(
+                    tokens, sequence_axis, rotated, positions, length, start_index
+                ),
             ],
             axis=sequence_axis,
         )
@@ -469,8 +483,15 @@ class RotaryEmbedding(AttentionPosition):
             + 1.0
         )
 
-    def _rotate(self, inputs, sequence_axis, rotated, positions, length):
-        """Rotate `inputs`, features last, by `positions` along `sequence_axis`."""
+    def _rotate(
+        self, inputs, sequence_axis, rotated, positions, length, start_index=None
+    ):
+        """Rotate `inputs`, features last, by `positions` along `sequence_axis`.
+
+        With `start_index`, the positions are `start_index + 0, 1, ...` and
+        the rotation reads tables of cos and sin made once
+        (`ops.shifted_cos_sin`), not the angles.
+        """
         rank = inputs.shape.rank
         last = rank - 1
         if self._on_grid:
@@ -480,20 +501,35 @@ class RotaryEmbedding(AttentionPosition):
             frequencies, attention_factor = rope_scaling.rope_parameters(
                 self.scaling, rotated, self.max_wavelength, length
             )
-            phases = ops.angles(positions, frequencies)  # ([batch,] seq, rotated / 2)
-            batched = phases.shape.rank == 3
-        # Size-1 axes wherever the table has none: heads (unless learned per
-        # head), and batch when the positions are shared.
-        table_axes = {sequence_axis, last} | ({0} if batched else set())
-        if self.learned_frequencies and rank == 4:
-            table_axes.add(2)
-        for axis in range(rank):
-            if axis not in table_axes:
-                phases = tf.expand_dims(phases, axis)
-        # (batch | 1, seq, 1, rotated / 2) for 4-D inputs
-        turned = ops.rotate(
-            tf.cast(inputs[..., :rotated], "float32"), phases, self.layout
-        )  # like inputs, rotated features only
+            if start_index is None:
+                phases = ops.angles(
+                    positions, frequencies
+                )  # ([batch,] seq, rotated / 2)
+            else:
+                phases = ops.shifted_cos_sin(
+                    tf.shape(inputs)[sequence_axis], start_index, frequencies
+                )  # cos and sin, (seq, rotated / 2) each
+            batched = start_index is None and phases.shape.rank == 3
+
+        def table_shape(table):
+            # Size-1 axes wherever the table has none: heads (unless learned
+            # per head), and batch when the positions are shared.
+            table_axes = {sequence_axis, last} | ({0} if batched else set())
+            if self.learned_frequencies and rank == 4:
+                table_axes.add(2)
+            for axis in range(rank):
+                if axis not in table_axes:
+                    table = tf.expand_dims(table, axis)
+            return table  # (batch | 1, seq, 1, rotated / 2) for 4-D inputs
+
+        selected = tf.cast(inputs[..., :rotated], "float32")
+        if start_index is None:
+            turned = ops.rotate(selected, table_shape(phases), self.layout)
+        else:
+            cos, sin = phases
+            turned = ops.rotate_by_tables(
+                selected, table_shape(cos), table_shape(sin), self.layout
+            )  # like inputs, rotated features only
         if attention_factor != 1.0:
             turned = turned * attention_factor  # scales cos and sin alike
         outputs = tf.cast(turned, self.compute_dtype)
