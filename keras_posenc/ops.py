@@ -518,41 +518,45 @@ def rotate_by_tables(inputs, cos, sin, layout="half"):
 def shifted_cos_sin(length, start_index, frequencies):
     """cos and sin of `(start_index + n) * frequencies`, `n = 0 .. length - 1`.
 
-    Turning by `(s + n) w` is turning by `n w`, then by `s w`; as row
-    vectors, `[cos, sin]((s + n) w) = [cos, sin](n w) R(s w)`, where
-    `R(a) = [[cos a, sin a], [-sin a, cos a]]` (the angle-sum formulas). So
-    the table is the table of `n w`, fixed once the length is, times one 2 x
-    2 rotation per frequency: a small matrix product, whose run-time sines
-    are those of `s w` alone.
+    Turning by `(s + n) w` is turning by `n w`, then by `s w`. By the
+    angle-sum formulas, with `C = diag(cos s w)` and `S = diag(sin s w)`
+    over the frequencies,
+
+        [cos, sin]((s + n) w) = [cos, sin](n w) @ [[C, S], [-S, C]],
+
+    a table fixed once the length is, times one `(2f, 2f)` matrix holding a
+    2 x 2 rotation per frequency: the sines computed at run time are those
+    of `s w` alone.
 
     Written as `cos((s + n) w)` with a start read at run time, XLA fuses the
     sines into the rotation that reads them and computes each one again for
-    every batch row and head it is broadcast over; a matrix product is not
-    fused into its consumers, so XLA makes the table once and the rotation
+    every batch row and head it is broadcast over. A matrix product is not
+    fused into what reads it: XLA makes the table once, and the rotation
     reads it.
 
     Args:
         length: int or scalar integer tensor. How many positions.
         start_index: int or scalar integer tensor. The first position.
-        frequencies: float tensor of shape `(num_frequencies,)`.
+        frequencies: float tensor of shape `(f,)`.
 
     Returns:
-        `(cos, sin)`: float32 tensors of shape `(length, num_frequencies)`.
+        `(cos, sin)`: float32 tensors of shape `(length, f)`.
     """
     frequencies = tf.cast(frequencies, "float32")
-    steps = angles(tf.range(length), frequencies)  # (length, frequencies): n w
-    table = tf.stack([tf.cos(steps), tf.sin(steps)], axis=-1)  # (length, f, 2)
+    steps = angles(tf.range(length), frequencies)  # (length, f): n w
+    table = tf.concat([tf.cos(steps), tf.sin(steps)], axis=-1)  # (length, 2f)
     start = tf.cast(start_index, "float32") * frequencies  # (f,): s w
-    cos_start, sin_start = tf.cos(start), tf.sin(start)
-    rotation = tf.stack(
+    cos_start = tf.linalg.diag(tf.cos(start))  # (f, f): C
+    sin_start = tf.linalg.diag(tf.sin(start))  # (f, f): S
+    rotation = tf.concat(
         [
-            tf.stack([cos_start, sin_start], axis=-1),
-            tf.stack([-sin_start, cos_start], axis=-1),
+            tf.concat([cos_start, sin_start], axis=1),
+            tf.concat([-sin_start, cos_start], axis=1),
         ],
-        axis=-2,
-    )  # (f, 2, 2): R(s w) per frequency
-    shifted = tf.einsum("nfk,fkj->nfj", table, rotation)  # (length, f, 2)
-    return shifted[..., 0], shifted[..., 1]
+        axis=0,
+    )  # (2f, 2f)
+    cos, sin = tf.split(tf.matmul(table, rotation), 2, axis=-1)  # (length, f) each
+    return cos, sin
 
 
 # Rotary position embedding on grids (issue 14): which axis each pair reads.
