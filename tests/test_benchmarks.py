@@ -112,6 +112,18 @@ def test_table_tells_a_miss_from_noise(vs_keras_hub, vs_itself, met):
     assert f"| keras_hub | 10.00 | {vs_keras_hub:.3f}x {met}" in table
 
 
+def test_rotary_table_judges_a_start_index_read_at_run_time():
+    results = rotary_results(1.0, 1.0)
+    # Past both targets in the made-up results: 1.0x keras-hub, 2.0x floor.
+    table = rotary_embedding.format_table(results)
+    assert "| keras_hub | 20.00 | 1.000x | <= 0.5x | no |" in table
+    assert "| floor | 9.00 | 2.000x | <= 1.2x | no |" in table
+    results.update(runtime_start_vs_keras_hub=0.45, runtime_start_vs_floor=1.05)
+    table = rotary_embedding.format_table(results)
+    assert "| keras_hub | 20.00 | 0.450x | <= 0.5x | yes |" in table
+    assert "| floor | 9.00 | 1.050x | <= 1.2x | yes |" in table
+
+
 # A tiny attention: these tests check that the benchmark runs, not the
 # numbers, which only `python -m keras_posenc.bench.attention` measures.
 TINY_ATTENTION = {"batch": 1, "length": 8, "heads": 2, "key_dim": 4}
@@ -119,7 +131,13 @@ TINY_ATTENTION = {"batch": 1, "length": 8, "heads": 2, "key_dim": 4}
 
 @pytest.fixture(scope="module")
 def attention_results():
-    return attention.run(**TINY_ATTENTION, repeats=2, warmup=1, memory_length=16)
+    return attention.run(
+        **TINY_ATTENTION,
+        repeats=2,
+        warmup=1,
+        memory_length=16,
+        long_memory_length=32,
+    )
 
 
 def test_attention_benchmark_times_and_measures_every_candidate(
@@ -128,16 +146,27 @@ def test_attention_benchmark_times_and_measures_every_candidate(
     timed = ("plain", "plain_einsum_path") + attention.SCHEMES
     assert set(attention_results) == {
         *timed,
-        "plain_again",
+        "plain_einsum_path_again",
         *(f"{name}_vs_plain" for name in attention.SCHEMES),
         *(f"{name}_vs_plain_einsum_path" for name in attention.SCHEMES),
-        "plain_einsum_path_vs_plain",
+        "plain_vs_plain_einsum_path",
         "vs_itself",
         *(f"{name}_peak_mib" for name in attention.MEMORY_CANDIDATES),
-        *(f"{name}_memory_vs_plain" for name in attention.MEMORY_CANDIDATES),
+        *(
+            f"{name}_memory_vs_plain_einsum_path"
+            for name in attention.MEMORY_CANDIDATES
+        ),
+        *(f"{name}_long_peak_mib" for name in attention.MEMORY_CANDIDATES),
+        "long_logits_mib",
+        *(f"{name}_logits_writes" for name in attention.MEMORY_CANDIDATES),
     }
     for value in attention_results.values():
         assert math.isfinite(value) and value > 0
+    # The long row at batch 1: 2 heads of 32 x 32 float32 logits.
+    assert attention_results["long_logits_mib"] == 2 * 32 * 32 * 4 / 2**20
+    assert attention_results["plain_einsum_path_long_peak_mib"] >= (
+        attention_results["long_logits_mib"]
+    )
 
 
 def test_attention_peak_holds_the_logits_and_grows_as_length_squared():
@@ -179,12 +208,17 @@ def test_attention_benchmark_table_has_every_scheme_and_target(
     attention_results,
 ):
     table = attention.format_table(attention_results)
-    assert "| scheme | median (ms) | / plain | target | met |" in table
-    assert "| peak (MiB) | / plain | target | met |" in table
+    assert (
+        "| scheme | median (ms) | / einsum path | target | met | / plain |"
+    ) in table
+    assert "| peak (MiB) | / einsum path | target | met |" in table
     for name in attention.MEMORY_CANDIDATES:
-        assert f"| {attention.LABELS[name]} |" in table
-    assert "| a second copy of plain (noise) |" in table
-    assert "<= 1.15x" in table and "<= 1.50x" in table and "<= 1.3x" in table
+        # Once in the timed table and once in the long row's.
+        assert table.count(f"| {attention.LABELS[name]} |") == 2
+    assert "| a second copy of the einsum path (noise) |" in table
+    for target in ("1.05", "1.10", "1.25", "1.00", "1.15"):
+        assert f"<= {target}x" in table
+    assert "beyond one logits tensor (0 MiB)" in table
 
 
 def test_attention_benchmark_prints_a_table(capsys):
@@ -197,7 +231,7 @@ def test_attention_benchmark_prints_a_table(capsys):
     assert status == 0
     printed = capsys.readouterr().out
     assert "(1, 8, 8) float32 input, 2 heads of key_dim 4" in printed
-    assert "| scheme | median (ms) | / plain | target | met |" in printed
+    assert "| scheme | median (ms) | / einsum path | target | met |" in printed
     assert "peak (MiB)" not in printed
     for name in ("plain",) + attention.SCHEMES:
         assert f"| {attention.LABELS[name]} |" in printed
@@ -206,23 +240,37 @@ def test_attention_benchmark_prints_a_table(capsys):
 def test_attention_table_tells_a_miss_from_noise():
     results = {
         name: 0.1
-        for name in ("plain", "plain_again", "plain_einsum_path")
+        for name in ("plain", "plain_einsum_path", "plain_einsum_path_again")
         + attention.SCHEMES
     }
     results.update(
-        {f"{name}_vs_plain_einsum_path": 1.0 for name in attention.SCHEMES},
-        plain_einsum_path_vs_plain=1.0,
+        {f"{name}_vs_plain": 1.0 for name in attention.SCHEMES},
+        **{f"{name}_logits_writes": 3 for name in attention.MEMORY_CANDIDATES},
+        plain_vs_plain_einsum_path=1.2,
         vs_itself=1.02,
-        rope_vs_plain=1.10,  # under 1.15
-        alibi_vs_plain=1.16,  # past 1.15 by less than the noise
-        t5_vs_plain=1.30,
-        shaw_vs_plain=1.40,  # under 1.5
+        rope_vs_plain_einsum_path=1.04,  # under 1.05
+        alibi_vs_plain_einsum_path=1.06,  # past 1.05 by less than the noise
+        t5_vs_plain_einsum_path=1.30,
+        shaw_vs_plain_einsum_path=1.20,  # under 1.25
     )
     table = attention.format_table(results)
-    assert "| 1.100x | <= 1.15x | yes |" in table
-    assert "| 1.160x | <= 1.15x | within noise |" in table
-    assert "| 1.300x | <= 1.15x | no |" in table
-    assert "| 1.400x | <= 1.50x | yes |" in table
+    assert "| 1.040x | <= 1.05x | yes |" in table
+    assert "| 1.060x | <= 1.05x | within noise |" in table
+    assert "| 1.300x | <= 1.10x | no |" in table
+    assert "| 1.200x | <= 1.25x | yes |" in table
+    assert "| plain, `dot_product_attention` path | 100.0 | 1.200x |" in table
+
+
+def test_logits_writes_counts_the_passes_that_write_the_logits():
+    # Plain attention on Keras' einsum path writes the logits (the first
+    # product), their exponentials and the weights divided by their sums;
+    # on its `dot_product_attention` path also the logits scaled; the
+    # layer's softmax, normalized after the product with the values, one
+    # fewer than the einsum path.
+    sizes = {"batch": 2, "length": 64, "heads": 2, "key_dim": 8}
+    assert attention.logits_writes("plain", **sizes) == 4
+    assert attention.logits_writes("plain_einsum_path", **sizes) == 3
+    assert attention.logits_writes("rope", **sizes) == 2
 
 
 # Tiny sizes: these tests check that the benchmark runs and that its
@@ -318,8 +366,9 @@ def test_bench_writes_the_machine_and_every_table(tmp_path, capsys):
     for header in (
         "| encoding | keras_posenc (ms) |",
         "| keras_posenc against | its median (ms) |",
-        "| scheme | median (ms) | / plain | target | met |",
-        "| peak (MiB) | / plain | target | met |",
+        "| scheme | median (ms) | / einsum path | target | met | / plain |",
+        "| peak (MiB) | / einsum path | target | met |",
+        "| scheme | peak (MiB) | beyond one logits tensor",
         "| layer | median (ms) | against | ratio | target | met | / its 1-D path | noise |",
     ):
         assert header in written

@@ -1,31 +1,33 @@
 """Benchmark: one self-attention call per position scheme against plain Keras.
 
-The targets: one self-attention call `layer(x, x)` on a `(4, 1024, 512)`
-float32 input, 8 heads of key_dim 64, no mask, compiled with XLA, takes at
-most 1.15 times as long as plain `keras.layers.MultiHeadAttention(8, 64)`
-with RoPE (`RotaryEmbedding`), ALiBi (`AlibiBias`) and T5
-(`RelativePositionBias`) inside `PositionalMultiHeadAttention`, and at most
-1.5 times with Shaw et al.'s relative representations
-(`RelativePositionEmbedding`, clipping distance k = 16). At
-length 2048 the Shaw layer's call needs at most 1.3 times the memory of the
-plain one.
+The targets, against plain attention on Keras' einsum path (below): one
+self-attention call `layer(x, x)` on a `(4, 1024, 512)` float32 input, 8
+heads of key_dim 64, no mask, compiled with XLA, takes at most 1.05 times
+as long with RoPE (`RotaryEmbedding`) and ALiBi (`AlibiBias`) inside
+`PositionalMultiHeadAttention`, 1.10 times with T5 (`RelativePositionBias`)
+and 1.25 times with Shaw et al.'s relative representations
+(`RelativePositionEmbedding`, clipping distance k = 16). At length 2048
+one call needs at most 1.0 times the memory with RoPE and ALiBi, 1.1 times
+with T5 and 1.15 times with Shaw's. One more row, at length 8192 and batch
+1, gives each scheme's memory there, where the (heads, 8192, 8192) float32
+logits, 2 GiB, take most of it.
 
 Time: all candidates are built, then compiled with XLA and called in one
 process, in rounds that call each once in a new order; each ratio is the
 median over rounds of the two calls' times in that round. A second copy of
-the plain layer measures how far two identical programs time apart.
+the baseline measures how far two identical programs time apart.
 
-The baseline is what a user gets from `keras.layers.MultiHeadAttention`: with
-no dropout and no attention scores asked for, Keras 3 hands the projected
-heads to `keras.ops.dot_product_attention`, which on TensorFlow is no fused
-kernel but the same einsum, softmax, einsum, with the scale applied to the
-`(batch, heads, query, key)` logits rather than to the queries. Asking for
-the scores takes Keras' other path, the one `PositionalMultiHeadAttention`
-follows (queries scaled first); a third plain candidate does that and drops
-the scores, so that XLA returns the output alone. Its column, "/ einsum
-path", tells the cost of a position scheme apart from the cost of the path:
-on XLA's CPU backend, scaling the logits costs a second logits-sized buffer
-and a pass over it, and the plain layer is the slower of the two.
+Plain `keras.layers.MultiHeadAttention`, as a user calls it (no dropout, no
+attention scores asked for), hands the projected heads to
+`keras.ops.dot_product_attention`, which on TensorFlow is no fused kernel
+but the same einsum, softmax, einsum, with the scale applied to the
+`(batch, heads, query, key)` logits rather than to the queries: on XLA's
+CPU backend that costs a second logits-sized buffer and a pass over it.
+Asking for the scores takes Keras' other path, its einsum path (queries
+scaled first), the fastest plain attention here and the one the position
+schemes build on; the baseline asks for them and drops them, so that XLA
+computes the output alone. The "/ plain" column keeps the ratio against
+the `dot_product_attention` path.
 
 Memory: each candidate's call is compiled with XLA for the CPU, as it is
 timed, and its peak is the memory XLA's buffer assignment gives that one
@@ -48,9 +50,12 @@ mixes in the compiler's memory.
 Run from the repository root:
 
     python -m keras_posenc.bench.attention [--length 1024] [--repeats 30] [--no-memory]
+        [--long-memory-length 8192]
 """
 
 import functools
+import math
+import re
 import statistics
 import sys
 
@@ -67,19 +72,23 @@ LENGTH = 1024
 HEADS = 8
 KEY_DIM = 64
 MEMORY_LENGTH = 2048
+# The long row: batch 1 at this length, memory only.
+LONG_MEMORY_LENGTH = 8192
 # A clipping distance from Shaw et al.'s ablation, which found no gain past
 # k = 2; the cost hardly depends on it, the tables having 2k + 1 rows.
 SHAW_MAX_DISTANCE = 16
 SCHEMES = ("rope", "alibi", "t5", "shaw")
-# The most each scheme's time may be, over plain MultiHeadAttention's.
-TARGETS = {"rope": 1.15, "alibi": 1.15, "t5": 1.15, "shaw": 1.5}
-# The most each scheme's peak memory may be, over plain's.
-MEMORY_TARGETS = {"shaw": 1.3}
+# The baseline: plain attention on Keras' einsum path.
+BASELINE = "plain_einsum_path"
+# The most each scheme's time may be, over the baseline's.
+TARGETS = {"rope": 1.05, "alibi": 1.05, "t5": 1.10, "shaw": 1.25}
+# The most each scheme's peak memory may be, over the baseline's.
+MEMORY_TARGETS = {"rope": 1.0, "alibi": 1.0, "t5": 1.1, "shaw": 1.15}
 # The candidates whose peak memory is measured: all but the noise copy.
-MEMORY_CANDIDATES = ("plain", "plain_einsum_path") + SCHEMES
+MEMORY_CANDIDATES = (BASELINE, "plain") + SCHEMES
 LABELS = {
-    "plain": "plain `MultiHeadAttention`",
-    "plain_einsum_path": "plain, Keras' einsum path",
+    "plain": "plain, `dot_product_attention` path",
+    "plain_einsum_path": "plain `MultiHeadAttention`, Keras' einsum path",
     "rope": "RoPE (`RotaryEmbedding`)",
     "alibi": "ALiBi (`AlibiBias`)",
     "t5": "T5 (`RelativePositionBias`)",
@@ -102,8 +111,8 @@ def _candidate(name, heads, key_dim):
     """A built layer of candidate `name` and its self-attention call.
 
     Args:
-        name: str. `"plain"`, `"plain_again"`, `"plain_einsum_path"` or one
-            of `SCHEMES`.
+        name: str. `"plain"`, `"plain_einsum_path"`,
+            `"plain_einsum_path_again"` or one of `SCHEMES`.
         heads: int. Number of attention heads.
         key_dim: int. Size of each head.
 
@@ -111,7 +120,7 @@ def _candidate(name, heads, key_dim):
         A function of the input `(batch, length, heads * key_dim)` that
         returns the attention output.
     """
-    if name in ("plain", "plain_again", "plain_einsum_path"):
+    if name in ("plain", "plain_einsum_path", "plain_einsum_path_again"):
         layer = keras.layers.MultiHeadAttention(heads, key_dim)
     else:
         layer = keras_posenc.PositionalMultiHeadAttention(
@@ -122,7 +131,7 @@ def _candidate(name, heads, key_dim):
     layer(short, short)
     # Partials, not lambdas: `tf.function` counts traces per code object,
     # and would warn of retracing when one lambda's code made every candidate.
-    if name == "plain_einsum_path":
+    if name in ("plain_einsum_path", "plain_einsum_path_again"):
         return functools.partial(_self_attention_einsum_path, layer)
     return functools.partial(_self_attention, layer)
 
@@ -166,6 +175,40 @@ def compiled_bytes(function, *args):
     )
 
 
+def logits_writes(name, batch, length, heads, key_dim):
+    """How many `(batch, heads, length, length)` tensors one call writes.
+
+    Read from the optimized HLO of the call compiled with XLA, as it is
+    timed: the instructions of its entry computation (each fusion, matrix
+    product or reduction that XLA did not fuse into another) whose result
+    has the shape of the logits. Each is one pass over the logits writing
+    its result, and reading at least one; the rest of the call is the
+    projections, a few passes of (batch, length, heads * key_dim).
+
+    Args:
+        name: str. A name of `MEMORY_CANDIDATES`.
+        batch, length, heads, key_dim: int. The sizes of the call.
+
+    Returns:
+        An int.
+    """
+    call = tf.function(_candidate(name, heads, key_dim), jit_compile=True)
+    hlo = call.experimental_get_compiler_ir(
+        tf.zeros((batch, length, heads * key_dim))
+    )(stage="optimized_hlo")
+    entry = hlo[hlo.index("\nENTRY") :]
+    # By the number of elements: XLA drops axes of size 1 from shapes.
+    size = batch * heads * length * length
+    # A bitcast reinterprets a buffer and writes nothing.
+    return sum(
+        1
+        for dims, op in re.findall(
+            r"= (?:f32|pred)\[([\d,]+)\]\S* ([\w-]+)\(", entry
+        )
+        if op != "bitcast" and math.prod(int(dim) for dim in dims.split(",")) == size
+    )
+
+
 def measure_peak(name, batch, length, heads, key_dim):
     """Bytes that one compiled call of candidate `name` needs at its peak.
 
@@ -205,6 +248,7 @@ def run(
     repeats=30,
     warmup=3,
     memory_length=MEMORY_LENGTH,
+    long_memory_length=None,
     seed=0,
 ):
     """Time one self-attention call of each candidate, and its peak memory.
@@ -219,22 +263,30 @@ def run(
         warmup: int. Untimed calls of each candidate first. Defaults to `3`.
         memory_length: int or None. Sequence length of the memory
             measurement, or `None` to skip it. Defaults to `2048`.
+        long_memory_length: int or None. Sequence length of a second memory
+            measurement at batch 1, or `None` to skip it. Defaults to `None`.
         seed: int. Seed of the weights and the input. Defaults to `0`.
 
     Returns:
-        A dict: median seconds of a call under `"plain"`, `"plain_again"`,
-        `"plain_einsum_path"` and each of `SCHEMES`; the median over rounds
-        of each scheme's time over plain's under `"<scheme>_vs_plain"` and
-        over the einsum path's under `"<scheme>_vs_plain_einsum_path"`;
-        `"plain_einsum_path_vs_plain"`; plain's over its copy's under
-        `"vs_itself"`. With `memory_length`, also the peak MiB of one call
-        of each of `MEMORY_CANDIDATES` under `"<name>_peak_mib"`, and each
-        one's over plain's under `"<name>_memory_vs_plain"`.
+        A dict: median seconds of a call under `"plain"`,
+        `"plain_einsum_path"` (the baseline), `"plain_einsum_path_again"`
+        and each of `SCHEMES`; the median over rounds of each scheme's time
+        over the baseline's under `"<scheme>_vs_plain_einsum_path"` and over
+        plain's under `"<scheme>_vs_plain"`; `"plain_vs_plain_einsum_path"`;
+        the baseline's over its copy's under `"vs_itself"`; how many
+        logits-sized tensors each of `MEMORY_CANDIDATES` writes under
+        `"<name>_logits_writes"` (`logits_writes`). With
+        `memory_length`, also the peak MiB of one call of each of
+        `MEMORY_CANDIDATES` under `"<name>_peak_mib"` and its ratio to the
+        baseline's under `"<name>_memory_vs_plain_einsum_path"`; with
+        `long_memory_length`, the peak MiB there under
+        `"<name>_long_peak_mib"` and the MiB of the float32 logits there
+        under `"long_logits_mib"`.
     """
     keras.utils.set_random_seed(seed)
-    names = ("plain", "plain_einsum_path") + SCHEMES + ("plain_again",)
-    # A second, separately compiled copy of the plain layer: how far apart
-    # two identical programs time on this machine.
+    names = (BASELINE, "plain") + SCHEMES + ("plain_einsum_path_again",)
+    # A second, separately compiled copy of the baseline: how far apart two
+    # identical programs time on this machine.
     candidates = {name: _candidate(name, heads, key_dim) for name in names}
     inputs = _inputs(batch, length, heads, key_dim, seed)
     seconds = timing.rounds(candidates, (inputs,), repeats, warmup)
@@ -242,21 +294,30 @@ def run(
         name: statistics.median(times) for name, times in seconds.items()
     }
     for name in SCHEMES:
-        results[f"{name}_vs_plain"] = timing.paired_ratio(seconds, name, "plain")
         results[f"{name}_vs_plain_einsum_path"] = timing.paired_ratio(
-            seconds, name, "plain_einsum_path"
+            seconds, name, BASELINE
         )
-    results["plain_einsum_path_vs_plain"] = timing.paired_ratio(
-        seconds, "plain_einsum_path", "plain"
+        results[f"{name}_vs_plain"] = timing.paired_ratio(seconds, name, "plain")
+    results["plain_vs_plain_einsum_path"] = timing.paired_ratio(
+        seconds, "plain", BASELINE
     )
-    results["vs_itself"] = timing.paired_ratio(seconds, "plain", "plain_again")
-    if memory_length is not None:
-        peaks = memory_peaks(
-            batch, memory_length, heads, key_dim, MEMORY_CANDIDATES
+    results["vs_itself"] = timing.paired_ratio(
+        seconds, BASELINE, "plain_einsum_path_again"
+    )
+    for name in MEMORY_CANDIDATES:
+        results[f"{name}_logits_writes"] = logits_writes(
+            name, batch, length, heads, key_dim
         )
+    if memory_length is not None:
+        peaks = memory_peaks(batch, memory_length, heads, key_dim)
         for name, peak in peaks.items():
             results[f"{name}_peak_mib"] = peak / 2**20
-            results[f"{name}_memory_vs_plain"] = peak / peaks["plain"]
+            results[f"{name}_memory_vs_plain_einsum_path"] = peak / peaks[BASELINE]
+    if long_memory_length is not None:
+        peaks = memory_peaks(1, long_memory_length, heads, key_dim)
+        for name, peak in peaks.items():
+            results[f"{name}_long_peak_mib"] = peak / 2**20
+        results["long_logits_mib"] = heads * long_memory_length**2 * 4 / 2**20
     return results
 
 
@@ -270,67 +331,75 @@ def format_table(results, judged=True):
             Defaults to `True`.
 
     Returns:
-        A str.
+        A str: the table, and with `run`'s long measurement a second one.
     """
-    with_memory = "plain_peak_mib" in results
-    header = "| scheme | median (ms) | / plain | target | met | / einsum path |"
-    rule = "|---|---:|---:|---:|---|---:|"
+    with_memory = f"{BASELINE}_peak_mib" in results
+    header = (
+        "| scheme | median (ms) | / einsum path | target | met | / plain "
+        "| logits writes |"
+    )
+    rule = "|---|---:|---:|---:|---|---:|---:|"
     if with_memory:
-        header += " peak (MiB) | / plain | target | met |"
+        header += " peak (MiB) | / einsum path | target | met |"
         rule += "---:|---:|---:|---|"
     # Two copies of one program time this far apart here: a ratio past its
     # target by no more than that is not told apart from meeting it.
     noise = timing.noise_band(results["vs_itself"])
     lines = [header, rule]
-    for name in ("plain",) + SCHEMES + ("plain_einsum_path", "plain_again"):
-        if name == "plain_again":
-            cells = [
-                "a second copy of plain (noise)",
-                f"{results[name] * 1e3:.1f}",
-                f"{1 / results['vs_itself']:.3f}x",
-                "",
-                "",
-                "",
-            ]
+    for name in (BASELINE,) + SCHEMES + ("plain", "plain_einsum_path_again"):
+        if name == "plain_einsum_path_again":
+            lines.append(
+                f"| a second copy of the einsum path (noise) | "
+                f"{results[name] * 1e3:.1f} | {1 / results['vs_itself']:.3f}x "
+                "| | | | |" + (" | | | |" if with_memory else "")
+            )
+            continue
+        cells = [LABELS[name], f"{results[name] * 1e3:.1f}"]
+        if name == BASELINE:
+            cells += ["", "", "", ""]
+        elif name == "plain":
+            cells += [f"{results['plain_vs_plain_einsum_path']:.3f}x", "", "", ""]
         else:
-            cells = [LABELS[name], f"{results[name] * 1e3:.1f}"]
-            if name == "plain":
-                cells += ["", "", "", ""]
-            elif name == "plain_einsum_path":
-                cells += [
-                    f"{results['plain_einsum_path_vs_plain']:.3f}x",
-                    "",
-                    "",
-                    "",
-                ]
-            else:
-                ratio = results[f"{name}_vs_plain"]
-                target = TARGETS[name]
-                cells += [
-                    f"{ratio:.3f}x",
-                    f"<= {target:.2f}x",
-                    timing.verdict(ratio, target, noise, judged=judged),
-                    f"{results[f'{name}_vs_plain_einsum_path']:.3f}x",
-                ]
+            ratio = results[f"{name}_vs_plain_einsum_path"]
+            target = TARGETS[name]
+            cells += [
+                f"{ratio:.3f}x",
+                f"<= {target:.2f}x",
+                timing.verdict(ratio, target, noise, judged=judged),
+                f"{results[f'{name}_vs_plain']:.3f}x",
+            ]
+        cells.append(str(results[f"{name}_logits_writes"]))
         if with_memory:
-            if name in MEMORY_CANDIDATES:
-                cells.append(f"{results[f'{name}_peak_mib']:.0f}")
-                if name == "plain":
-                    cells += ["", "", ""]
-                else:
-                    ratio = results[f"{name}_memory_vs_plain"]
-                    cells.append(f"{ratio:.2f}x")
-                    if name in MEMORY_TARGETS:
-                        target = MEMORY_TARGETS[name]
-                        cells += [
-                            f"<= {target:.1f}x",
-                            timing.verdict(ratio, target, judged=judged),
-                        ]
-                    else:
-                        cells += ["", ""]
+            cells.append(f"{results[f'{name}_peak_mib']:.0f}")
+            if name == BASELINE:
+                cells += ["", "", ""]
             else:
-                cells += ["", "", "", ""]
+                ratio = results[f"{name}_memory_vs_plain_einsum_path"]
+                cells.append(f"{ratio:.2f}x")
+                if name in MEMORY_TARGETS:
+                    target = MEMORY_TARGETS[name]
+                    cells += [
+                        f"<= {target:.2f}x",
+                        timing.verdict(ratio, target, judged=judged),
+                    ]
+                else:
+                    cells += ["", ""]
         lines.append("| " + " | ".join(cells) + " |")
+    if "long_logits_mib" in results:
+        logits = results["long_logits_mib"]
+        baseline = results[f"{BASELINE}_long_peak_mib"]
+        lines += [
+            "",
+            f"| scheme | peak (MiB) | beyond one logits tensor ({logits:.0f} "
+            "MiB) | beyond the einsum path |",
+            "|---|---:|---:|---:|",
+        ]
+        for name in MEMORY_CANDIDATES:
+            peak = results[f"{name}_long_peak_mib"]
+            lines.append(
+                f"| {LABELS[name]} | {peak:.0f} | {peak - logits:+.0f} | "
+                f"{peak - baseline:+.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -349,8 +418,9 @@ def main(argv=None):
         "attention",
         (
             "Time one self-attention call under XLA with each position "
-            "scheme against plain keras.layers.MultiHeadAttention, and "
-            "measure the peak memory of one call at a longer length."
+            "scheme against plain keras.layers.MultiHeadAttention on Keras' "
+            "einsum path, and measure the peak memory of one call at two "
+            "longer lengths."
         ),
     )
     parser.add_argument(
@@ -384,12 +454,20 @@ def main(argv=None):
         help=f"sequence length of the memory measurement (default: {MEMORY_LENGTH})",
     )
     parser.add_argument(
+        "--long-memory-length",
+        type=int_at_least(1),
+        default=LONG_MEMORY_LENGTH,
+        help="sequence length of the second memory measurement, at batch 1 "
+        f"(default: {LONG_MEMORY_LENGTH})",
+    )
+    parser.add_argument(
         "--no-memory",
         action="store_true",
-        help="skip the memory measurement",
+        help="skip the memory measurements",
     )
     args = parser.parse_args(argv)
     memory_length = None if args.no_memory else args.memory_length
+    long_memory_length = None if args.no_memory else args.long_memory_length
     results = run(
         args.batch,
         args.length,
@@ -397,18 +475,20 @@ def main(argv=None):
         args.key_dim,
         args.repeats,
         memory_length=memory_length,
+        long_memory_length=long_memory_length,
     )
     width = args.heads * args.key_dim
     print(
         f"One self-attention call on a ({args.batch}, {args.length}, {width}) "
         f"float32 input, {args.heads} heads of key_dim {args.key_dim}, no "
-        f"mask, under XLA: median of {args.repeats} rounds"
+        f"mask, under XLA: median of {args.repeats} rounds, against plain "
+        "attention on Keras' einsum path"
     )
     if memory_length is not None:
         print(
             f"Peak memory of one call at ({args.batch}, {memory_length}, "
-            f"{width}), as XLA assigns it: temporary buffers, output and "
-            "constants"
+            f"{width}), and below at (1, {long_memory_length}, {width}), as "
+            "XLA assigns it: temporary buffers, output and constants"
         )
     print()
     print(format_table(results))
