@@ -501,9 +501,10 @@ def rotate_by_tables(inputs, cos, sin, layout="half"):
 
     Args:
         inputs: float tensor of shape `(..., d)`, `d` even.
-        cos, sin: tensors of shape `(..., d / 2)`, the cosine and sine of
-            each pair's angle, broadcastable against `inputs[..., : d / 2]`,
-            in the dtype of `inputs`.
+        cos: tensor of shape `(..., d / 2)`, the cosine of each pair's
+            angle, broadcastable against `inputs[..., : d / 2]`, in the
+            dtype of `inputs`.
+        sin: tensor like `cos`, the sine of each pair's angle.
         layout: `"half"` or `"interleaved"`. Defaults to `"half"`.
 
     Returns:
