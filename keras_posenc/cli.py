@@ -307,6 +307,13 @@ def main(argv=None):
         # share the cores between them, and on 2 cores two at once train
         # 1.6x slower. A value the user set is kept.
         os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+        if len(configs) > 1:
+            # One thread per op as well when the two tasks run side by side
+            # (the vision task's process inherits it): with two each, the
+            # processes' four threads contend for 2 cores, and both tasks
+            # end 1.3x later. One thread also leaves no scheduling to change
+            # the order of sums, so a run repeats to the last digit.
+            os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
     _import_tensorflow(args.verbose)
     if args.command == "plot":
         from keras_posenc import plot
