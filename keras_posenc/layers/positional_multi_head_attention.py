@@ -388,14 +388,15 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         # Zero where every key is masked: that query's weights are all zero.
         sums = tf.reduce_sum(exponentials, axis=-1, keepdims=True)  # (b, n, t, 1)
+        returns_scores = _returns_scores(args, kwargs)
         if value.dtype == tf.float16:
             exponentials = tf.math.divide_no_nan(exponentials, sums)
             sums = tf.ones_like(sums)
-        if _returns_scores(args, kwargs):
+        if returns_scores:
             weights = tf.math.divide_no_nan(exponentials, sums)
         if self.dropout > 0.0:
             exponentials = _dropout_layer(self)(exponentials, training=training)
-            if _returns_scores(args, kwargs):
+            if returns_scores:
                 weights = tf.math.divide_no_nan(exponentials, sums)
         output = tf.einsum(
             "bnts,bsnh->btnh", tf.cast(exponentials, value.dtype), value
@@ -410,7 +411,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             ),
             output.dtype,
         )  # (batch, query, heads, value_dim)
-        if not _returns_scores(args, kwargs):
+        if not returns_scores:
             return output, None
         return output, tf.cast(weights, self.compute_dtype)
 
