@@ -1,11 +1,13 @@
 import math
 import os
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from keras_posenc.bench import absolute
 from keras_posenc.bench import attention
+from keras_posenc.bench import decoding
 from keras_posenc.bench import grid
 from keras_posenc.bench import rotary_embedding
 from keras_posenc.bench import suite
@@ -370,6 +372,7 @@ def test_bench_writes_the_machine_and_every_table(tmp_path, capsys):
         "| peak (MiB) | / einsum path | target | met |",
         "| scheme | peak (MiB) | beyond one logits tensor",
         "| layer | median (ms) | against | ratio | target | met | / its 1-D path | noise |",
+        "| attention | tokens/s | ms per token | / plain | target | met |",
     ):
         assert header in written
     # Tiny sizes time nothing worth judging: no verdict, and a note says so.
@@ -414,3 +417,70 @@ def test_grid_benchmark_checks_that_the_layer_and_its_floor_agree():
     candidates = {"grid": tf.identity, "floor": lambda x: x + 1.0}
     with pytest.raises(AssertionError, match="the grid layer and its floor"):
         grid._check_agreement("sinusoidal", candidates, tf.zeros((1, 4, 2)), "floor")
+
+
+def test_decoding_benchmark_times_every_candidate(capsys):
+    sizes = dict(batch=2, prompt=6, new_tokens=3, heads=2, key_dim=4)
+    results = decoding.run(**sizes, repeats=2, warmup=1)
+    others = [name for name in decoding.CANDIDATES if name != decoding.BASELINE]
+    assert set(results) == {
+        *decoding.CANDIDATES,
+        *(f"{name}_per_token" for name in decoding.CANDIDATES),
+        *(f"{name}_tokens_per_second" for name in decoding.CANDIDATES),
+        *(f"{name}_prefill" for name in decoding.CANDIDATES),
+        *(f"{name}_vs_plain" for name in others if name != "plain_again"),
+        *(f"{name}_prefill_vs_plain" for name in others),
+        "vs_itself",
+    }
+    for value in results.values():
+        assert math.isfinite(value) and value > 0
+    assert results["plain_tokens_per_second"] == pytest.approx(2 * 3 / results["plain"])
+    table = decoding.format_table(results, judged=False)
+    for name in ("rope", "alibi", "t5"):
+        assert f"| {decoding.LABELS[name]} |" in table
+    assert table.count("| <= 1.10x | tiny run |") == 3
+    assert "| keras-hub `CachedMultiHeadAttention` |" in table
+
+
+def test_decoding_benchmark_feeds_each_output_back():
+    # Decoding is one token per step, each the last step's output: the loop
+    # equals the layer called step by step.
+    layer = decoding._layer("alibi", 2, 4)
+    prompt = tf.random.stateless_normal((1, 5, 8), seed=[0, 0])
+    _, cache = decoding._prefill(layer, False, 8, prompt)
+    looped = tf.function(decoding._decode, jit_compile=True)(
+        layer, False, 3, cache, prompt[:, -1:]
+    )
+    tokens = prompt[:, -1:]
+    for step in range(3):
+        tokens, cache = layer(
+            tokens, tokens, cache=cache, cache_update_index=5 + step,
+            use_causal_mask=True,
+        )
+        np.testing.assert_allclose(looped[:, step], tokens[:, 0], atol=1e-5)
+
+
+def test_decoding_benchmark_checks_keras_hub_agrees(monkeypatch):
+    # A keras-hub layer with other weights than plain's decodes otherwise.
+    weights = decoding._layer
+    monkeypatch.setattr(
+        decoding,
+        "_layer",
+        lambda name, heads, key_dim: weights(
+            "alibi" if name == "keras_hub" else name, heads, key_dim
+        ),
+    )
+    with pytest.raises(AssertionError, match="decode differently"):
+        decoding.run(batch=1, prompt=4, new_tokens=2, heads=2, key_dim=4, repeats=1)
+
+
+def test_decoding_benchmark_prints_a_table(capsys):
+    status = decoding.main(
+        ["--prompt", "6", "--new-tokens", "2", "--heads", "2", "--key-dim", "4",
+         "--repeats", "1"]
+    )
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "a 6-token prompt of batch 1" in printed
+    assert "2 tokens decoded one at a time" in printed
+    assert "| a second copy of plain (noise) |" in printed

@@ -949,3 +949,305 @@ def test_position_needs_sequences_of_features():
     images = np.zeros((1, 3, 4, FEATURES), "float32")
     with pytest.raises(ValueError, match=r"\(batch, sequence, features\)"):
         layer(images, images)
+
+
+# A key/value cache, in keras-hub's layout: (batch, 2, slots, heads, key_dim),
+# which holds keys and values alike, so its attention has value_dim = key_dim.
+CACHE_SLOTS = 10
+PREFILL = 4
+
+
+def cached_attention(scheme, seed=1):
+    """A built attention of the test sizes with value_dim = key_dim, random weights."""
+    layer = PositionalMultiHeadAttention(
+        HEADS, KEY_DIM, position=SCHEMES[scheme]()
+    )
+    tokens = np.zeros((1, 1, FEATURES), "float32")
+    layer(tokens, tokens)
+    randomize_weights(layer, seed)
+    return layer
+
+
+def empty_cache(batch=BATCH, slots=CACHE_SLOTS, dtype="float32"):
+    return tf.zeros((batch, 2, slots, HEADS, KEY_DIM), dtype)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_cache_prefill_then_decode_equals_float64_reference(scheme):
+    layer = cached_attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    expected, _ = reference_attention(layer, tokens, tokens, causal=True)
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec((None, 1, FEATURES), "float32"),
+            tf.TensorSpec((None, 2, CACHE_SLOTS, HEADS, KEY_DIM), "float32"),
+            tf.TensorSpec((), "int32"),
+        ]
+    )
+    def decode(token, cache, index):
+        return layer(
+            token, token, cache=cache, cache_update_index=index, use_causal_mask=True
+        )
+
+    # The prompt in one call, then one token per call at a run-time index.
+    output, cache = layer(
+        tokens[:, :PREFILL],
+        tokens[:, :PREFILL],
+        cache=empty_cache(),
+        cache_update_index=0,
+        use_causal_mask=True,
+    )
+    assert_close(output, expected[:, :PREFILL])
+    for step in range(PREFILL, LENGTH):
+        output, cache = decode(tokens[:, step : step + 1], cache, tf.constant(step))
+        assert_close(output, expected[:, step : step + 1], err_msg=f"step {step}")
+    assert decode.experimental_get_tracing_count() == 1
+
+    # The cache holds the projected values, and the keys as the logits read
+    # them (rotated, for RoPE); the slots after them are untouched.
+    keys = project(tokens, layer.key_dense)  # (batch, length, heads, key_dim)
+    if scheme == "rotary":
+        inverse_frequencies, _ = references.rope_inverse_frequencies(
+            KEY_DIM, layer.position.max_wavelength
+        )
+        keys = references.rotary(
+            keys, per_batch(None, BATCH, LENGTH), inverse_frequencies
+        )
+    assert_close(cache[:, 0, :LENGTH], keys)
+    assert_close(cache[:, 1, :LENGTH], project(tokens, layer.value_dense))
+    assert np.all(cache[:, :, LENGTH:].numpy() == 0)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_cache_slots_not_yet_written_get_no_weight(scheme):
+    # No causal mask: the prompt's tokens attend to one another, and not to
+    # the cache's empty slots.
+    layer = cached_attention(scheme)
+    tokens = random_inputs((BATCH, PREFILL, FEATURES))
+    output, weights, cache = layer(
+        tokens,
+        tokens,
+        cache=empty_cache(),
+        cache_update_index=0,
+        return_attention_scores=True,
+    )
+    expected_output, expected_weights = reference_attention(layer, tokens, tokens)
+    assert weights.shape == (BATCH, HEADS, PREFILL, CACHE_SLOTS)
+    assert cache.shape == empty_cache().shape
+    assert_close(output, expected_output)
+    assert_close(weights[..., :PREFILL], expected_weights)
+    assert np.all(weights[..., PREFILL:].numpy() == 0)
+
+
+@pytest.mark.parametrize("scheme", ["rotary", "alibi", "t5"])
+def test_cache_with_left_padding_and_per_batch_positions(scheme):
+    # Row 1 is padded on the left by 2: its tokens sit at positions 0, 1, ...
+    # from slot 2 on, and its padded slots are masked.
+    layer = cached_attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    padding = np.array([0, 2])
+    positions = np.maximum(np.arange(CACHE_SLOTS) - padding[:, None], 0)
+    real = np.arange(CACHE_SLOTS) >= padding[:, None]  # (batch, slots)
+    cache = empty_cache()
+    outputs = []
+    for start, stop in ((0, PREFILL), (PREFILL, PREFILL + 1), (PREFILL + 1, LENGTH)):
+        output, cache = layer(
+            tokens[:, start:stop],
+            tokens[:, start:stop],
+            cache=cache,
+            cache_update_index=start,
+            query_positions=positions[:, start:stop],
+            key_positions=positions,
+            attention_mask=np.broadcast_to(
+                real[:, None], (BATCH, stop - start, CACHE_SLOTS)
+            ),
+            use_causal_mask=True,
+        )
+        outputs.append(output)
+    output = np.concatenate(outputs, axis=1)
+    for row in range(BATCH):
+        start = padding[row]
+        expected, _ = reference_attention(
+            layer, tokens[row : row + 1, start:], tokens[row : row + 1, start:],
+            causal=True,
+        )
+        assert_close(output[row : row + 1, start:], expected, err_msg=f"row {row}")
+
+
+def test_cache_decoding_under_xla_in_a_loop():
+    layer = cached_attention("rotary")
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    expected, _ = reference_attention(layer, tokens, tokens, causal=True)
+
+    @tf.function(jit_compile=True)
+    def generate(tokens):
+        _, cache = layer(
+            tokens[:, :PREFILL],
+            tokens[:, :PREFILL],
+            cache=empty_cache(),
+            cache_update_index=0,
+            use_causal_mask=True,
+        )
+        outputs = tf.TensorArray("float32", size=LENGTH - PREFILL)
+
+        def step(index, cache, outputs):
+            token = tf.gather(tokens, [index], axis=1)  # (batch, 1, features)
+            output, cache = layer(
+                token, token, cache=cache, cache_update_index=index,
+                use_causal_mask=True,
+            )
+            return index + 1, cache, outputs.write(index - PREFILL, output[:, 0])
+
+        _, _, outputs = tf.while_loop(
+            lambda index, *_: index < LENGTH, step, (PREFILL, cache, outputs)
+        )
+        return tf.transpose(outputs.stack(), [1, 0, 2])  # (batch, new, features)
+
+    assert_close(generate(tokens), expected[:, PREFILL:])
+
+
+def test_cache_matches_keras_hub_cached_multi_head_attention():
+    from keras_hub.layers import CachedMultiHeadAttention
+
+    layer = cached_attention("none")
+    hub = CachedMultiHeadAttention(HEADS, KEY_DIM)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    hub(tokens, tokens)
+    hub.set_weights(layer.get_weights())
+    causal = np.tril(np.ones((CACHE_SLOTS, CACHE_SLOTS), bool))  # (query, key)
+    cache = hub_cache = empty_cache()
+    for start, stop in ((0, PREFILL), (PREFILL, PREFILL + 1), (PREFILL + 1, LENGTH)):
+        step = tokens[:, start:stop]
+        output, cache = layer(
+            step, step, cache=cache, cache_update_index=start, use_causal_mask=True
+        )
+        hub_output, hub_cache = hub(
+            step,
+            step,
+            cache=hub_cache,
+            cache_update_index=start,
+            attention_mask=np.broadcast_to(
+                causal[start:stop], (BATCH, stop - start, CACHE_SLOTS)
+            ),
+        )
+        assert_close(output, hub_output.numpy(), err_msg=f"tokens {start}..{stop}")
+        np.testing.assert_array_equal(cache, hub_cache)
+
+
+def test_cache_under_mixed_bfloat16_keeps_its_dtype():
+    float32_layer = cached_attention("alibi")
+    tokens = random_inputs((BATCH, PREFILL, FEATURES))
+    expected, _ = float32_layer(
+        tokens, tokens, cache=empty_cache(), cache_update_index=0,
+        use_causal_mask=True,
+    )
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = PositionalMultiHeadAttention(HEADS, KEY_DIM, position=AlibiBias(HEADS))
+    layer(tokens, tokens)
+    layer.set_weights(float32_layer.get_weights())
+    output, cache = layer(
+        tokens, tokens, cache=empty_cache(dtype="bfloat16"), cache_update_index=0,
+        use_causal_mask=True,
+    )
+    assert output.dtype == cache.dtype == tf.bfloat16
+    expected = expected.numpy()
+    assert_close(
+        tf.cast(output, "float64"), expected, atol=2**-5 * np.abs(expected).max()
+    )
+
+
+def test_cache_output_spec():
+    layer = cached_attention("t5")
+    token = keras.KerasTensor((BATCH, 1, FEATURES))
+    cache = keras.KerasTensor((BATCH, 2, CACHE_SLOTS, HEADS, KEY_DIM))
+    output, weights, new_cache = layer.compute_output_spec(
+        token, token, cache=cache, cache_update_index=3,
+        return_attention_scores=True,
+    )
+    assert output.shape == (BATCH, 1, FEATURES)
+    assert weights.shape == (BATCH, HEADS, 1, CACHE_SLOTS)
+    assert new_cache.shape == cache.shape and new_cache.dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    "make_layer, call_kwargs, message",
+    [
+        (
+            lambda: cached_attention("alibi"),
+            {"cache_update_index": 0},
+            r"needs one\. Received: cache=None with cache_update_index=0",
+        ),
+        (
+            lambda: cached_attention("alibi"),
+            {"cache": empty_cache()},
+            r"Received: cache_update_index=None",
+        ),
+        (
+            lambda: cached_attention("alibi"),
+            {"cache": empty_cache(), "cache_update_index": 1.5},
+            r"integer .*Received: cache_update_index=1\.5",
+        ),
+        (
+            lambda: cached_attention("alibi"),
+            {"cache": empty_cache(), "cache_update_index": CACHE_SLOTS - 1},
+            r"fit the cache's 10 slots\. Received: cache_update_index=9 with 2 new",
+        ),
+        (
+            lambda: cached_attention("alibi"),
+            {"cache": tf.zeros((BATCH, 2, CACHE_SLOTS, HEADS, KEY_DIM + 1)),
+             "cache_update_index": 0},
+            r"\(batch, 2, slots, 3, 4\).*Received: cache of shape \(2, 2, 10, 3, 5\)",
+        ),
+        (
+            lambda: attention("alibi"),
+            {"cache": empty_cache(), "cache_update_index": 0},
+            r"value_dim equal to key_dim\. Received: key_dim=4, value_dim=6",
+        ),
+        (
+            lambda: PositionalMultiHeadAttention(
+                HEADS, KEY_DIM, position=RotaryEmbedding(num_prefix_tokens=1)
+            ),
+            {"cache": empty_cache(), "cache_update_index": 0},
+            r"without prefix tokens\. Received: RotaryEmbedding\(num_axes=1, "
+            r"num_prefix_tokens=1\)",
+        ),
+    ],
+    ids=[
+        "index-without-cache",
+        "cache-without-index",
+        "float-index",
+        "index-past-the-slots",
+        "cache-shape",
+        "value-dim",
+        "prefix-tokens",
+    ],
+)
+def test_bad_cache_raises_value_error_naming_it(make_layer, call_kwargs, message):
+    layer = make_layer()
+    tokens = random_inputs((BATCH, 2, FEATURES))
+    with pytest.raises(ValueError, match=message):
+        layer(tokens, tokens, **call_kwargs)
+
+
+def test_cache_index_read_at_run_time_is_checked():
+    layer = cached_attention("alibi")
+    tokens = random_inputs((BATCH, 2, FEATURES))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cache_update_index"):
+        layer(
+            tokens, tokens, cache=empty_cache(),
+            cache_update_index=tf.constant(CACHE_SLOTS - 1),
+        )
+
+
+def test_cache_refuses_masks_of_the_new_tokens_and_other_lengths():
+    layer = cached_attention("alibi")
+    ids = np.array([[1, 2, 0], [3, 0, 0]])
+    tokens = padded_tokens(ids)
+    with pytest.raises(ValueError, match=r"attention_mask.*\(batch, query, slots\)"):
+        layer(tokens, tokens, cache=empty_cache(), cache_update_index=0)
+    with pytest.raises(ValueError, match=r"same length.*\(2, 1, 5\).*\(2, 3, 5\)"):
+        layer(
+            random_inputs((BATCH, 1, FEATURES)), random_inputs((BATCH, 3, FEATURES)),
+            cache=empty_cache(), cache_update_index=0,
+        )

@@ -5,7 +5,9 @@ against keras-hub and the precomputed-table floor),
 `keras_posenc.bench.rotary_embedding` (RoPE against keras-hub and its floor) and
 `keras_posenc.bench.attention` (one self-attention call per position scheme against
 plain `keras.layers.MultiHeadAttention`, and the peak memory of each, Shaw's
-included) and `keras_posenc.bench.grid` (the layers on a grid of patches
+included), `keras_posenc.bench.decoding` (cached generation, a token at a
+time after a prompt, per scheme against plain attention with the same
+cache) and `keras_posenc.bench.grid` (the layers on a grid of patches
 against their floors, their 1-D paths and plain attention), and prints a description of the machine followed by each
 benchmark's table of ratios, as Markdown. Every call is compiled with XLA;
 ratios are medians over rounds of paired calls (see `keras_posenc.bench.timing`).
@@ -31,6 +33,7 @@ import tensorflow as tf
 
 from keras_posenc.bench import absolute
 from keras_posenc.bench import attention
+from keras_posenc.bench import decoding
 from keras_posenc.bench import grid
 from keras_posenc.bench import rotary_embedding
 
@@ -38,6 +41,13 @@ from keras_posenc.bench import rotary_embedding
 TINY_ABSOLUTE = {"shape": (1, 16, 8), "vocabulary_size": 50}
 TINY_ROTARY_SHAPE = (1, 16, 2, 8)
 TINY_ATTENTION = {"batch": 1, "length": 8, "heads": 2, "key_dim": 4}
+TINY_DECODING = {
+    "batch": 1,
+    "prompt": 8,
+    "new_tokens": 4,
+    "heads": 2,
+    "key_dim": 4,
+}
 TINY_MEMORY_LENGTH = 16
 TINY_LONG_MEMORY_LENGTH = 32
 TINY_GRID = {
@@ -169,6 +179,7 @@ def run(out=None, repeats=30, tiny=False):
         absolute_sizes = TINY_ABSOLUTE
         rotary_shape = TINY_ROTARY_SHAPE
         attention_sizes = TINY_ATTENTION
+        decoding_sizes = TINY_DECODING
         memory_length = TINY_MEMORY_LENGTH
         long_memory_length = TINY_LONG_MEMORY_LENGTH
         grid_sizes = TINY_GRID
@@ -184,6 +195,13 @@ def run(out=None, repeats=30, tiny=False):
             "length": attention.LENGTH,
             "heads": attention.HEADS,
             "key_dim": attention.KEY_DIM,
+        }
+        decoding_sizes = {
+            "batch": decoding.BATCH,
+            "prompt": decoding.PROMPT,
+            "new_tokens": decoding.NEW_TOKENS,
+            "heads": decoding.HEADS,
+            "key_dim": decoding.KEY_DIM,
         }
         memory_length = attention.MEMORY_LENGTH
         long_memory_length = attention.LONG_MEMORY_LENGTH
@@ -215,6 +233,13 @@ def run(out=None, repeats=30, tiny=False):
         warmup=warmup,
         memory_length=memory_length,
         long_memory_length=long_memory_length,
+    )
+    _progress(
+        "Timing cached generation per position scheme, a prompt cached, "
+        "then a token at a time ..."
+    )
+    decoding_results = decoding.run(
+        **decoding_sizes, repeats=repeats, warmup=warmup
     )
     _progress(
         "Timing the grid layers against their floors, their 1-D paths and "
@@ -273,6 +298,14 @@ def run(out=None, repeats=30, tiny=False):
             f"(1, {long_memory_length}, {width}).",
             "",
             attention.format_table(attention_results, judged=not tiny),
+            "",
+            "## Cached generation",
+            "",
+            decoding.describe(**decoding_sizes, repeats=repeats)
+            + ". Targets: RoPE, ALiBi and T5 at most 1.10x plain's time "
+            "per token.",
+            "",
+            decoding.format_table(decoding_results, judged=not tiny),
             "",
             "## Grids: images, video, multimodal",
             "",

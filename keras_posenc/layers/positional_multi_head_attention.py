@@ -1,4 +1,6 @@
+import functools
 import math
+import numbers
 import types
 
 import keras
@@ -103,6 +105,22 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     Queries or keys of length zero give outputs of length zero, or the
     output projection's bias where there are no keys, as in Keras.
 
+    For generation, the call takes a key/value `cache` in the layout of
+    keras-hub's `CachedMultiHeadAttention`, `(batch, 2, slots, heads,
+    key_dim)`, keys at index 0 of axis 1 and values at 1, and
+    `cache_update_index`, the slot of the first new token: it writes the new
+    tokens' keys and values there, attends over all the slots, and returns
+    the updated cache after the output. The keys are cached as the logits
+    read them (RoPE rotates each key once, when it is written). The slots
+    are the keys, at positions `0 .. slots - 1` by default (`key_positions`
+    of shape `(slots,)` or `(batch, slots)` otherwise), and the new queries
+    at `cache_update_index + 0, 1, ...`; slots after the last one written
+    get no weight, so with `use_causal_mask=True` a prefill of the prompt
+    and then one token per call equal one causal pass over the whole
+    sequence. Under `jit_compile=True` an index read at run time compiles
+    once; outside XLA an index past the slots raises an error (XLA drops
+    that check: keep the index in range).
+
     Keras' own `call` does the projections, masks, dropout and output; the
     layer puts the position's contributions in `_compute_attention`, the
     method Keras provides for subclasses, so it follows Keras from 3.8 on.
@@ -133,12 +151,23 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         key_positions: optional integer tensor of shape `(key,)` or
             `(batch, key)`, or `(key, num_axes)` or `(batch, key,
             num_axes)`, likewise. Defaults to `0 .. key - 1` for one axis;
-            required for more.
+            required for more. With a `cache`, one position per slot.
+        cache: optional float tensor of shape `(batch, 2, slots, heads,
+            key_dim)`: the keys and values of the tokens before these
+            (needs `value_dim` equal to `key_dim`). With a cache, `query`
+            and `value` are the new tokens, of the same length, and the
+            masks of `value` and `key` are not taken: mask slots with an
+            `attention_mask` of shape `(batch, query, slots)`.
+        cache_update_index: int or integer scalar tensor. The slot where the
+            new tokens' keys and values are written, the number of tokens
+            cached before them; required with a `cache`.
 
     Returns:
         The attention output of shape `(batch, query, features)` (or
         `output_shape`), and with `return_attention_scores=True` also the
-        attention weights of shape `(batch, heads, query, key)`.
+        attention weights of shape `(batch, heads, query, key)` (`key`
+        being the slots with a cache); with a `cache`, last, the updated
+        cache.
 
     Example:
 
@@ -149,6 +178,18 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     >>> tokens = np.random.default_rng(0).normal(size=(1, 5, 16))
     >>> attention(tokens, tokens, use_causal_mask=True).shape
     TensorShape([1, 5, 16])
+    >>> cache = np.zeros((1, 2, 8, 2, 8), "float32")  # 8 slots
+    >>> prompt, cache = attention(
+    ...     tokens[:, :4], tokens[:, :4], use_causal_mask=True,
+    ...     cache=cache, cache_update_index=0,
+    ... )
+    >>> last, cache = attention(
+    ...     tokens[:, 4:], tokens[:, 4:], use_causal_mask=True,
+    ...     cache=cache, cache_update_index=4,
+    ... )
+    >>> full = attention(tokens, tokens, use_causal_mask=True)
+    >>> bool(np.allclose(last[:, 0], full[:, 4], atol=1e-6))
+    True
 
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
@@ -197,7 +238,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         # Keras' `call` passes `_compute_attention` the projected heads and
         # the mask only; this call's positions and causality reach it here,
         # set by `call` around Keras' `call` and cleared after it.
-        self._call_state = types.SimpleNamespace(positions=None, causal=False)
+        # With a `cache`, `_compute_attention` writes the new keys and values
+        # in it and leaves the cache so updated here for `call` to return.
+        self._call_state = types.SimpleNamespace(
+            positions=None, causal=False, cache=None, cache_update_index=None
+        )
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
@@ -212,10 +257,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 self.num_heads, self.key_dim, self.value_dim
             )
 
-    def _positions(self, positions, inputs, name):
+    def _positions(self, positions, inputs, name, start_index=0):
         """`positions` as int32 `(batch or 1, length[, num_axes])`, or the default.
 
-        `length` counts the tokens after the position's prefix tokens.
+        `length` counts the tokens after the position's prefix tokens; the
+        default on one axis is `start_index + 0, 1, ...`.
         """
         position = self.position
         num_axes = 1 if position is None else position.num_axes
@@ -238,7 +284,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     f"grid. Received: {name}=None"
                 )
             return ops.position_ids(
-                tf.shape(inputs)[1] - num_prefix_tokens
+                tf.shape(inputs)[1] - num_prefix_tokens, start_index
             )[tf.newaxis]  # (1, length)
         try:
             positions = ops.read_positions(
@@ -292,6 +338,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         use_causal_mask=False,
         query_positions=None,
         key_positions=None,
+        cache=None,
+        cache_update_index=None,
     ):
         arguments = dict(
             key=key,
@@ -302,27 +350,144 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             return_attention_scores=return_attention_scores,
             training=training,
         )
-        if self.position is None and query_positions is None and (
-            key_positions is None
+        if cache is None and cache_update_index is not None:
+            raise ValueError(
+                "`cache_update_index` says where to write in a `cache`: it "
+                "needs one. Received: cache=None with "
+                f"cache_update_index={cache_update_index!r}"
+            )
+        if (
+            self.position is None
+            and query_positions is None
+            and key_positions is None
+            and cache is None
         ):
             return super().call(
                 query, value, use_causal_mask=use_causal_mask, **arguments
             )
         self._check_causal(use_causal_mask)
+        start_index = 0
+        if cache is not None:
+            cache = self._check_cache(
+                cache, cache_update_index, query, value, key, value_mask, key_mask
+            )
+            start_index = cache_update_index
+        keys = value if key is None else key
         self._call_state.positions = (
-            self._positions(query_positions, query, "query_positions"),
             self._positions(
-                key_positions, value if key is None else key, "key_positions"
+                query_positions, query, "query_positions", start_index
+            ),
+            # With a cache the keys are its slots, `0 .. slots - 1`.
+            self._positions(
+                key_positions, keys if cache is None else cache[:, 0], "key_positions"
             ),
         )  # (batch or 1, query), (batch or 1, key)
         # Keras' causal mask compares indices; this layer's compares
         # positions, in `_compute_attention`.
         self._call_state.causal = use_causal_mask
+        self._call_state.cache = cache
+        self._call_state.cache_update_index = cache_update_index
         try:
-            return super().call(query, value, use_causal_mask=False, **arguments)
+            outputs = super().call(query, value, use_causal_mask=False, **arguments)
+            if cache is None:
+                return outputs
+            # `_compute_attention` wrote the new keys and values in the cache.
+            if return_attention_scores:
+                return outputs + (self._call_state.cache,)
+            return outputs, self._call_state.cache
         finally:
             self._call_state.positions = None
             self._call_state.causal = False
+            self._call_state.cache = None
+            self._call_state.cache_update_index = None
+
+    def _check_cache(
+        self, cache, cache_update_index, query, value, key, value_mask, key_mask
+    ):
+        """`cache` as a tensor, once it is known to fit this layer and call."""
+        cache = tf.convert_to_tensor(cache)
+        expected = (2, self.num_heads, self.key_dim)
+        if self.value_dim != self.key_dim:
+            raise ValueError(
+                "A `cache` holds keys and values in one tensor of shape "
+                "(batch, 2, slots, num_heads, key_dim), as keras-hub's "
+                "CachedMultiHeadAttention does: it needs value_dim equal to "
+                f"key_dim. Received: key_dim={self.key_dim}, "
+                f"value_dim={self.value_dim}"
+            )
+        if cache.shape.rank != 5 or (
+            tuple(cache.shape[i] for i in (1, 3, 4)) != expected
+        ):
+            raise ValueError(
+                "`cache` must have shape (batch, 2, slots, num_heads, "
+                f"key_dim), here (batch, 2, slots, {self.num_heads}, "
+                f"{self.key_dim}): keys at index 0 of axis 1, values at 1. "
+                f"Received: cache of shape {tuple(cache.shape)}"
+            )
+        if self.position is not None and self.position.num_prefix_tokens:
+            raise ValueError(
+                "A `cache` holds tokens that all have positions: it needs a "
+                f"`position` without prefix tokens. Received: "
+                f"{_describe(self.position)}"
+            )
+        if value_mask is not None or key_mask is not None:
+            raise ValueError(
+                "With a `cache`, the keys are the cache's slots, which a mask "
+                "of the new `value` or `key` does not cover: pass "
+                "`attention_mask` of shape (batch, query, slots) instead. "
+                "Received: a Keras mask on `value` or `key` (`value_mask` or "
+                "`key_mask`)"
+            )
+        if cache_update_index is None:
+            raise ValueError(
+                "A `cache` needs `cache_update_index`, the slot where the new "
+                "keys and values go (the number of tokens cached before "
+                "them). Received: cache_update_index=None"
+            )
+        if isinstance(cache_update_index, bool) or not (
+            isinstance(cache_update_index, numbers.Integral)
+            or (
+                tf.is_tensor(cache_update_index)
+                and cache_update_index.dtype.is_integer
+                and cache_update_index.shape.rank == 0
+            )
+        ):
+            raise ValueError(
+                "`cache_update_index` must be an integer or an integer scalar "
+                f"tensor. Received: cache_update_index={cache_update_index!r}"
+            )
+        new = (value if key is None else key).shape[1]
+        slots = cache.shape[2]
+        if isinstance(cache_update_index, numbers.Integral) and (
+            cache_update_index < 0
+            or (new is not None and slots is not None and cache_update_index + new > slots)
+        ):
+            raise ValueError(
+                "`cache_update_index` plus the new tokens must fit the "
+                f"cache's {slots} slots. Received: "
+                f"cache_update_index={cache_update_index} with {new} new tokens"
+            )
+        if tf.is_tensor(cache_update_index):
+            # Read at run time; an index past the slots would otherwise be
+            # moved back by the update, silently. XLA drops the check.
+            tf.debugging.assert_less_equal(
+                0,
+                cache_update_index,
+                message="`cache_update_index` must be at least 0",
+            )
+            tf.debugging.assert_less_equal(
+                tf.cast(cache_update_index, "int32") + tf.shape(value if key is None else key)[1],
+                tf.shape(cache)[2],
+                message="`cache_update_index` plus the new tokens must fit the cache's slots",
+            )
+        if query.shape[1] is not None and new is not None and query.shape[1] != new:
+            raise ValueError(
+                "With a `cache`, the queries are the new tokens whose keys and "
+                "values are written: `query` and `value` need the same "
+                f"length. Received: query of shape {tuple(query.shape)} and "
+                f"value of shape {tuple((value if key is None else key).shape)}"
+            )
+        return cache
 
     def _compute_sliding_window_mask(self, query, value=None):
         # Keras 3.15 and later: the window compares positions, as the causal
@@ -352,10 +517,14 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         query_positions, key_positions = self._call_state.positions
         position = self.position
-        if position is not None:
-            query, key = position.transform_query_key(
-                query, key, query_positions, key_positions
-            )
+        cache = self._call_state.cache
+        if cache is None:
+            if position is not None:
+                query, key = position.transform_query_key(
+                    query, key, query_positions, key_positions
+                )
+        else:
+            query, key, value = self._update_cache(query, key, value)
         query = query * tf.cast(1.0 / math.sqrt(self.key_dim), query.dtype)
         logits = tf.cast(
             tf.einsum("bsnh,btnh->bnts", key, query), "float32"
@@ -415,6 +584,35 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             return output, None
         return output, tf.cast(weights, self.compute_dtype)
 
+    def _update_cache(self, query, key, value):
+        """Write the new keys and values in the cache, to attend over all of it.
+
+        The new keys are transformed by the positions of the slots they go
+        to before they are written (RoPE rotates each key once, when it is
+        cached), so the cache holds keys as the logits read them.
+
+        Returns:
+            `(query, key, value)`: the transformed queries, `(batch, query,
+            heads, key_dim)`, and the cache's keys and values after the
+            update, `(batch, slots, heads, dim)` each.
+        """
+        query_positions, key_positions = self._call_state.positions
+        cache = self._call_state.cache
+        index = self._call_state.cache_update_index
+        if self.position is not None:
+            # A gather, not a slice: XLA would compile a slice again for
+            # every start it reads at run time.
+            written = tf.gather(
+                key_positions, ops.position_ids(tf.shape(key)[1], index), axis=1
+            )  # the slots' positions, (batch or 1, new[, num_axes])
+            query, key = self.position.transform_query_key(
+                query, key, query_positions, written
+            )
+        updates = tf.stack([key, value], axis=1)  # (batch, 2, new, heads, dim)
+        cache = keras.ops.slice_update(cache, [0, 0, index, 0, 0], updates)
+        self._call_state.cache = cache  # (batch, 2, slots, heads, key_dim)
+        return query, cache[:, 0], cache[:, 1]
+
     def _attention_mask(self, attention_mask, query_positions, key_positions):
         """Keras' mask and the causal one: `(batch | 1, heads | 1, query, key)`."""
         masks = []
@@ -425,6 +623,13 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             while mask.shape.rank < 4:
                 mask = tf.expand_dims(mask, -3)
             masks.append(mask)
+        if self._call_state.cache is not None:
+            # A slot after the last one written holds no key yet.
+            written = self._call_state.cache_update_index + tf.shape(
+                query_positions
+            )[1]
+            slots = tf.range(tf.shape(key_positions)[1])  # (key,)
+            masks.append((slots < written)[tf.newaxis, tf.newaxis, tf.newaxis])
         if self._call_state.causal:
             distance = ops.relative_distance(
                 query_positions, key_positions
@@ -432,9 +637,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             masks.append((distance <= 0)[:, tf.newaxis])  # (batch | 1, 1, query, key)
         if not masks:
             return None
-        if len(masks) == 1:
-            return masks[0]
-        return tf.logical_and(*masks)
+        return functools.reduce(tf.logical_and, masks)
 
     def compute_output_spec(
         self,
@@ -450,20 +653,23 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         use_causal_mask=False,
         query_positions=None,
         key_positions=None,
+        cache=None,
+        cache_update_index=None,
     ):
         self._check_causal(use_causal_mask)
         output_spec = super().compute_output_spec(query, value, key)
+        outputs = (output_spec,)
         if return_attention_scores:
             weights_shape = (
                 query.shape[0],
                 self.num_heads,
                 query.shape[1],
-                value.shape[1],
+                value.shape[1] if cache is None else cache.shape[2],
             )
-            return output_spec, keras.KerasTensor(
-                weights_shape, dtype=self.compute_dtype
-            )
-        return output_spec
+            outputs += (keras.KerasTensor(weights_shape, dtype=self.compute_dtype),)
+        if cache is not None:
+            outputs += (keras.KerasTensor(cache.shape, dtype=cache.dtype),)
+        return outputs[0] if len(outputs) == 1 else outputs
 
     def get_config(self):
         config = super().get_config()
