@@ -268,11 +268,13 @@ def test_logits_writes_counts_the_passes_that_write_the_logits():
     # product), their exponentials and the weights divided by their sums;
     # on its `dot_product_attention` path also the logits scaled; the
     # layer's softmax, normalized after the product with the values, one
-    # fewer than the einsum path.
+    # fewer than the einsum path. ALiBi's bias (2 heads, slopes 1/16 and
+    # 1/256) joins the product: no pass of its own.
     sizes = {"batch": 2, "length": 64, "heads": 2, "key_dim": 8}
     assert attention.logits_writes("plain", **sizes) == 4
     assert attention.logits_writes("plain_einsum_path", **sizes) == 3
     assert attention.logits_writes("rope", **sizes) == 2
+    assert attention.logits_writes("alibi", **sizes) == 2
 
 
 # Tiny sizes: these tests check that the benchmark runs and that its

@@ -1251,3 +1251,150 @@ def test_cache_refuses_masks_of_the_new_tokens_and_other_lengths():
             random_inputs((BATCH, 1, FEATURES)), random_inputs((BATCH, 3, FEATURES)),
             cache=empty_cache(), cache_update_index=0,
         )
+
+
+# ALiBi's causal bias, with slopes that are powers of two (the default ones
+# of 4 heads, 1/4 to 1/256, and of 3: 1/16, 1/256, 1/4), joins the product
+# of queries and keys as two columns, `[m, -m i]` and `[j, 1]`. The default
+# slopes of 12 heads (2**-0.5, 2**-1, ...) are not all powers of two: their
+# bias is added to the logits.
+ALIBI_PRODUCT_HEADS = 4
+ALIBI_ADDED_HEADS = 12
+
+
+def alibi_attention(heads, seed=1):
+    layer = PositionalMultiHeadAttention(
+        heads, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(heads)
+    )
+    tokens = np.zeros((1, 1, FEATURES), "float32")
+    layer(tokens, tokens)
+    randomize_weights(layer, seed)
+    return layer
+
+
+def test_alibi_with_slopes_of_powers_of_two_joins_the_product():
+    two_heads = AlibiBias(2).logits_factors(
+        tf.constant([[3]]), tf.constant([[0, 1, 2, 3]])
+    )
+    query_factors, key_factors = (factor.numpy() for factor in two_heads)
+    # Head 0, slope 1/16: [m, -m i] . [j, 1] = m (j - i), exactly.
+    np.testing.assert_array_equal(query_factors[0, 0, 0], [1 / 16, -3 / 16])
+    np.testing.assert_array_equal(key_factors[0, :, 0], [[0, 1], [1, 1], [2, 1], [3, 1]])
+    # Other slopes, and the symmetric form (not of rank two), add the bias.
+    assert AlibiBias(3).logits_factors(tf.constant([[0]]), tf.constant([[0]]))
+    assert AlibiBias(ALIBI_ADDED_HEADS).logits_factors(
+        tf.constant([[0]]), tf.constant([[0]])
+    ) is None
+    assert AlibiBias(2, slopes=[0.3, 0.5]).logits_factors(
+        tf.constant([[0]]), tf.constant([[0]])
+    ) is None
+    assert AlibiBias(2, symmetric=True).logits_factors(
+        tf.constant([[0]]), tf.constant([[0]])
+    ) is None
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize(
+    "heads", [ALIBI_PRODUCT_HEADS, ALIBI_ADDED_HEADS], ids=["product", "added"]
+)
+def test_alibi_causal_bias_equals_float64_reference(heads, compiled):
+    layer = alibi_attention(heads)
+    queries = random_inputs((BATCH, QUERY_POSITIONS.shape[1], FEATURES))
+    values = random_inputs((BATCH, KEY_POSITIONS.shape[1], FEATURES), seed=1)
+    mask = keras_mask((BATCH, KEY_POSITIONS.shape[1]))[:, None, :] & np.ones(
+        (1, QUERY_POSITIONS.shape[1], 1), bool
+    )  # (batch, query, key)
+
+    def attend(query, value, mask):
+        return layer(
+            query,
+            value,
+            attention_mask=mask,
+            query_positions=QUERY_POSITIONS,
+            key_positions=KEY_POSITIONS,
+            use_causal_mask=True,
+            return_attention_scores=True,
+        )
+
+    if compiled:
+        attend = tf.function(attend, jit_compile=True)
+    output, weights = attend(queries, values, mask)
+    expected_output, expected_weights = reference_attention(
+        layer,
+        queries,
+        values,
+        query_positions=QUERY_POSITIONS,
+        key_positions=KEY_POSITIONS,
+        mask=mask,
+        causal=True,
+    )
+    assert_close(weights, expected_weights)
+    assert_close(output, expected_output)
+
+
+def test_alibi_in_the_product_with_a_cache_equals_float64_reference():
+    layer = PositionalMultiHeadAttention(
+        ALIBI_PRODUCT_HEADS, KEY_DIM, position=AlibiBias(ALIBI_PRODUCT_HEADS)
+    )
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    layer(tokens, tokens)
+    randomize_weights(layer)
+    expected, _ = reference_attention(layer, tokens, tokens, causal=True)
+    cache = tf.zeros((BATCH, 2, CACHE_SLOTS, ALIBI_PRODUCT_HEADS, KEY_DIM))
+    outputs = []
+    for step in (tokens[:, :PREFILL], *tf.split(tokens[:, PREFILL:], LENGTH - PREFILL, 1)):
+        index = sum(output.shape[1] for output in outputs)
+        output, cache = layer(
+            step, step, cache=cache, cache_update_index=index, use_causal_mask=True
+        )
+        outputs.append(output)
+    assert_close(np.concatenate(outputs, axis=1), expected)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+def test_alibi_in_the_product_is_exact_at_long_positions(compiled):
+    # Queries at 8128 .. 8191 against keys 0 .. 8191: the columns hold m j
+    # and m i of up to 2048, but their difference comes out exact, so the
+    # weights are as close to float64 as with the bias added: a few float32
+    # ulps. (Were m j rounded with the products' sum, that is 2048 * 2**-24
+    # = 1.2e-4 per logit.)
+    layer = PositionalMultiHeadAttention(
+        ALIBI_PRODUCT_HEADS, KEY_DIM, position=AlibiBias(ALIBI_PRODUCT_HEADS)
+    )
+    length, queries = 8192, 64
+    tokens = random_inputs((1, length, FEATURES))
+    layer(tokens[:, :1], tokens[:, :1])
+    randomize_weights(layer)
+
+    def attend(query, value):
+        return layer(
+            query,
+            value,
+            query_positions=np.arange(length - queries, length),
+            use_causal_mask=True,
+            return_attention_scores=True,
+        )
+
+    if compiled:
+        attend = tf.function(attend, jit_compile=True)
+    output, weights = attend(tokens[:, -queries:], tokens)
+
+    tokens = tokens.astype("float64")
+    query = project(tokens[:, -queries:], layer.query_dense)  # (1, query, heads, dim)
+    key = project(tokens, layer.key_dense)  # (1, key, heads, dim)
+    value = project(tokens, layer.value_dense)  # (1, key, heads, dim)
+    slopes = references.alibi_slopes(ALIBI_PRODUCT_HEADS)  # (heads,)
+    query_positions = np.arange(length - queries, length)
+    distance = np.arange(length)[None, :] - query_positions[:, None]  # (query, key)
+    logits = np.einsum("bthd,bshd->bhts", query, key) / math.sqrt(KEY_DIM) + (
+        slopes[:, None, None] * distance
+    )  # (1, heads, query, key)
+    logits = np.where(distance <= 0, logits, -np.inf)
+    expected_weights = np.exp(logits - logits.max(-1, keepdims=True))
+    expected_weights /= expected_weights.sum(-1, keepdims=True)
+    attended = np.einsum("bhts,bshd->bthd", expected_weights, value)
+    kernel = np.asarray(layer.output_dense.kernel.numpy(), "float64")
+    bias = np.asarray(layer.output_dense.bias.numpy(), "float64")
+    expected_output = np.einsum("bthd,hdf->btf", attended, kernel) + bias
+    assert_close(weights, expected_weights, atol=2e-6)
+    assert_close(output, expected_output, atol=1e-5)

@@ -118,6 +118,32 @@ def test_positions_per_batch():
 
 
 @settings(deadline=None, max_examples=25)
+@given(
+    key_positions=st.lists(st.integers(0, 10**5), min_size=1, max_size=12),
+    config=st.sampled_from(
+        [(32, 128, True), (32, 128, False), (8, 16, True), (64, 50, False), (4, 3, True)]
+    ),
+)
+def test_any_distance_reads_its_bucket(key_positions, config):
+    # The layer looks up distances clipped to +-max_distance, past which
+    # every distance shares the last bucket of its direction; the reference
+    # buckets each distance whole.
+    num_buckets, max_distance, bidirectional = config
+    layer = layer_with_table(
+        2,
+        num_buckets=num_buckets,
+        max_distance=max_distance,
+        bidirectional=bidirectional,
+    )
+    query_positions = np.array([[0, 1, 49_999, 100_000]])
+    key_positions = np.array([key_positions])
+    assert_bias(
+        layer(query_positions, key_positions),
+        reference_bias(layer, query_positions, key_positions),
+    )
+
+
+@settings(deadline=None, max_examples=25)
 @given(shift=st.integers(-(10**6), 10**6), bidirectional=st.booleans())
 def test_shifting_all_positions_changes_nothing(shift, bidirectional):
     layer = layer_with_table(2, bidirectional=bidirectional)

@@ -102,6 +102,28 @@ class AttentionPosition(keras.layers.Layer):
         """
         return None
 
+    def logits_factors(self, query_positions, key_positions):
+        """A bias of rank two, as columns to join the queries and keys, or None.
+
+        A scheme whose bias is `sum_c u_c(i) v_c(j)`, a few columns `c`, can
+        have the product of queries and keys add it: the attention puts the
+        columns `u` before each head's (scaled) query and `v` before its
+        key, and adds no `logits_bias`. The logits-sized bias is then never
+        written, and XLA has one (batch, heads, query, key) pass fewer.
+        Asked only where the logits are a float32 product; elsewhere the
+        attention adds `logits_bias`, which must give the same bias.
+
+        Args:
+            query_positions: int32 tensor of shape `(batch or 1, query)`.
+            key_positions: int32 tensor of shape `(batch or 1, key)`.
+
+        Returns:
+            None, or a tuple of float32 tensors `(u, v)` of shapes `(batch
+            or 1, query, heads, columns)` and `(batch or 1, key, heads,
+            columns)`.
+        """
+        return None
+
     def value_term(self, attention_weights, query_positions, key_positions):
         """A term added to the attention's weighted sum of values, or None.
 

@@ -8,6 +8,13 @@ from keras_posenc import ops
 from keras_posenc.layers._attention_position import HeadBias
 
 
+def _powers_of_two(slopes):
+    """Whether every slope of a float32 constant tensor is a power of two."""
+    return all(
+        math.frexp(float(slope))[0] == 0.5 for slope in tf.get_static_value(slopes)
+    )
+
+
 @keras.saving.register_keras_serializable(package="keras_posenc")
 class AlibiBias(HeadBias):
     """Attention with linear biases (ALiBi): a per-head penalty on distance.
@@ -108,14 +115,40 @@ class AlibiBias(HeadBias):
         )  # (batch or 1, query, key): j - i
         if self.symmetric:
             distance = -tf.abs(distance)
-        if self.slopes is None:
-            slopes = ops.alibi_slopes(self.num_heads)
-        else:
-            slopes = tf.constant(self.slopes, "float32")
+        slopes = self._slopes()
         return (
             slopes[:, tf.newaxis, tf.newaxis]
             * tf.cast(distance, "float32")[:, tf.newaxis]
         )  # (batch or 1, heads, query, key)
+
+    def logits_factors(self, query_positions, key_positions):
+        # The causal bias m (j - i) is of rank two: [m, -m i] . [j, 1]. Only
+        # where every product m i and m j is exact, slopes that are powers
+        # of two (the default ones of a power-of-two number of heads) and
+        # positions below 2 ** 24: then m j - m i is the exact m (j - i).
+        # The symmetric -m |j - i| is not of low rank.
+        if self.symmetric or not _powers_of_two(self._slopes()):
+            return None
+        m = self._slopes()[:, tf.newaxis]  # (heads, 1)
+        i = tf.cast(query_positions, "float32")[
+            ..., tf.newaxis, tf.newaxis
+        ]  # (batch or 1, query, 1, 1)
+        j = tf.cast(key_positions, "float32")[
+            ..., tf.newaxis, tf.newaxis
+        ]  # (batch or 1, key, 1, 1)
+        query_factors = tf.concat(
+            [tf.broadcast_to(m, tf.shape(m * i)), -m * i], axis=-1
+        )  # (batch or 1, query, heads, 2): [m, -m i]
+        j = tf.broadcast_to(j, tf.shape(j * m))  # (batch or 1, key, heads, 1)
+        key_factors = tf.concat(
+            [j, tf.ones_like(j)], axis=-1
+        )  # (batch or 1, key, heads, 2): [j, 1]
+        return query_factors, key_factors
+
+    def _slopes(self):
+        if self.slopes is None:
+            return ops.alibi_slopes(self.num_heads)
+        return tf.constant(self.slopes, "float32")
 
     def get_config(self):
         config = super().get_config()

@@ -49,6 +49,30 @@ def _returns_scores(args, kwargs):
     return bool(kwargs.get("return_attention_scores", True))
 
 
+def _exact_float32_products():
+    """Whether float32 matrix products here are exact float32 (no TF32, no TPU).
+
+    GPUs with TensorFloat-32 (TensorFlow's default) and TPUs round a float32
+    product's inputs to fewer bits, which the columns of
+    `AttentionPosition.logits_factors` (positions times slopes) do not
+    survive.
+    """
+    if tf.config.list_logical_devices("TPU"):
+        return False
+    return not (
+        tf.config.list_logical_devices("GPU")
+        and tf.config.experimental.tensor_float_32_execution_enabled()
+    )
+
+
+def _broadcast_batch(factors, heads):
+    """`factors` of batch 1 or `batch`, broadcast to the batch of `heads`."""
+    shape = tf.shape(factors)
+    return tf.broadcast_to(
+        factors, [tf.shape(heads)[0], shape[1], shape[2], shape[3]]
+    )
+
+
 def _describe(position):
     """The scheme, its axes and prefix tokens, for messages."""
     if position is None:
@@ -526,10 +550,27 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         else:
             query, key, value = self._update_cache(query, key, value)
         query = query * tf.cast(1.0 / math.sqrt(self.key_dim), query.dtype)
+        factors = None
+        if position is not None and query.dtype == tf.float32:
+            factors = position.logits_factors(query_positions, key_positions)
+            if factors is not None and not _exact_float32_products():
+                factors = None
+        if factors is not None:
+            # The bias joins the product as columns before each head's query
+            # and key: `[u, q] . [v, k] = u . v + q . k`. First, so that the
+            # sums over the head axis start with the bias's terms (ALiBi's
+            # `m j - m i`, exact) before the small `q . k` ones.
+            query_factors, key_factors = factors
+            query = tf.concat(
+                [_broadcast_batch(query_factors, query), query], axis=-1
+            )  # (batch, query, heads, columns + key_dim)
+            key = tf.concat(
+                [_broadcast_batch(key_factors, key), key], axis=-1
+            )  # (batch, key, heads, columns + key_dim)
         logits = tf.cast(
             tf.einsum("bsnh,btnh->bnts", key, query), "float32"
         )  # (batch, heads, query, key)
-        if position is not None:
+        if position is not None and factors is None:
             bias = position.logits_bias(query, query_positions, key_positions)
             if bias is not None:
                 logits = logits + bias

@@ -122,24 +122,39 @@ class RelativePositionBias(HeadBias):
         )
 
     def logits_bias(self, query, query_positions, key_positions):
+        # Every distance from `max_distance` on falls in the last bucket of
+        # its direction, so the bias is a table of the 2 * max_distance + 1
+        # clipped distances, read by `clip(j - i)`: the buckets (and their
+        # comparisons) are found for that table only.
+        distances = 2 * self.max_distance + 1
         buckets = ops.relative_position_bucket(
-            ops.relative_distance(query_positions, key_positions),
+            tf.range(-self.max_distance, self.max_distance + 1),
             self.bidirectional,
             self.num_buckets,
             self.max_distance,
+        )  # (distances,)
+        table = tf.cast(
+            tf.gather(self.embeddings, buckets), "float32"
+        )  # (distances, heads)
+        rows = (
+            tf.clip_by_value(
+                ops.relative_distance(query_positions, key_positions),
+                -self.max_distance,
+                self.max_distance,
+            )
+            + self.max_distance
         )  # (batch or 1, query, key)
-        # One scalar per (head, query, key) from the flattened (heads,
-        # buckets) table: the bias comes out laid out as the logits it joins,
-        # where gathering rows of heads would leave heads innermost and slow
-        # XLA's softmax loops on CPU.
-        table = tf.reshape(
-            tf.transpose(self.embeddings), [-1]
-        )  # (heads * buckets,)
-        head_offsets = (
-            tf.range(self.num_heads)[:, tf.newaxis, tf.newaxis] * self.num_buckets
-        )  # (heads, 1, 1)
-        return tf.cast(
-            tf.gather(table, buckets[:, tf.newaxis] + head_offsets), "float32"
+        if query is not None:
+            # One row of indices per batch element: the gather then makes the
+            # bias of the logits' own shape, which XLA computes inside the
+            # addition to the logits, reading contiguous rows of heads, and
+            # the softmax reads that sum, where a bias shared by the batch
+            # is written once and added twice, the logits kept alive beside
+            # the sum.
+            shape = tf.shape(rows)
+            rows = tf.broadcast_to(rows, [tf.shape(query)[0], shape[1], shape[2]])
+        return tf.transpose(
+            tf.gather(table, rows), [0, 3, 1, 2]
         )  # (batch or 1, heads, query, key)
 
     def get_config(self):
