@@ -1256,8 +1256,8 @@ def test_cache_refuses_masks_of_the_new_tokens_and_other_lengths():
 # ALiBi's causal bias, with slopes that are powers of two (the default ones
 # of 4 heads, 1/4 to 1/256, and of 3: 1/16, 1/256, 1/4), joins the product
 # of queries and keys as two columns, `[m, -m i]` and `[j, 1]`. The default
-# slopes of 12 heads (2**-0.5, 2**-1, ...) are not all powers of two: their
-# bias is added to the logits.
+# slopes of 12 heads (2**-1 to 2**-8, then 2**-0.5, 2**-1.5, ...) are not all
+# powers of two: their bias is added to the logits.
 ALIBI_PRODUCT_HEADS = 4
 ALIBI_ADDED_HEADS = 12
 

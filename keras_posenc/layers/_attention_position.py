@@ -1,10 +1,11 @@
 """What a relative position scheme contributes to attention (private).
 
 `PositionalMultiHeadAttention` knows no scheme's internals: it asks its
-`position` layer, an `AttentionPosition`, for each of three contributions,
+`position` layer, an `AttentionPosition`, for each of four contributions,
 which default to nothing. RoPE transforms the projected queries and keys,
 ALiBi and T5 add a bias to the logits, Shaw et al. add a content term to the
-logits and a term to the values.
+logits and a term to the values; a bias of rank two (ALiBi's causal one) may
+instead come as columns that join the product of queries and keys.
 
 Every scheme says how many coordinates a position has, `num_axes` (1 for
 text; 2 or 3 on image and video grids), and how many tokens lead the
