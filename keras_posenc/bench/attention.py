@@ -96,8 +96,8 @@ LABELS = {
 }
 
 
-def _position(scheme, heads):
-    """The position layer of `scheme`."""
+def position_layer(scheme, heads):
+    """The position layer of `scheme`, one of `SCHEMES`, for `heads` heads."""
     if scheme == "rope":
         return keras_posenc.RotaryEmbedding()
     if scheme == "alibi":
@@ -124,7 +124,7 @@ def _candidate(name, heads, key_dim):
         layer = keras.layers.MultiHeadAttention(heads, key_dim)
     else:
         layer = keras_posenc.PositionalMultiHeadAttention(
-            heads, key_dim, position=_position(name, heads)
+            heads, key_dim, position=position_layer(name, heads)
         )
     # Built eagerly on a short input, so no weight is made under XLA.
     short = tf.zeros((1, 2, heads * key_dim))

@@ -32,6 +32,7 @@ import statistics
 import sys
 
 import keras
+import keras_hub
 import numpy as np
 import tensorflow as tf
 
@@ -64,14 +65,12 @@ AGREEMENT_ATOL = 1e-4
 def _layer(name, heads, key_dim):
     """The built attention layer of candidate `name`."""
     if name == "keras_hub":
-        import keras_hub
-
         layer = keras_hub.layers.CachedMultiHeadAttention(heads, key_dim)
     elif name in (BASELINE, "plain_again"):
         layer = keras_posenc.PositionalMultiHeadAttention(heads, key_dim)
     else:
         layer = keras_posenc.PositionalMultiHeadAttention(
-            heads, key_dim, position=attention._position(name, heads)
+            heads, key_dim, position=attention.position_layer(name, heads)
         )
     # Built eagerly on a short input, so no weight is made under XLA.
     short = tf.zeros((1, 2, heads * key_dim))
@@ -184,7 +183,7 @@ def run(
         is_hub = name == "keras_hub"
         # Partials, not lambdas: `tf.function` counts traces per code object.
         prefills[name] = functools.partial(_prefill, layer, is_hub, slots)
-        output, cache = tf.function(prefills[name], jit_compile=True)(prompt_tokens)
+        _, cache = tf.function(prefills[name], jit_compile=True)(prompt_tokens)
         decodes[name] = functools.partial(
             _decode, layer, is_hub, new_tokens, cache
         )

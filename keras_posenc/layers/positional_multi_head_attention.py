@@ -403,7 +403,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             ),
             # With a cache the keys are its slots, `0 .. slots - 1`.
             self._positions(
-                key_positions, keys if cache is None else cache[:, 0], "key_positions"
+                key_positions,
+                keys if cache is None else cache[:, 0],
+                "key_positions",
             ),
         )  # (batch or 1, query), (batch or 1, key)
         # Keras' causal mask compares indices; this layer's compares
@@ -480,11 +482,16 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 "`cache_update_index` must be an integer or an integer scalar "
                 f"tensor. Received: cache_update_index={cache_update_index!r}"
             )
-        new = (value if key is None else key).shape[1]
+        new_keys = value if key is None else key  # (batch, new, features)
+        new = new_keys.shape[1]
         slots = cache.shape[2]
         if isinstance(cache_update_index, numbers.Integral) and (
             cache_update_index < 0
-            or (new is not None and slots is not None and cache_update_index + new > slots)
+            or (
+                new is not None
+                and slots is not None
+                and cache_update_index + new > slots
+            )
         ):
             raise ValueError(
                 "`cache_update_index` plus the new tokens must fit the "
@@ -500,16 +507,19 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 message="`cache_update_index` must be at least 0",
             )
             tf.debugging.assert_less_equal(
-                tf.cast(cache_update_index, "int32") + tf.shape(value if key is None else key)[1],
+                tf.cast(cache_update_index, "int32") + tf.shape(new_keys)[1],
                 tf.shape(cache)[2],
-                message="`cache_update_index` plus the new tokens must fit the cache's slots",
+                message=(
+                    "`cache_update_index` plus the new tokens must fit the "
+                    "cache's slots"
+                ),
             )
         if query.shape[1] is not None and new is not None and query.shape[1] != new:
             raise ValueError(
                 "With a `cache`, the queries are the new tokens whose keys and "
                 "values are written: `query` and `value` need the same "
                 f"length. Received: query of shape {tuple(query.shape)} and "
-                f"value of shape {tuple((value if key is None else key).shape)}"
+                f"value of shape {tuple(new_keys.shape)}"
             )
         return cache
 
