@@ -416,6 +416,27 @@ def check_grid_shape(grid_shape, name="grid_shape", num_axes=None):
         )
 
 
+def check_integer_scalar(name, value):
+    """Raise a `ValueError` unless `value` is an int or an integer scalar tensor.
+
+    Args:
+        name: str. The argument's name, for the message.
+        value: the argument.
+    """
+    if isinstance(value, bool) or not (
+        isinstance(value, numbers.Integral)
+        or (
+            tf.is_tensor(value)
+            and value.dtype.is_integer
+            and value.shape.rank == 0
+        )
+    ):
+        raise ValueError(
+            f"`{name}` must be an integer or an integer scalar tensor. "
+            f"Received: {name}={value!r}"
+        )
+
+
 def position_ids(sequence_length, start_index=0):
     """Positions `start_index, ..., start_index + sequence_length - 1`.
 
@@ -426,18 +447,7 @@ def position_ids(sequence_length, start_index=0):
     Returns:
         An int32 tensor of shape `(sequence_length,)`.
     """
-    if isinstance(start_index, bool) or not (
-        isinstance(start_index, numbers.Integral)
-        or (
-            tf.is_tensor(start_index)
-            and start_index.dtype.is_integer
-            and start_index.shape.rank == 0
-        )
-    ):
-        raise ValueError(
-            "`start_index` must be an integer or an integer scalar tensor. "
-            f"Received: start_index={start_index!r}"
-        )
+    check_integer_scalar("start_index", start_index)
     return tf.range(sequence_length, dtype="int32") + tf.cast(
         start_index, "int32"
     )

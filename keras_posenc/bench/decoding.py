@@ -322,24 +322,15 @@ def main(argv=None):
         help=f"size of each head, even (default: {KEY_DIM})",
     )
     args = parser.parse_args(argv)
-    results = run(
-        args.batch,
-        args.prompt,
-        args.new_tokens,
-        args.heads,
-        args.key_dim,
-        args.repeats,
-    )
-    print(
-        describe(
-            args.batch,
-            args.prompt,
-            args.new_tokens,
-            args.heads,
-            args.key_dim,
-            args.repeats,
-        )
-    )
+    sizes = {
+        "batch": args.batch,
+        "prompt": args.prompt,
+        "new_tokens": args.new_tokens,
+        "heads": args.heads,
+        "key_dim": args.key_dim,
+    }
+    results = run(**sizes, repeats=args.repeats)
+    print(describe(**sizes, repeats=args.repeats))
     print()
     print(format_table(results))
     return 0

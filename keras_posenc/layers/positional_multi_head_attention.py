@@ -470,18 +470,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 "keys and values go (the number of tokens cached before "
                 "them). Received: cache_update_index=None"
             )
-        if isinstance(cache_update_index, bool) or not (
-            isinstance(cache_update_index, numbers.Integral)
-            or (
-                tf.is_tensor(cache_update_index)
-                and cache_update_index.dtype.is_integer
-                and cache_update_index.shape.rank == 0
-            )
-        ):
-            raise ValueError(
-                "`cache_update_index` must be an integer or an integer scalar "
-                f"tensor. Received: cache_update_index={cache_update_index!r}"
-            )
+        ops.check_integer_scalar("cache_update_index", cache_update_index)
         new_keys = value if key is None else key  # (batch, new, features)
         new = new_keys.shape[1]
         slots = cache.shape[2]
