@@ -995,6 +995,43 @@ def relative_distance(query_positions, key_positions, num_axes=1):
     )  # (batch or 1, query, key[, num_axes])
 
 
+def clipped_distance_rows(query_positions, key_positions, max_distance, batch_size=None):
+    """Rows `clip(j - i, -k, k) + k` of a table of the `2k + 1` clipped distances.
+
+    Shaw et al.'s tables (and T5's buckets, all alike past `max_distance`)
+    are read by the relative distance clipped to `k = max_distance`.
+
+    Args:
+        query_positions: integer tensor, as `relative_distance` takes it.
+        key_positions: integer tensor, as `relative_distance` takes it.
+        max_distance: int. The clipping distance `k`.
+        batch_size: None, or int or scalar integer tensor: the batch the
+            rows are broadcast to, one row of indices per batch element.
+            Defaults to `None`.
+
+    Returns:
+        An int32 tensor of shape `(batch or 1, query, key)`, or `(batch_size,
+        query, key)`, each entry in `[0, 2k]`.
+
+    Example:
+
+    >>> clipped_distance_rows([[10]], [[0, 8, 10, 11, 20]], 2).numpy()
+    array([[[0, 0, 2, 3, 4]]], dtype=int32)
+    """
+    rows = (
+        tf.clip_by_value(
+            relative_distance(query_positions, key_positions),
+            -max_distance,
+            max_distance,
+        )
+        + max_distance
+    )  # (batch or 1, query, key)
+    if batch_size is None:
+        return rows
+    shape = tf.shape(rows)
+    return tf.broadcast_to(rows, [batch_size, shape[1], shape[2]])
+
+
 def check_relative_position_buckets(num_buckets, max_distance, bidirectional):
     """Raise a `ValueError` unless these make a working T5 bucketing.
 

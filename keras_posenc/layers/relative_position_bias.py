@@ -126,33 +126,27 @@ class RelativePositionBias(HeadBias):
         # its direction, so the bias is a table of the 2 * max_distance + 1
         # clipped distances, read by `clip(j - i)`: the buckets (and their
         # comparisons) are found for that table only.
-        distances = 2 * self.max_distance + 1
         buckets = ops.relative_position_bucket(
             tf.range(-self.max_distance, self.max_distance + 1),
             self.bidirectional,
             self.num_buckets,
             self.max_distance,
-        )  # (distances,)
+        )  # (2 * max_distance + 1,)
         table = tf.cast(
             tf.gather(self.embeddings, buckets), "float32"
-        )  # (distances, heads)
-        rows = (
-            tf.clip_by_value(
-                ops.relative_distance(query_positions, key_positions),
-                -self.max_distance,
-                self.max_distance,
-            )
-            + self.max_distance
+        )  # (2 * max_distance + 1, heads)
+        # Inside attention, one row of indices per batch element: the gather
+        # then makes the bias of the logits' own shape, which XLA computes
+        # inside the addition to the logits, reading contiguous rows of
+        # heads, and the softmax reads that sum, where a bias shared by the
+        # batch is written once and added twice, the logits kept alive
+        # beside the sum.
+        rows = ops.clipped_distance_rows(
+            query_positions,
+            key_positions,
+            self.max_distance,
+            None if query is None else tf.shape(query)[0],
         )  # (batch or 1, query, key)
-        if query is not None:
-            # One row of indices per batch element: the gather then makes the
-            # bias of the logits' own shape, which XLA computes inside the
-            # addition to the logits, reading contiguous rows of heads, and
-            # the softmax reads that sum, where a bias shared by the batch
-            # is written once and added twice, the logits kept alive beside
-            # the sum.
-            shape = tf.shape(rows)
-            rows = tf.broadcast_to(rows, [tf.shape(query)[0], shape[1], shape[2]])
         return tf.transpose(
             tf.gather(table, rows), [0, 3, 1, 2]
         )  # (batch or 1, heads, query, key)

@@ -160,17 +160,11 @@ class RelativePositionEmbedding(AttentionPosition):
         Returns:
             An int32 tensor of shape `(batch_size, query, key)`.
         """
-        distance = ops.relative_distance(
-            query_positions, key_positions
-        )  # (batch or 1, query, key)
-        rows = (
-            tf.clip_by_value(distance, -self.max_distance, self.max_distance)
-            + self.max_distance
-        )  # (batch or 1, query, key)
         # One row of indices per batch element, as the batched gather and
         # the segment sum below take them: 1 / heads of the logits' size.
-        shape = tf.shape(rows)
-        return tf.broadcast_to(rows, [batch_size, shape[1], shape[2]])
+        return ops.clipped_distance_rows(
+            query_positions, key_positions, self.max_distance, batch_size
+        )
 
     def logits_bias(self, query, query_positions, key_positions):
         rows = self._table_rows(
