@@ -9,11 +9,14 @@ __version__ = "0.1.0"
 __all__ = [
     "AlibiBias",
     "GridRelativePositionBias",
+    "LaplacianPositionEncoding",
     "PositionEmbedding",
     "PositionalMultiHeadAttention",
+    "RandomWalkPositionEncoding",
     "RelativePositionBias",
     "RelativePositionEmbedding",
     "RotaryEmbedding",
+    "ShortestPathBias",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
     "ops",
@@ -70,10 +73,13 @@ else:
     from keras_posenc import rope_scaling
     from keras_posenc.layers import AlibiBias
     from keras_posenc.layers import GridRelativePositionBias
+    from keras_posenc.layers import LaplacianPositionEncoding
     from keras_posenc.layers import PositionEmbedding
     from keras_posenc.layers import PositionalMultiHeadAttention
+    from keras_posenc.layers import RandomWalkPositionEncoding
     from keras_posenc.layers import RelativePositionBias
     from keras_posenc.layers import RelativePositionEmbedding
     from keras_posenc.layers import RotaryEmbedding
+    from keras_posenc.layers import ShortestPathBias
     from keras_posenc.layers import SinusoidalPositionEncoding
     from keras_posenc.layers import TokenAndPositionEmbedding

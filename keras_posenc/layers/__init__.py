@@ -12,7 +12,13 @@ from keras_posenc.layers.alibi_bias import AlibiBias
 from keras_posenc.layers.grid_relative_position_bias import (
     GridRelativePositionBias,
 )
+from keras_posenc.layers.laplacian_position_encoding import (
+    LaplacianPositionEncoding,
+)
 from keras_posenc.layers.position_embedding import PositionEmbedding
+from keras_posenc.layers.random_walk_position_encoding import (
+    RandomWalkPositionEncoding,
+)
 from keras_posenc.layers.positional_multi_head_attention import (
     PositionalMultiHeadAttention,
 )
@@ -21,6 +27,7 @@ from keras_posenc.layers.relative_position_embedding import (
     RelativePositionEmbedding,
 )
 from keras_posenc.layers.rotary_embedding import RotaryEmbedding
+from keras_posenc.layers.shortest_path_bias import ShortestPathBias
 from keras_posenc.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding,
 )
@@ -31,11 +38,14 @@ from keras_posenc.layers.token_and_position_embedding import (
 __all__ = [
     "AlibiBias",
     "GridRelativePositionBias",
+    "LaplacianPositionEncoding",
     "PositionEmbedding",
     "PositionalMultiHeadAttention",
+    "RandomWalkPositionEncoding",
     "RelativePositionBias",
     "RelativePositionEmbedding",
     "RotaryEmbedding",
+    "ShortestPathBias",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
 ]

@@ -18,6 +18,11 @@ shape `(batch or 1, key)` for one axis, `(batch or 1, query, num_axes)` and
 positions, while the tensors the methods take and return cover all tokens,
 prefix ones first. The relative distance is always `key_position -
 query_position`, per axis on a grid.
+
+A scheme on graphs (`takes_adjacency`) has no positions to count: the
+attention is over a graph's nodes, and both `query_positions` and
+`key_positions` are the graph's adjacency, `(batch, nodes, nodes)`, as the
+attention's caller gave it.
 """
 
 import keras
@@ -31,11 +36,12 @@ class AttentionPosition(keras.layers.Layer):
     Subclasses that take grid positions or prefix tokens set the public
     attributes `num_axes` (the coordinates of a position, 1 by default) and
     `num_prefix_tokens` (the leading tokens without a position, 0 by
-    default).
+    default); those on graphs set `takes_adjacency` (False by default).
     """
 
     num_axes = 1
     num_prefix_tokens = 0
+    takes_adjacency = False
 
     def check_attention(self, num_heads, key_dim, value_dim):
         """Raise a `ValueError` unless this layer can serve such attention.

@@ -77,9 +77,18 @@ def _describe(position):
     """The scheme, its axes and prefix tokens, for messages."""
     if position is None:
         return "no `position`"
+    if position.takes_adjacency:
+        return f"{type(position).__name__}, a position on graphs"
     return (
         f"{type(position).__name__}(num_axes={position.num_axes}, "
         f"num_prefix_tokens={position.num_prefix_tokens})"
+    )
+
+
+def _on_a_line(position):
+    """Whether `position` takes positions on one line (no grid, prefix, graph)."""
+    return not (
+        position.num_axes > 1 or position.num_prefix_tokens or position.takes_adjacency
     )
 
 
@@ -99,9 +108,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     A `keras.layers.MultiHeadAttention` with one more argument, `position`:
     a `RotaryEmbedding` (rotates the projected queries and keys), an
-    `AlibiBias`, a `RelativePositionBias` or a `GridRelativePositionBias`
-    (add a bias per head to the logits), or a `RelativePositionEmbedding`
-    (Shaw et al.: a term on the logits and one on the values). The layer
+    `AlibiBias`, a `RelativePositionBias`, a `GridRelativePositionBias` or a
+    `ShortestPathBias` (add a bias per head to the logits), or a
+    `RelativePositionEmbedding` (Shaw et al.: a term on the logits and one
+    on the values). The layer
     asks its `position` for these contributions and knows nothing else of
     the scheme. With
     `position=None` it is the Keras layer: same weights, same outputs.
@@ -116,6 +126,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     length of the inputs less `num_prefix_tokens`. A causal mask and a
     sliding window compare positions on a line: they need one axis and no
     prefix tokens.
+
+    On a graph (a `ShortestPathBias`), the attention is over the nodes of
+    each graph: call it with `adjacency`, `(batch, nodes, nodes)`, in place
+    of positions, on queries and values of one node each. Mask padded nodes
+    as Keras does, with the masks of the inputs or an `attention_mask`.
 
     Every scheme reads the positions of queries and keys, `query_positions`
     and `key_positions` (`0 .. length - 1` by default), so cached decoding
@@ -153,8 +168,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         num_heads: int. Number of attention heads.
         key_dim: int. Size of each head's queries and keys.
         position: a `RotaryEmbedding`, `AlibiBias`, `RelativePositionBias`,
-            `GridRelativePositionBias` or `RelativePositionEmbedding` layer,
-            or None. Defaults to `None`.
+            `GridRelativePositionBias`, `ShortestPathBias` or
+            `RelativePositionEmbedding` layer, or None. Defaults to `None`.
         **kwargs: the other arguments of `keras.layers.MultiHeadAttention`
             (`value_dim`, `dropout`, `use_bias`, `output_shape`,
             initializers, ...) and of `keras.layers.Layer`.
@@ -185,6 +200,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         cache_update_index: int or integer scalar tensor. The slot where the
             new tokens' keys and values are written, the number of tokens
             cached before them; required with a `cache`.
+        adjacency: tensor of shape `(batch, nodes, nodes)`, the graph whose
+            nodes the queries and values are; required by a `position` on
+            graphs (`ShortestPathBias`), refused by the others.
 
     Returns:
         The attention output of shape `(batch, query, features)` (or
@@ -222,6 +240,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         - [Shaw et al., 2018](https://arxiv.org/abs/1803.02155)
         - [Raffel et al., 2020](https://arxiv.org/abs/1910.10683)
         - [Liu et al., 2021](https://arxiv.org/abs/2103.14030)
+        - [Ying et al., 2021](https://arxiv.org/abs/2106.05234)
     """
 
     def __init__(self, num_heads, key_dim, position=None, **kwargs):
@@ -230,8 +249,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             if not isinstance(position, AttentionPosition):
                 raise ValueError(
                     "`position` must be None or a RotaryEmbedding, AlibiBias, "
-                    "RelativePositionBias, GridRelativePositionBias or "
-                    "RelativePositionEmbedding layer. "
+                    "RelativePositionBias, GridRelativePositionBias, "
+                    "ShortestPathBias or RelativePositionEmbedding layer. "
                     f"Received: position={position!r}"
                 )
             # Axis 1 (or -2) of the projected (batch, seq, heads, dim).
@@ -248,9 +267,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     "A `position` adds to the logits, which flash attention "
                     "does not expose. Received: flash_attention=True"
                 )
-            if _sliding_window(self) is not None and (
-                position.num_axes > 1 or position.num_prefix_tokens
-            ):
+            if _sliding_window(self) is not None and not _on_a_line(position):
                 raise ValueError(
                     "A sliding window compares positions on a line: it needs "
                     "a `position` of one axis and no prefix tokens. Received: "
@@ -339,9 +356,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     def _check_causal(self, use_causal_mask):
         position = self.position
-        if use_causal_mask and position is not None and (
-            position.num_axes > 1 or position.num_prefix_tokens
-        ):
+        if use_causal_mask and position is not None and not _on_a_line(position):
             raise ValueError(
                 "A causal mask lets a query attend to keys at its position or "
                 "before: it needs positions of one axis and no prefix tokens. "
@@ -364,6 +379,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         key_positions=None,
         cache=None,
         cache_update_index=None,
+        adjacency=None,
     ):
         arguments = dict(
             key=key,
@@ -380,6 +396,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 "needs one. Received: cache=None with "
                 f"cache_update_index={cache_update_index!r}"
             )
+        on_graph = self._check_graph(
+            adjacency, query, value, key, query_positions, key_positions, cache
+        )
         if (
             self.position is None
             and query_positions is None
@@ -397,17 +416,21 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
             start_index = cache_update_index
         keys = value if key is None else key
-        self._call_state.positions = (
-            self._positions(
-                query_positions, query, "query_positions", start_index
-            ),
-            # With a cache the keys are its slots, `0 .. slots - 1`.
-            self._positions(
-                key_positions,
-                keys if cache is None else cache[:, 0],
-                "key_positions",
-            ),
-        )  # (batch or 1, query), (batch or 1, key)
+        if on_graph:
+            # A scheme on graphs reads the adjacency in place of positions.
+            self._call_state.positions = (adjacency, adjacency)
+        else:
+            self._call_state.positions = (
+                self._positions(
+                    query_positions, query, "query_positions", start_index
+                ),
+                # With a cache the keys are its slots, `0 .. slots - 1`.
+                self._positions(
+                    key_positions,
+                    keys if cache is None else cache[:, 0],
+                    "key_positions",
+                ),
+            )  # (batch or 1, query), (batch or 1, key)
         # Keras' causal mask compares indices; this layer's compares
         # positions, in `_compute_attention`.
         self._call_state.causal = use_causal_mask
@@ -426,6 +449,52 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             self._call_state.causal = False
             self._call_state.cache = None
             self._call_state.cache_update_index = None
+
+    def _check_graph(
+        self, adjacency, query, value, key, query_positions, key_positions, cache
+    ):
+        """Whether this call is on a graph; a `ValueError` for a wrong mix."""
+        position = self.position
+        on_graph = position is not None and position.takes_adjacency
+        if adjacency is None:
+            if on_graph:
+                raise ValueError(
+                    f"{_describe(position)} reads the graph: pass `adjacency` "
+                    "of shape (batch, nodes, nodes). Received: adjacency=None"
+                )
+            return False
+        if not hasattr(adjacency, "shape"):
+            adjacency = tf.convert_to_tensor(adjacency)
+        shape = tuple(adjacency.shape)
+        if not on_graph:
+            raise ValueError(
+                "`adjacency` is read by a position on graphs, such as "
+                f"ShortestPathBias; this attention has {_describe(position)}. "
+                f"Received: adjacency of shape {shape}"
+            )
+        for name, given in (
+            ("query_positions", query_positions),
+            ("key_positions", key_positions),
+            ("cache", cache),
+        ):
+            if given is not None:
+                raise ValueError(
+                    f"{_describe(position)} attends over the nodes of a graph, "
+                    f"given by `adjacency`: it takes no `{name}`. Received: "
+                    f"{name}={given!r}"
+                )
+        keys = value if key is None else key
+        if None not in (query.shape[1], keys.shape[1]) and (
+            query.shape[1] != keys.shape[1]
+        ):
+            raise ValueError(
+                f"{_describe(position)} attends from each node of a graph to "
+                "each: queries and values must be the same nodes. Received: "
+                f"query of shape {tuple(query.shape)} and value of shape "
+                f"{tuple(keys.shape)}"
+            )
+        ops.check_adjacency_shape(shape, num_nodes=query.shape[1])
+        return True
 
     def _check_cache(
         self, cache, cache_update_index, query, value, key, value_mask, key_mask
@@ -695,7 +764,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         key_positions=None,
         cache=None,
         cache_update_index=None,
+        adjacency=None,
     ):
+        self._check_graph(
+            adjacency, query, value, key, query_positions, key_positions, cache
+        )
         self._check_causal(use_causal_mask)
         output_spec = super().compute_output_spec(query, value, key)
         outputs = (output_spec,)

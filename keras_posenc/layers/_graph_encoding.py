@@ -1,0 +1,130 @@
+"""The shared skeleton of the encodings of a graph's nodes (private).
+
+`LaplacianPositionEncoding` and `RandomWalkPositionEncoding` differ only in
+what they compute from the adjacency; argument checks, the node mask, the
+optional learned projection and the merge with the node features live here
+once.
+"""
+
+import keras
+import tensorflow as tf
+
+from keras_posenc import ops
+
+MERGE_MODES = ("add", "concat", None)
+
+
+class GraphEncoding(keras.layers.Layer):
+    """Base of the layers that encode each node's place in its graph.
+
+    Subclasses set `symmetric` (whether the adjacency must be undirected)
+    and implement `_encode(adjacency, node_mask, training)`, returning a
+    float32 `(batch, nodes, encoding_width)` tensor, and `encoding_width`.
+    """
+
+    symmetric = True
+
+    def __init__(self, merge_mode="add", output_dim=None, **kwargs):
+        super().__init__(**kwargs)
+        if merge_mode not in MERGE_MODES:
+            raise ValueError(
+                f"`merge_mode` must be one of {MERGE_MODES}. "
+                f"Received: merge_mode={merge_mode!r}"
+            )
+        ops.check_positive_int("output_dim", output_dim, allow_none=True)
+        if merge_mode == "add" and output_dim is not None:
+            raise ValueError(
+                "`output_dim` must be None when merge_mode='add' (the "
+                "encoding is projected to the width of the inputs). "
+                f"Received: output_dim={output_dim!r}"
+            )
+        self.merge_mode = merge_mode
+        self.output_dim = output_dim
+        self.supports_masking = True
+        self.projection = None
+
+    @property
+    def encoding_width(self):
+        """The width of the encoding before any projection."""
+        raise NotImplementedError
+
+    def _projected_width(self, inputs_shape):
+        """The width the encoding is projected to, or None for none."""
+        if self.merge_mode == "add":
+            return inputs_shape[-1]
+        return self.output_dim
+
+    def _check_shapes(self, inputs_shape, adjacency_shape):
+        inputs_shape = tuple(inputs_shape)
+        if len(inputs_shape) != 3:
+            raise ValueError(
+                f"{type(self).__name__} takes node features of shape (batch, "
+                f"nodes, features). Received: inputs of shape {inputs_shape}"
+            )
+        if self.merge_mode == "add" and inputs_shape[-1] is None:
+            raise ValueError(
+                f"{type(self).__name__} with merge_mode='add' needs the last "
+                "(features) dimension of its inputs to be known. Received: "
+                f"inputs of shape {inputs_shape}"
+            )
+        if adjacency_shape is not None:
+            ops.check_adjacency_shape(adjacency_shape, num_nodes=inputs_shape[1])
+
+    def build(self, inputs_shape, adjacency_shape=None):
+        self._check_shapes(inputs_shape, adjacency_shape)
+        width = self._projected_width(inputs_shape)
+        if width is not None:
+            # A learned map from the encoding to the width it joins.
+            self.projection = keras.layers.Dense(
+                width, name="projection", dtype=self.dtype_policy
+            )
+            self.projection.build((None, None, self.encoding_width))
+        self.built = True
+
+    def call(self, inputs, adjacency, mask=None, training=None):
+        self._check_shapes(inputs.shape, adjacency.shape)
+        adjacency = ops.read_adjacency(
+            adjacency,
+            symmetric=self.symmetric,
+            num_nodes=inputs.shape[1],
+            node_mask=mask,
+        )  # (batch, nodes, nodes), padded nodes without edges
+        encoding = self._encode(adjacency, mask, training)  # (batch, nodes, width)
+        encoding = tf.cast(encoding, self.compute_dtype)
+        if self.projection is not None:
+            encoding = self.projection(encoding)  # (batch, nodes, projected)
+        if mask is not None:
+            # Padded nodes get no encoding, projected or not.
+            encoding = encoding * tf.cast(mask, encoding.dtype)[:, :, tf.newaxis]
+        inputs = tf.cast(inputs, self.compute_dtype)
+        if self.merge_mode == "add":
+            return inputs + encoding
+        if self.merge_mode is None:
+            return encoding
+        return tf.concat([inputs, encoding], axis=-1)  # (batch, nodes, features + width)
+
+    def compute_mask(self, inputs, adjacency=None, mask=None):
+        return mask
+
+    def compute_output_shape(self, inputs_shape, adjacency_shape=None):
+        self._check_shapes(inputs_shape, adjacency_shape)
+        inputs_shape = tuple(inputs_shape)
+        if self.merge_mode == "add":
+            return inputs_shape
+        width = self.output_dim or self.encoding_width
+        if self.merge_mode is None:
+            return inputs_shape[:-1] + (width,)
+        features = inputs_shape[-1]
+        return inputs_shape[:-1] + (None if features is None else features + width,)
+
+    def compute_output_spec(self, inputs, adjacency, mask=None, training=None):
+        return keras.KerasTensor(
+            self.compute_output_shape(inputs.shape, adjacency.shape),
+            dtype=self.compute_dtype,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"merge_mode": self.merge_mode, "output_dim": self.output_dim})
+        return config
+
