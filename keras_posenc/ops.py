@@ -1542,8 +1542,10 @@ def laplacian_eigenvectors(adjacency, k, normalization="sym", node_mask=None):
     >>> values, vectors = laplacian_eigenvectors(path, k=3)
     >>> np.round(values.numpy(), 4).tolist()  # the third column: no such
     [[1.0, 2.0, 0.0]]
-    >>> (np.round(vectors.numpy()[0, :, 0], 4) + 0.0).tolist()  # + 0.0: no -0.0
-    [0.7071, 0.0, -0.7071]
+    >>> (np.round(vectors.numpy()[0, :, 0] ** 2, 4) + 0.0).tolist()  # squares
+    [0.5, 0.0, 0.5]
+    >>> bool(vectors[0, 0, 0] > 0)  # the sign: the largest entry positive
+    True
     """
     check_positive_int("k", k)
     adjacency = tf.cast(adjacency, "float32")

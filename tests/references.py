@@ -511,3 +511,125 @@ def grid_relative_position_bias(
                     row = int(np.ravel_multi_index(offset, sizes))
                 bias[b, :, i, j] = table[row]
     return bias
+
+
+# Graphs (issue 17): PyTorch Geometric's transforms, from their definitions.
+
+
+def laplacian(adjacency, normalization="sym"):
+    """PyG's `get_laplacian` of one dense `(n, n)` adjacency, in float64.
+
+    Self loops are removed first; the degree of node i is the sum of row i.
+    `normalization=None`: `L = D - A`. `"sym"`: `L = I - D^-1/2 A D^-1/2`,
+    entry by entry, with `d_i^-1/2 = 0` for a node of degree 0 (PyG turns
+    the infinity to 0), so that an isolated node's diagonal entry is 1.
+    """
+    adjacency = np.array(adjacency, dtype="float64")
+    n = len(adjacency)
+    for i in range(n):
+        adjacency[i, i] = 0.0
+    degree = [sum(adjacency[i, j] for j in range(n)) for i in range(n)]
+    matrix = np.zeros((n, n), "float64")
+    if normalization is None:
+        for i in range(n):
+            for j in range(n):
+                matrix[i, j] = (degree[i] if i == j else 0.0) - adjacency[i, j]
+        return matrix
+    if normalization != "sym":
+        raise ValueError(f"Unknown normalization: {normalization!r}")
+    inverse_sqrt = [1.0 / math.sqrt(d) if d > 0 else 0.0 for d in degree]
+    for i in range(n):
+        for j in range(n):
+            matrix[i, j] = (1.0 if i == j else 0.0) - (
+                inverse_sqrt[i] * adjacency[i, j] * inverse_sqrt[j]
+            )
+    return matrix
+
+
+def laplacian_spectrum(adjacency, normalization="sym"):
+    """All eigenvalues, ascending, and eigenvectors (columns) of `laplacian`.
+
+    `numpy.linalg.eigh` in float64, sorted with `argsort` as PyG's
+    `AddLaplacianEigenvectorPE` sorts them.
+    """
+    eigenvalues, eigenvectors = np.linalg.eigh(laplacian(adjacency, normalization))
+    order = np.argsort(eigenvalues)
+    return eigenvalues[order], eigenvectors[:, order]
+
+
+def laplacian_eigenvector_pe(adjacency, k, normalization="sym"):
+    """PyG's `AddLaplacianEigenvectorPE` of one graph, without its sign flips.
+
+    The eigenvectors of the k smallest eigenvalues after the first
+    (`eig_vecs[:, eig_vals.argsort()][:, 1:k + 1]`): exactly one is dropped,
+    however many components the graph has. A graph of fewer than k + 1 nodes
+    has `n - 1` of them; the missing columns, and their eigenvalues, are 0.
+
+    Returns:
+        `(eigenvalues (k,), eigenvectors (n, k))`, float64.
+    """
+    eigenvalues, eigenvectors = laplacian_spectrum(adjacency, normalization)
+    n = len(eigenvalues)
+    values = np.zeros(k, "float64")
+    vectors = np.zeros((n, k), "float64")
+    taken = min(k, n - 1)
+    values[:taken] = eigenvalues[1 : taken + 1]
+    vectors[:, :taken] = eigenvectors[:, 1 : taken + 1]
+    return values, vectors
+
+
+def random_walk_pe(adjacency, steps):
+    """PyG's `AddRandomWalkPE`: `((D^-1 A)^s)[i, i]` for s = 1 .. steps.
+
+    Self loops are kept (they are edges); D is the row sums. A node with no
+    edge has a zero row of `D^-1 A` (PyG clamps its degree to 1, which is
+    the same for a 0/1 adjacency). The power is one matrix product per
+    step, written as loops.
+
+    Returns:
+        `(n, steps)`, float64.
+    """
+    adjacency = np.asarray(adjacency, dtype="float64")
+    n = len(adjacency)
+    transition = np.zeros((n, n), "float64")
+    for i in range(n):
+        degree = sum(adjacency[i, j] for j in range(n))
+        for j in range(n):
+            transition[i, j] = adjacency[i, j] / degree if degree > 0 else 0.0
+    encoding = np.zeros((n, steps), "float64")
+    power = np.eye(n)
+    for step in range(steps):
+        product = np.zeros((n, n), "float64")
+        for i in range(n):
+            for j in range(n):
+                product[i, j] = sum(power[i, m] * transition[m, j] for m in range(n))
+        power = product
+        for i in range(n):
+            encoding[i, step] = power[i, i]
+    return encoding
+
+
+def hop_counts(adjacency, max_distance):
+    """Shortest-path hop counts by breadth-first search from each node.
+
+    An edge goes from i to j where `adjacency[i, j] != 0`. The count from
+    i to j is clipped to `max_distance`; `max_distance + 1` where j cannot
+    be reached from i at all. Returns `(n, n)` int64.
+    """
+    n = len(adjacency)
+    neighbours = [[j for j in range(n) if adjacency[i][j] != 0] for i in range(n)]
+    counts = np.full((n, n), max_distance + 1, "int64")
+    for source in range(n):
+        distance = {source: 0}
+        frontier = [source]
+        while frontier:
+            following = []
+            for node in frontier:
+                for neighbour in neighbours[node]:
+                    if neighbour not in distance:
+                        distance[neighbour] = distance[node] + 1
+                        following.append(neighbour)
+            frontier = following
+        for target, hops in distance.items():
+            counts[source, target] = min(hops, max_distance)
+    return counts
