@@ -1603,8 +1603,9 @@ def random_walk_probabilities(adjacency, steps):
     PyTorch Geometric's `AddRandomWalkPE`: the diagonal of `P^s` for `s = 1
     .. steps`, with `P = D^-1 A` the random walk's transition matrix, `D`
     the row sums of `A` (self loops included). A node without edges has a
-    zero row of `P` (PyTorch Geometric divides by a degree clamped to 1:
-    the same on unweighted graphs).
+    zero row of `P`. On unweighted graphs this is PyTorch Geometric's
+    value; on weighted ones PyTorch Geometric gives every edge `1 / degree`,
+    whatever its weight, where here an edge's weight weighs its step.
 
     Args:
         adjacency: float tensor of shape `(batch, nodes, nodes)`,
