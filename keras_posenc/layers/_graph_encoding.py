@@ -25,7 +25,9 @@ class GraphEncoding(keras.layers.Layer):
     symmetric = True
 
     def __init__(self, merge_mode="add", output_dim=None, **kwargs):
-        super().__init__(**kwargs)
+        # A weighted adjacency is a call argument that Keras would otherwise
+        # round to the compute dtype (bfloat16) before the encoding is found.
+        super().__init__(autocast=False, **kwargs)
         if merge_mode not in MERGE_MODES:
             raise ValueError(
                 f"`merge_mode` must be one of {MERGE_MODES}. "
