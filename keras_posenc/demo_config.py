@@ -1,7 +1,7 @@
 """What the demo trains and evaluates: its tasks, encodings and configurations.
 
-Plain Python, apart from `keras_posenc.demo` and `keras_posenc.demo_vision`,
-which import TensorFlow: the `keras-posenc` command reads these for its
+Plain Python, apart from `keras_posenc.demo`, `keras_posenc.demo_vision` and
+`keras_posenc.demo_graph`, which import TensorFlow: the `keras-posenc` command reads these for its
 `--help` without importing them.
 """
 
@@ -34,6 +34,14 @@ VISION_LABELS = {
     "axial_rope": "axial RoPE",
     "mrope": "M-RoPE sections",
     "swin_bias": "Swin relative bias",
+}
+# The graph task's encodings of a graph's nodes, and their rows in its table.
+GRAPH_ENCODINGS = ("none", "laplacian", "random_walk", "shortest_path")
+GRAPH_LABELS = {
+    "none": "none",
+    "laplacian": "Laplacian eigenvectors",
+    "random_walk": "random-walk probabilities",
+    "shortest_path": "shortest-path bias",
 }
 
 
@@ -156,6 +164,49 @@ class VisionConfig:
         return dataclasses.replace(self, **_checked(changes, VISION_ENCODINGS, "vision"))
 
 
+@dataclasses.dataclass(frozen=True)
+class GraphConfig:
+    """What the graph demo trains and evaluates.
+
+    Args:
+        encodings: tuple of str. Encodings to train, from `GRAPH_ENCODINGS`.
+        steps: int. Training steps of each model.
+        batch_size: int. Graphs per training step.
+        sizes: tuple of `(smallest, largest)` pairs. The numbers of nodes of
+            the evaluated graphs, each drawn uniformly from its pair, in
+            ascending order; the first pair is also the training graphs'.
+        test_graphs: int. Held-out graphs of each pair of sizes.
+        seed: int. The first seed of the training graphs and the weights.
+        num_seeds: int. How many times each model is trained, with seeds
+            `seed, seed + 1, ...`; the table gives the mean and the spread.
+        jit_compile: bool. Whether training runs under XLA.
+    """
+
+    encodings: tuple = GRAPH_ENCODINGS
+    steps: int = 400
+    batch_size: int = 32
+    sizes: tuple = ((8, 16), (24, 32))
+    test_graphs: int = 256
+    seed: int = 0
+    num_seeds: int = 1
+    jit_compile: bool = True
+
+    def replace(self, **changes):
+        """A copy with the changes that are not `None`, checked.
+
+        Args:
+            **changes: fields of `GraphConfig`; a `None` value keeps the
+                field.
+
+        Returns:
+            A new `GraphConfig`.
+
+        Raises:
+            ValueError: when an encoding is unknown.
+        """
+        return dataclasses.replace(self, **_checked(changes, GRAPH_ENCODINGS, "graph"))
+
+
 DEFAULT = Config()
 QUICK = Config(
     steps=40,
@@ -168,4 +219,8 @@ QUICK = Config(
 VISION_DEFAULT = VisionConfig()
 VISION_QUICK = VisionConfig(
     steps=12, batch_size=16, grids=(2, 3, 4), jit_compile=False
+)
+GRAPH_DEFAULT = GraphConfig()
+GRAPH_QUICK = GraphConfig(
+    steps=10, batch_size=8, sizes=((4, 6), (8, 10)), test_graphs=16, jit_compile=False
 )

@@ -1570,7 +1570,7 @@ def laplacian_eigenvectors(adjacency, k, normalization="sym", node_mask=None):
     )
     eigenvalues, eigenvectors = tf.linalg.eigh(matrix)  # ascending
     # Columns 1 .. k; a graph of fewer than k + 1 nodes has fewer.
-    take = tf.minimum(k, nodes - 1)
+    take = tf.clip_by_value(nodes - 1, 0, k)
     eigenvalues = eigenvalues[:, 1 : 1 + take]  # (batch, take)
     eigenvectors = eigenvectors[:, :, 1 : 1 + take] * real[
         :, :, tf.newaxis
@@ -1590,10 +1590,11 @@ def laplacian_eigenvectors(adjacency, k, normalization="sym", node_mask=None):
     eigenvalues = tf.where(exists, eigenvalues, 0.0)
     eigenvectors = eigenvectors * sign[:, tf.newaxis]
     padding = [[0, 0], [0, k - take]]
-    return (
-        tf.pad(eigenvalues, padding),  # (batch, k)
-        tf.pad(eigenvectors, [[0, 0]] + padding),  # (batch, nodes, k)
-    )
+    eigenvalues = tf.pad(eigenvalues, padding)  # (batch, k)
+    eigenvectors = tf.pad(eigenvectors, [[0, 0]] + padding)  # (batch, nodes, k)
+    eigenvalues.set_shape(adjacency.shape[:1] + [k])
+    eigenvectors.set_shape(adjacency.shape[:2] + [k])
+    return eigenvalues, eigenvectors
 
 
 def random_walk_probabilities(adjacency, steps):

@@ -14,6 +14,19 @@ from keras_posenc import ops
 MERGE_MODES = ("add", "concat", None)
 
 
+def _keras_mask(inputs):
+    """The mask Keras attached to `inputs`, or None.
+
+    Keras fills a call's `mask` from its first tensor only when the call takes
+    one tensor; these take two, the nodes and the adjacency, so the nodes'
+    mask is read here: `keras.src.backend.get_keras_mask`, private, in every
+    Keras from 3.8 to 3.15.
+    """
+    from keras.src.backend import get_keras_mask
+
+    return get_keras_mask(inputs)
+
+
 class GraphEncoding(keras.layers.Layer):
     """Base of the layers that encode each node's place in its graph.
 
@@ -85,6 +98,8 @@ class GraphEncoding(keras.layers.Layer):
 
     def call(self, inputs, adjacency, mask=None, training=None):
         self._check_shapes(inputs.shape, adjacency.shape)
+        if mask is None:
+            mask = _keras_mask(inputs)
         adjacency = ops.read_adjacency(
             adjacency,
             symmetric=self.symmetric,
@@ -104,9 +119,6 @@ class GraphEncoding(keras.layers.Layer):
         if self.merge_mode is None:
             return encoding
         return tf.concat([inputs, encoding], axis=-1)  # (batch, nodes, features + width)
-
-    def compute_mask(self, inputs, adjacency=None, mask=None):
-        return mask
 
     def compute_output_shape(self, inputs_shape, adjacency_shape=None):
         self._check_shapes(inputs_shape, adjacency_shape)
