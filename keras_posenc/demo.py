@@ -493,13 +493,14 @@ def fit(model, inputs, targets, batch_size, label):
 
     Args:
         model: a compiled `keras.Model`.
-        inputs: array. One row per example, in training order.
+        inputs: array, or a dict of arrays for a model of several inputs.
+            One row per example, in training order.
         targets: array. One row per example.
         batch_size: int. Examples per step.
         label: str. What is trained, printed first.
 
     """
-    steps = len(inputs) // batch_size
+    steps = len(targets) // batch_size
     interactive = sys.stdout.isatty()
     print(f"\n{label}:", flush=True)
     started = time.perf_counter()

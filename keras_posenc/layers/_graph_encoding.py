@@ -31,8 +31,9 @@ class GraphEncoding(keras.layers.Layer):
     """Base of the layers that encode each node's place in its graph.
 
     Subclasses set `symmetric` (whether the adjacency must be undirected)
-    and implement `_encode(adjacency, node_mask, training)`, returning a
-    float32 `(batch, nodes, encoding_width)` tensor, and `encoding_width`.
+    and define `encoding_width` (the encoding's width before any projection)
+    and `_encode(adjacency, node_mask, training)`, returning a float32
+    `(batch, nodes, encoding_width)` tensor.
     """
 
     symmetric = True
@@ -57,11 +58,6 @@ class GraphEncoding(keras.layers.Layer):
         self.output_dim = output_dim
         self.supports_masking = True
         self.projection = None
-
-    @property
-    def encoding_width(self):
-        """The width of the encoding before any projection."""
-        raise NotImplementedError
 
     def _projected_width(self, inputs_shape):
         """The width the encoding is projected to, or None for none."""
