@@ -579,12 +579,14 @@ def laplacian_eigenvector_pe(adjacency, k, normalization="sym"):
 
 
 def random_walk_pe(adjacency, steps):
-    """PyG's `AddRandomWalkPE`: `((D^-1 A)^s)[i, i]` for s = 1 .. steps.
+    """Return probabilities of a random walk: `((D^-1 A)^s)[i, i]`, s = 1 .. steps.
 
-    Self loops are kept (they are edges); D is the row sums. A node with no
-    edge has a zero row of `D^-1 A` (PyG clamps its degree to 1, which is
-    the same for a 0/1 adjacency). The power is one matrix product per
-    step, written as loops.
+    The package's definition: a step from i goes to j with probability
+    `A[i, j] / D[i]`, D the row sums; self loops are kept (they are edges);
+    a node with no edge has a zero row. On a 0/1 adjacency this is PyG's
+    `AddRandomWalkPE` (`pyg_random_walk_pe`); on a weighted one PyG's steps
+    ignore the weights. The power is one matrix product per step, written as
+    loops.
 
     Returns:
         `(n, steps)`, float64.
@@ -606,6 +608,31 @@ def random_walk_pe(adjacency, steps):
         power = product
         for i in range(n):
             encoding[i, step] = power[i, i]
+    return encoding
+
+
+def pyg_random_walk_pe(adjacency, steps):
+    """PyG's `AddRandomWalkPE` as its source reads, on the edge list.
+
+    Each edge (i, j), `adjacency[i, j] != 0`, self loops included, gets the
+    value `1 / max(sum of the weights of i's edges, 1)` (its own weight is
+    not read); the walk matrix holds these values, and its s-th power's
+    diagonal is the encoding at step s. Returns `(n, steps)`, float64.
+    """
+    adjacency = np.asarray(adjacency, dtype="float64")
+    n = len(adjacency)
+    edges = [(i, j) for i in range(n) for j in range(n) if adjacency[i, j] != 0]
+    out_weight = [0.0] * n
+    for i, j in edges:
+        out_weight[i] += adjacency[i, j]
+    walk = np.zeros((n, n), "float64")
+    for i, j in edges:
+        walk[i, j] = 1.0 / max(out_weight[i], 1.0)
+    encoding = np.zeros((n, steps), "float64")
+    power = np.eye(n)
+    for step in range(steps):
+        power = power @ walk
+        encoding[:, step] = np.diag(power)
     return encoding
 
 
