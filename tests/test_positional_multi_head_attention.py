@@ -759,6 +759,40 @@ def decoder_model(scheme, with_positions=False):
     )
 
 
+@pytest.mark.parametrize(
+    "make_position",
+    [
+        lambda: RelativePositionBias(HEADS, num_buckets=8, max_distance=16),
+        lambda: RelativePositionEmbedding(max_distance=3),
+    ],
+    ids=["t5", "shaw"],
+)
+def test_a_position_shared_by_two_attention_layers_loads_as_one(
+    make_position, tmp_path
+):
+    keras.utils.set_random_seed(0)
+    position = make_position()
+    tokens = keras.Input(shape=(None, FEATURES))
+    first = PositionalMultiHeadAttention(HEADS, KEY_DIM, position=position)
+    second = PositionalMultiHeadAttention(HEADS, KEY_DIM, position=position)
+    hidden = first(tokens, tokens)
+    model = keras.Model(tokens, second(hidden, hidden))
+    randomize_weights(model)
+    model.save(tmp_path / "shared.keras")
+    loaded = keras.models.load_model(tmp_path / "shared.keras", safe_mode=True)
+    first, second = (
+        layer
+        for layer in loaded.layers
+        if isinstance(layer, PositionalMultiHeadAttention)
+    )
+    assert first.position is second.position
+    assert len(loaded.weights) == len(model.weights)
+    inputs = random_inputs((BATCH, LENGTH, FEATURES))
+    np.testing.assert_array_equal(
+        loaded.predict(inputs, verbose=0), model.predict(inputs, verbose=0)
+    )
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_keras_file_round_trip_is_bit_identical(scheme, tmp_path):
     keras.utils.set_random_seed(0)

@@ -387,13 +387,6 @@ def test_one_bias_serves_two_attention_layers():
     np.testing.assert_allclose(outputs, expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="issue 17: the shared table is saved once, under the first attention "
-    "layer; loading rebuilds a ShortestPathBias per layer and the second finds "
-    "no variables ('expected 1 variables, but received 0')",
-)
 def test_a_shared_bias_round_trips_through_a_keras_file(tmp_path):
     keras.utils.set_random_seed(0)
     model = shared_bias_model()

@@ -19,12 +19,11 @@ def _keras_mask(inputs):
 
     Keras fills a call's `mask` from its first tensor only when the call takes
     one tensor; these take two, the nodes and the adjacency, so the nodes'
-    mask is read here: `keras.src.backend.get_keras_mask`, private, in every
-    Keras from 3.8 to 3.15.
+    mask is read here, from `_keras_mask`: the attribute where Keras'
+    TensorFlow backend keeps a tensor's mask (every Keras from 3.8 to 3.15,
+    `keras/src/backend/common/masking.py`). Nothing else here reads it.
     """
-    from keras.src.backend import get_keras_mask
-
-    return get_keras_mask(inputs)
+    return getattr(inputs, "_keras_mask", None)
 
 
 class GraphEncoding(keras.layers.Layer):

@@ -786,11 +786,18 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     def get_config(self):
         config = super().get_config()
-        config["position"] = (
-            None
-            if self.position is None
-            else keras.saving.serialize_keras_object(self.position)
-        )
+        config["position"] = None
+        if self.position is not None:
+            # Serialized twice. While Keras saves a model it marks the config
+            # of an object it serializes again with a `shared_object_id`, by
+            # which loading makes one object of every config so marked. It
+            # would mark the repeats only: the first attention's config is
+            # copied before a second attention's repeat is seen. Marked here
+            # from the first, a position serving several attention layers
+            # (a table shared by the layers, as Graphormer's) loads as one.
+            # Outside saving nothing is marked.
+            keras.saving.serialize_keras_object(self.position)
+            config["position"] = keras.saving.serialize_keras_object(self.position)
         return config
 
     @classmethod
