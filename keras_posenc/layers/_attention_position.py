@@ -30,6 +30,17 @@ import keras
 from keras_posenc import ops
 
 
+def read_embeddings_initializer(embeddings_initializer):
+    """The Keras initializer of a scheme's table, or a `ValueError` naming it."""
+    try:
+        return keras.initializers.get(embeddings_initializer)
+    except ValueError as error:
+        raise ValueError(
+            "`embeddings_initializer` must be a Keras initializer. Received: "
+            f"embeddings_initializer={embeddings_initializer!r}"
+        ) from error
+
+
 class AttentionPosition(keras.layers.Layer):
     """Base of the position layers that `PositionalMultiHeadAttention` takes.
 

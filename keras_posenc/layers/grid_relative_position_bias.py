@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from keras_posenc import ops
 from keras_posenc.layers._attention_position import HeadBias
+from keras_posenc.layers._attention_position import read_embeddings_initializer
 
 # Rows of the table after the grid's, for prefix tokens, in BEiT's order.
 _PREFIX_TO_GRID, _GRID_TO_PREFIX, _PREFIX_TO_PREFIX = 0, 1, 2
@@ -121,13 +122,7 @@ class GridRelativePositionBias(HeadBias):
                 "`num_prefix_tokens` must be a non-negative integer. "
                 f"Received: num_prefix_tokens={num_prefix_tokens!r}"
             )
-        try:
-            initializer = keras.initializers.get(embeddings_initializer)
-        except ValueError as error:
-            raise ValueError(
-                "`embeddings_initializer` must be a Keras initializer. Received: "
-                f"embeddings_initializer={embeddings_initializer!r}"
-            ) from error
+        initializer = read_embeddings_initializer(embeddings_initializer)
         self.num_heads = num_heads
         self.grid_shape = tuple(int(size) for size in grid_shape)
         self.num_prefix_tokens = int(num_prefix_tokens)

@@ -3,6 +3,7 @@ import tensorflow as tf
 
 from keras_posenc import ops
 from keras_posenc.layers._attention_position import AttentionPosition
+from keras_posenc.layers._attention_position import read_embeddings_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -87,13 +88,7 @@ class RelativePositionEmbedding(AttentionPosition):
     def __init__(self, max_distance, embeddings_initializer="uniform", **kwargs):
         super().__init__(**kwargs)
         ops.check_positive_int("max_distance", max_distance)
-        try:
-            initializer = keras.initializers.get(embeddings_initializer)
-        except ValueError as error:
-            raise ValueError(
-                "`embeddings_initializer` must be a Keras initializer. Received: "
-                f"embeddings_initializer={embeddings_initializer!r}"
-            ) from error
+        initializer = read_embeddings_initializer(embeddings_initializer)
         self.max_distance = max_distance
         self.embeddings_initializer = initializer
         # (num_heads, key_dim, value_dim) once the tables are made.
