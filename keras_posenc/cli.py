@@ -2,9 +2,10 @@
 
 `keras-posenc plot` draws the encodings to PNG files; `keras-posenc demo`
 trains one small causal language model per encoding at one length and
-evaluates it at longer ones (train short, test long), and one small ViT per
-grid encoding at one image size and evaluates it at larger ones;
-`keras-posenc bench` runs the speed and memory benchmarks.
+evaluates it at longer ones (train short, test long), one small ViT per
+grid encoding at one image size and evaluates it at larger ones, and one
+small graph transformer per graph encoding on small graphs and evaluates it
+on larger ones; `keras-posenc bench` runs the speed and memory benchmarks.
 
 It parses its arguments first and imports TensorFlow only for a subcommand,
 with TensorFlow's C++ start-up logging hidden unless `--verbose`: `--help`
@@ -32,7 +33,7 @@ NEEDS = {
     "demo": ((("matplotlib", "matplotlib"), ("sklearn", "scikit-learn")), "demo"),
     "bench": ((("keras_hub", "keras-hub"),), "bench"),
 }
-TASKS = ("language", "vision", "both")
+TASKS = ("language", "vision", "graph")
 # Only the language task reads these options.
 LANGUAGE_OPTIONS = ("data", "train_length", "lengths")
 
@@ -85,8 +86,8 @@ def _make_parser():
     demo_parser = commands.add_parser(
         "demo",
         parents=[common],
-        help="train small, test large: one small model per encoding, on text "
-        "and on images",
+        help="train small, test large: one small model per encoding, on text, "
+        "on images and on graphs",
         description=(
             "Language: train the same small causal transformer with each "
             "encoding on a synthetic order-2 Markov source (or the bytes of "
@@ -94,17 +95,26 @@ def _make_parser():
             "and evaluate its negative log-likelihood per token at longer "
             "ones. Vision: train the same small ViT with each grid encoding "
             "on scikit-learn's handwritten digits at one image size and "
-            "evaluate its accuracy at larger ones. Every model is saved and "
-            "reloaded, and each task writes its table and plot. Needs "
-            "matplotlib and scikit-learn (the `demo` extra)."
+            "evaluate its accuracy at larger ones. Graph: train the same small "
+            "graph transformer with each graph encoding to tell every node's "
+            "hop distance to a marked node, on random graphs of 8 to 16 nodes, "
+            "and evaluate its accuracy on larger ones. Every model is saved "
+            "and reloaded, and each task writes its table (the language and "
+            "vision tasks a plot too). Needs matplotlib and scikit-learn (the "
+            "`demo` extra)."
         ),
     )
     demo_parser.add_argument(
         "--task",
+        nargs="+",
         choices=TASKS,
-        default="both",
-        help="which experiment to run (default: both, the vision task in a "
-        "second process alongside the language task)",
+        default=None,
+        metavar="TASK",
+        help="which experiments to run, from: "
+        + ", ".join(TASKS)
+        + " (default: all three, the vision and graph tasks one after the "
+        "other in a second process alongside the language task; several "
+        "without language run one after the other)",
     )
     demo_parser.add_argument(
         "--data",
@@ -121,7 +131,13 @@ def _make_parser():
     demo_parser.add_argument(
         "--encodings",
         nargs="+",
-        choices=list(dict.fromkeys(demo_config.ENCODINGS + demo_config.VISION_ENCODINGS)),
+        choices=list(
+            dict.fromkeys(
+                demo_config.ENCODINGS
+                + demo_config.VISION_ENCODINGS
+                + demo_config.GRAPH_ENCODINGS
+            )
+        ),
         default=None,
         metavar="ENCODING",
         help=(
@@ -130,6 +146,8 @@ def _make_parser():
             + " (rope also reports its yarn, linear and dynamic scalings); "
             "with --task vision from: "
             + ", ".join(demo_config.VISION_ENCODINGS)
+            + "; with --task graph from: "
+            + ", ".join(demo_config.GRAPH_ENCODINGS)
             + " (default: all)"
         ),
     )
@@ -140,9 +158,10 @@ def _make_parser():
         help=(
             "training steps of each model (default: "
             f"{demo_config.DEFAULT.steps} for language, "
-            f"{demo_config.VISION_DEFAULT.steps} for vision; "
-            f"{demo_config.QUICK.steps} and {demo_config.VISION_QUICK.steps} "
-            "with --quick)"
+            f"{demo_config.VISION_DEFAULT.steps} for vision, "
+            f"{demo_config.GRAPH_DEFAULT.steps} for graph; "
+            f"{demo_config.QUICK.steps}, {demo_config.VISION_QUICK.steps} and "
+            f"{demo_config.GRAPH_QUICK.steps} with --quick)"
         ),
     )
     demo_parser.add_argument(
@@ -187,7 +206,7 @@ def _make_parser():
         "--quick",
         action="store_true",
         help="tiny configurations, for tests: about two minutes on 2 cores "
-        "for both tasks",
+        "for all three tasks",
     )
 
     bench_parser = commands.add_parser(
@@ -307,12 +326,12 @@ def main(argv=None):
         # share the cores between them, and on 2 cores two at once train
         # 1.6x slower. A value the user set is kept.
         os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
-        if len(configs) > 1:
-            # One thread per op as well when the two tasks run side by side
-            # (the vision task's process inherits it): with two each, the
-            # processes' four threads contend for 2 cores, and both tasks
-            # end 1.3x later. One thread also leaves no scheduling to change
-            # the order of sums, so a run repeats to the last digit.
+        if _alongside(configs):
+            # One thread per op as well when the tasks run in two processes
+            # side by side (the second process inherits it): with two each,
+            # the processes' four threads contend for 2 cores, and both
+            # processes end 1.3x later. One thread also leaves no scheduling
+            # to change the order of sums, so a run repeats to the last digit.
             os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
     _import_tensorflow(args.verbose)
     if args.command == "plot":
@@ -325,19 +344,29 @@ def main(argv=None):
         from keras_posenc.bench import suite
 
         return suite.run(out=args.out, repeats=args.repeats, tiny=args.tiny)
-    if len(configs) > 1:
-        return _run_both_demos(configs["language"], _vision_argv(args), args.out)
-    (task, config), = configs.items()
-    return _run_demo(task, config, args.out)
+    if _alongside(configs):
+        return _run_alongside(configs, _side_argv(args, list(configs)[1:]), args.out)
+    return _run_in_turn(configs, args.out)
+
+
+def _alongside(configs):
+    """Whether the tasks of `configs` run in two processes: language and more."""
+    return "language" in configs and len(configs) > 1
 
 
 def _demo_configs(parser, args):
-    """`{task: config}` from the demo's arguments; bad ones exit via `parser`."""
-    tasks = ("language", "vision") if args.task == "both" else (args.task,)
+    """`{task: config}` from the demo's arguments; bad ones exit via `parser`.
+
+    The tasks come in the order of `TASKS` (language first), each once.
+    """
+    tasks = TASKS if args.task is None else tuple(
+        task for task in TASKS if task in args.task
+    )
+    task_text = " ".join(tasks)
     if args.encodings is not None and len(tasks) > 1:
         parser.error(
             "`--encodings` names the encodings of one task: add --task "
-            f"language or --task vision. Received: --encodings "
+            f"language, --task vision or --task graph. Received: --encodings "
             f"{' '.join(args.encodings)}"
         )
     if "language" not in tasks:
@@ -346,7 +375,7 @@ def _demo_configs(parser, args):
                 option = "--" + name.replace("_", "-")
                 parser.error(
                     f"`{option}` applies to the language task, not to --task "
-                    f"{args.task}."
+                    f"{task_text}."
                 )
     configs = {}
     try:
@@ -371,6 +400,16 @@ def _demo_configs(parser, args):
                 seed=args.seed,
                 num_seeds=args.seeds,
             )
+        if "graph" in tasks:
+            config = (
+                demo_config.GRAPH_QUICK if args.quick else demo_config.GRAPH_DEFAULT
+            )
+            configs["graph"] = config.replace(
+                encodings=args.encodings,
+                steps=args.steps,
+                seed=args.seed,
+                num_seeds=args.seeds,
+            )
     except ValueError as error:
         parser.error(str(error))
     return configs
@@ -382,18 +421,53 @@ def _run_demo(task, config, out_dir):
         from keras_posenc import demo
 
         return demo.run(config, out_dir)
-    from keras_posenc import demo_vision
+    if task == "vision":
+        from keras_posenc import demo_vision
 
-    return demo_vision.run(config, out_dir)
+        return demo_vision.run(config, out_dir)
+    from keras_posenc import demo_graph
+
+    return demo_graph.run(config, out_dir)
 
 
-def _vision_argv(args):
-    """The arguments of `keras-posenc demo --task vision` with `args`' options.
+def _task_names(tasks):
+    """`"the vision task"`, `"the vision and graph tasks"`, ..."""
+    tasks = list(tasks)
+    if len(tasks) == 1:
+        return f"the {tasks[0]} task"
+    return f"the {', '.join(tasks[:-1])} and {tasks[-1]} tasks"
 
-    The vision task of `--task both` runs in a second process given these:
-    it parses them into the vision config this process would have made.
+
+def _run_in_turn(configs, out_dir):
+    """Run the tasks of `configs` in this process, one after the other.
+
+    Each has a heading when there are several.
+
+    Returns:
+        The first failing status, else `0`.
     """
-    argv = ["demo", "--task", "vision", "--out", args.out]
+    started = time.perf_counter()
+    for task, config in configs.items():
+        if len(configs) > 1:
+            print(f"\n== The {task} task ==\n", flush=True)
+        status = _run_demo(task, config, out_dir)
+        if status:
+            return status
+    if len(configs) > 1:
+        print(
+            f"\n{_task_names(configs).capitalize()} done in "
+            f"{time.perf_counter() - started:.0f} s."
+        )
+    return 0
+
+
+def _side_argv(args, tasks):
+    """The arguments of `keras-posenc demo --task TASK ...` with `args`' options.
+
+    The tasks after the language task run in a second process given these:
+    it parses them into the configs this process would have made.
+    """
+    argv = ["demo", "--task", *tasks, "--out", args.out]
     for flag in ("quick", "verbose"):
         if getattr(args, flag):
             argv.append(f"--{flag}")
@@ -404,67 +478,74 @@ def _vision_argv(args):
     return argv
 
 
-def _run_both_demos(language_config, vision_argv, out_dir):
-    """Run the language task here and the vision task alongside it.
+def _run_alongside(configs, side_argv, out_dir):
+    """Run the language task here and the other tasks alongside it.
 
-    The vision task runs in a second process, `python -m keras_posenc` with
-    `vision_argv`: each task's small models leave a core idle, and on 2
-    cores the two at once take 0.7x the time of one after the other. Its
-    output is kept and printed after the language task's, so that neither
-    is cut into the other. The language task times its models' training
-    after the vision task is done, so that the timing has the machine to
-    itself.
+    The other tasks (vision, graph) run one after the other in a second
+    process, `python -m keras_posenc` with `side_argv`: each task's small
+    models leave a core idle, and on 2 cores the two processes at once take
+    0.7x the time of one after the other. Its output is kept and printed
+    after the language task's, so that neither is cut into the other. The
+    language task times its models' training after the second process is
+    done, so that the timing has the machine to itself.
 
     Args:
-        language_config: `demo_config.Config` of the language task.
-        vision_argv: list of str. The arguments of the vision task's
-            process, from `_vision_argv`.
-        out_dir: str. Where both tasks write.
+        configs: dict from task to its config, the language task's first.
+        side_argv: list of str. The arguments of the second process, from
+            `_side_argv`.
+        out_dir: str. Where every task writes.
 
     Returns:
-        The first failing status, the language task's then the vision
-        task's, else `0`.
+        The first failing status, the language task's then the second
+        process's, else `0`.
     """
     from keras_posenc import demo
 
     started = time.perf_counter()
+    others = list(configs)[1:]
     print(
-        "\n== The language task ==\n\nThe vision task runs alongside, in a "
-        "second process; its log follows this one.",
+        f"\n== The language task ==\n\n{_task_names(others).capitalize()} "
+        f"{'runs alongside' if len(others) == 1 else 'run alongside, one after the other'}"
+        ", in a second process; its log follows this one.",
         flush=True,
     )
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        vision = subprocess.Popen(
-            [sys.executable, "-m", "keras_posenc", *vision_argv],
+        side = subprocess.Popen(
+            [sys.executable, "-m", "keras_posenc", *side_argv],
             stdout=out,
             stderr=err,
         )
         try:
 
-            def wait_for_vision():
-                if vision.poll() is None:
+            def wait_for_side():
+                if side.poll() is None:
                     print(
-                        "\nWaiting for the vision task to finish, so that "
-                        "training is timed alone.",
+                        f"\nWaiting for {_task_names(others)} to finish, so "
+                        "that training is timed alone.",
                         flush=True,
                     )
-                vision.wait()
+                side.wait()
 
-            status = demo.run(language_config, out_dir, before_timing=wait_for_vision)
-            vision_status = vision.wait() if status == 0 else None
+            status = demo.run(configs["language"], out_dir, before_timing=wait_for_side)
+            side_status = side.wait() if status == 0 else None
         finally:
-            # An error or Ctrl-C in this process ends the vision task too.
-            if vision.poll() is None:
-                vision.kill()
-                vision.wait()
+            # An error or Ctrl-C in this process ends the second one too.
+            if side.poll() is None:
+                side.kill()
+                side.wait()
         if status:
             return status
         out.seek(0)
         err.seek(0)
-        print("\n== The vision task ==\n")
+        if len(others) == 1:
+            # Several tasks print their own headings.
+            print(f"\n== The {others[0]} task ==\n")
         print(out.read(), end="", flush=True)
         print(err.read(), end="", file=sys.stderr, flush=True)
-    if vision_status:
-        return vision_status
-    print(f"\nBoth tasks done in {time.perf_counter() - started:.0f} s.")
+    if side_status:
+        return side_status
+    print(
+        f"\n{_task_names(configs).capitalize()} done in "
+        f"{time.perf_counter() - started:.0f} s."
+    )
     return 0

@@ -185,7 +185,7 @@ class GraphConfig:
     encodings: tuple = GRAPH_ENCODINGS
     steps: int = 400
     batch_size: int = 32
-    sizes: tuple = ((8, 16), (24, 32))
+    sizes: tuple = ((8, 16), (24, 32), (48, 64))
     test_graphs: int = 256
     seed: int = 0
     num_seeds: int = 1
@@ -222,5 +222,9 @@ VISION_QUICK = VisionConfig(
 )
 GRAPH_DEFAULT = GraphConfig()
 GRAPH_QUICK = GraphConfig(
-    steps=10, batch_size=8, sizes=((4, 6), (8, 10)), test_graphs=16, jit_compile=False
+    steps=10,
+    batch_size=8,
+    sizes=((4, 6), (8, 10), (12, 16)),
+    test_graphs=16,
+    jit_compile=False,
 )

@@ -14,7 +14,11 @@ import pytest
 import keras_posenc
 from keras_posenc import cli
 from keras_posenc import demo
+from keras_posenc import demo_graph
 from keras_posenc import demo_vision
+from keras_posenc.demo_config import GRAPH_ENCODINGS
+from keras_posenc.demo_config import GRAPH_LABELS
+from keras_posenc.demo_config import GRAPH_QUICK
 from keras_posenc.demo_config import VISION_ENCODINGS
 from keras_posenc.demo_config import VISION_LABELS
 from keras_posenc.demo_config import VISION_QUICK
@@ -196,6 +200,7 @@ def test_the_missing_extra_pins_are_this_packages_own():
         (["demo", "--seeds", "0"], "argument --seeds: must be an integer"),
         (["demo", "--data", "wiki"], "argument --data: invalid choice: 'wiki'"),
         (["demo", "--task", "pictures"], "argument --task: invalid choice: 'pictures'"),
+        (["demo", "--task"], "argument --task: expected at least one"),
         (
             ["demo", "--encodings", "rope"],
             "`--encodings` names the encodings of one task",
@@ -211,6 +216,15 @@ def test_the_missing_extra_pins_are_this_packages_own():
             "for the language task. Received: encodings=['axial_rope']",
         ),
         (
+            ["demo", "--task", "graph", "--encodings", "rope"],
+            "`encodings` must be among none, laplacian, random_walk, "
+            "shortest_path for the graph task. Received: encodings=['rope']",
+        ),
+        (
+            ["demo", "--task", "vision", "graph", "--encodings", "none"],
+            "`--encodings` names the encodings of one task",
+        ),
+        (
             ["demo", "--task", "vision", "--lengths", "100"],
             "`--lengths` applies to the language task, not to --task vision.",
         ),
@@ -221,6 +235,11 @@ def test_the_missing_extra_pins_are_this_packages_own():
         (
             ["demo", "--task", "vision", "--data", "markov"],
             "`--data` applies to the language task",
+        ),
+        (
+            ["demo", "--task", "graph", "vision", "--train-length", "8"],
+            "`--train-length` applies to the language task, not to --task "
+            "vision graph.",
         ),
         (["bench", "--repeats", "0"], "argument --repeats: must be an integer"),
         (["train"], "invalid choice: 'train'"),
@@ -243,12 +262,13 @@ def test_bad_arguments_exit_with_a_one_line_message(argv, message, capsys):
 
 QUICK_LENGTHS = [str(length) for length in demo.QUICK.lengths]
 QUICK_GRIDS = [f"{grid}x{grid}" for grid in VISION_QUICK.grids]
+QUICK_SIZES = [demo_graph.size_header(sizes) for sizes in GRAPH_QUICK.sizes]
 SPEED_HEADERS = ["train tokens/s", "÷ sinusoidal", "Press et al. ÷ sinusoidal"]
 
 
 @pytest.fixture(scope="module")
 def quick_demo(tmp_path_factory):
-    """The quick demo of both tasks: its output folder and what it printed."""
+    """The quick demo of every task: its output folder and what it printed."""
     out_dir = tmp_path_factory.mktemp("demo")
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         status = main(["demo", "--quick", "--out", str(out_dir)])
@@ -265,20 +285,28 @@ def markdown_rows(markdown):
     return rows
 
 
-def test_quick_demo_runs_both_tasks(quick_demo):
+def test_quick_demo_runs_every_task(quick_demo):
     status, _, printed = quick_demo
     assert status == 0
     language = printed.index("== The language task ==")
     vision = printed.index("== The vision task ==")
-    done = printed.index("Both tasks done in")
-    assert language < vision < done
-    # The vision task ran alongside; its log comes whole after the
-    # language task's last line.
-    assert "The vision task runs alongside" in printed[language:vision]
+    graph = printed.index("== The graph task ==")
+    done = printed.index("The language, vision and graph tasks done in")
+    assert language < vision < graph < done
+    # The vision and graph tasks ran alongside, one after the other in a
+    # second process; its log comes whole after the language task's last
+    # line.
+    assert (
+        "The vision and graph tasks run alongside, one after the other, in a "
+        "second process" in printed[language:vision]
+    )
     assert printed.index("nll.png in ") < vision < printed.index("accuracy.png in ")
+    assert printed.index("accuracy.png in ") < graph
+    assert graph < printed.index("graph_accuracy.csv in ")
+    assert "The vision and graph tasks done in" in printed[graph:done]
     assert printed.count("predictions identical") == len(demo.ENCODINGS) + len(
         VISION_ENCODINGS
-    )
+    ) + len(GRAPH_ENCODINGS)
     # Not a terminal: one line per model and length, no progress bars (the
     # longest line is the language task's description of its model).
     assert "\x1b" not in printed and "\r" not in printed
@@ -389,6 +417,33 @@ def test_quick_demo_writes_the_vision_table(quick_demo):
         assert file.read(8) == PNG_SIGNATURE
 
 
+def test_quick_demo_writes_the_graph_table(quick_demo):
+    status, out_dir, printed = quick_demo
+    assert status == 0
+    labels = [GRAPH_LABELS[encoding] for encoding in GRAPH_ENCODINGS]
+    with open(out_dir / "graph_accuracy.csv", newline="") as file:
+        rows = list(csv.reader(file))
+    assert rows[0] == ["encoding"] + QUICK_SIZES
+    assert [row[0] for row in rows[1:]] == labels
+    for name, *cells in rows[1:]:
+        assert all(0.0 <= float(cell) <= 1.0 for cell in cells), name
+    with open(out_dir / "graph_accuracy.md") as file:
+        markdown = file.read()
+    assert "| encoding | " + " | ".join(QUICK_SIZES) + " |" in markdown
+    assert list(markdown_rows(markdown)) == labels
+    assert printed.count(f"Trained {GRAPH_QUICK.steps} steps in") == len(
+        GRAPH_ENCODINGS
+    )
+    for encoding in GRAPH_ENCODINGS:
+        model = keras.models.load_model(
+            out_dir / f"graph_{encoding}.keras", safe_mode=True
+        )
+        inputs, _ = demo_graph.make_graphs(2, (5, 9), np.random.default_rng(0))
+        logits = model.predict(inputs, verbose=0)
+        assert logits.shape == (2, 9, demo_graph.NUM_CLASSES)
+        assert np.all(np.isfinite(logits))
+
+
 @pytest.mark.parametrize("encoding", VISION_ENCODINGS)
 def test_quick_demo_vision_models_reload(quick_demo, encoding):
     _, out_dir, _ = quick_demo
@@ -414,18 +469,31 @@ def test_quick_demo_vision_models_reload(quick_demo, encoding):
             "--data", "python-source", "--lengths", "16", "32",
             "--train-length", "8", "--out", "elsewhere",
         ],
+        ["--task", "graph", "language", "--quick"],
     ],
-    ids=["default", "quick", "steps-seeds-verbose", "language-options"],
+    ids=["default", "quick", "steps-seeds-verbose", "language-options", "graph"],
 )
-def test_the_vision_process_gets_the_vision_config(options):
-    # `--task both` runs the vision task in a second process, from
-    # arguments of its own: they make the config this process would have.
+def test_the_second_process_gets_the_other_tasks_configs(options):
+    # With the language task, the others run in a second process, from
+    # arguments of their own: they make the configs this process would have.
     parser = cli._make_parser()
     args = parser.parse_args(["demo", *options])
     configs = cli._demo_configs(parser, args)
-    child_args = parser.parse_args(cli._vision_argv(args))
-    assert cli._demo_configs(parser, child_args) == {"vision": configs["vision"]}
+    assert list(configs)[0] == "language"
+    others = list(configs)[1:]
+    child_args = parser.parse_args(cli._side_argv(args, others))
+    assert cli._demo_configs(parser, child_args) == {
+        task: configs[task] for task in others
+    }
     assert (child_args.out, child_args.verbose) == (args.out, args.verbose)
+
+
+def test_the_tasks_run_in_their_order_each_once():
+    parser = cli._make_parser()
+    args = parser.parse_args(["demo", "--task", "graph", "vision", "graph"])
+    assert list(cli._demo_configs(parser, args)) == ["vision", "graph"]
+    args = parser.parse_args(["demo"])
+    assert list(cli._demo_configs(parser, args)) == ["language", "vision", "graph"]
 
 
 class _Children:
@@ -442,7 +510,7 @@ class _Children:
 
 
 @pytest.mark.parametrize("failure", ["status", "interrupt"])
-def test_the_vision_process_ends_with_the_language_task(
+def test_the_second_process_ends_with_the_language_task(
     tmp_path, capsys, monkeypatch, failure
 ):
     children = _Children()
@@ -460,12 +528,13 @@ def test_the_vision_process_ends_with_the_language_task(
             main(argv)
     else:
         assert main(argv) == 1
-    (vision,) = children.started
+    (side,) = children.started
     # Killed, not left training: importing TensorFlow alone outlasts this.
-    assert vision.returncode == -9
+    assert side.returncode == -9
     printed = capsys.readouterr().out
     assert "== The vision task ==" not in printed
     assert not (tmp_path / "accuracy.csv").exists()
+    assert not (tmp_path / "graph_accuracy.csv").exists()
 
 
 def test_demo_trains_the_chosen_encodings(tmp_path, capsys):
@@ -484,7 +553,7 @@ def test_demo_trains_the_chosen_encodings(tmp_path, capsys):
     assert "3 steps" in printed and "(seed 5)" in printed
     assert "One seed (5)" in printed
     # One task: no task headings.
-    assert "== The" not in printed and "Both tasks" not in printed
+    assert "== The" not in printed and "tasks done in" not in printed
     assert sorted(path.name for path in tmp_path.glob("*.keras")) == [
         "lm_alibi.keras",
         "lm_learned.keras",
