@@ -25,6 +25,7 @@ EXPECTED = (
     "03_tpu_training.ipynb",
     "04_extrapolation.ipynb",
     "05_vision.ipynb",
+    "06_graphs.ipynb",
 )
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 COLAB = "https://colab.research.google.com/github/keras-posenc/keras-posenc/blob/main/notebooks/"
@@ -39,6 +40,7 @@ EXTRA_OF_IMPORT = {
     "keras_posenc.plot": "plot",
     "keras_posenc.demo": "demo",
     "keras_posenc.demo_vision": "demo",
+    "keras_posenc.demo_graph": "demo",
     "keras_posenc.bench": "bench",
 }
 MODULE_OF_EXTRA = {
@@ -117,7 +119,7 @@ def run_install_cell(cell, missing, monkeypatch):
     return shell.line_magics
 
 
-def test_the_five_notebooks_exist():
+def test_the_six_notebooks_exist():
     names = {path.name for path in PATHS}
     assert set(EXPECTED) <= names
 
@@ -169,7 +171,7 @@ def test_the_extras_the_notebooks_need_are_declared_in_setup_cfg():
     setup.read(ROOT / "setup.cfg")
     declared = set(setup["options.extras_require"])
     needed = {extra for path in PATHS for extra in extras_needed(load(path))}
-    assert needed == {"plot", "demo"}  # 01 plots; 03, 04 and 05 run the demo's code
+    assert needed == {"plot", "demo"}  # 01 and 06 plot; 03 to 06 run the demo's code
     assert needed <= declared
     assert set(MODULE_OF_EXTRA) <= declared
 
@@ -209,4 +211,5 @@ def test_extras_needed_maps_each_demo_module():
     assert needs("from keras_posenc import demo_config") == []
     assert needs("from keras_posenc import demo_config, demo_vision") == ["demo"]
     assert needs("import keras_posenc.demo_vision") == ["demo"]
+    assert needs("from keras_posenc import demo_graph") == ["demo"]
     assert needs("from keras_posenc.demo import run") == ["demo"]
