@@ -1443,28 +1443,36 @@ def read_adjacency(adjacency, symmetric=True, num_nodes=None, node_mask=None):
         if problem is not None:
             raise ValueError(f"`adjacency` is not a graph's: {problem}")
     else:
-        checks = [
-            tf.debugging.assert_equal(
-                tf.shape(adjacency)[1],
-                tf.shape(adjacency)[2],
-                message="`adjacency` must be square, (batch, nodes, nodes)",
-            ),
-            tf.debugging.assert_all_finite(
-                adjacency, "`adjacency` entries must be finite"
-            ),
-            tf.debugging.assert_non_negative(
-                adjacency, message="`adjacency` entries must be non-negative"
-            ),
-        ]
+        # One assertion for all (XLA, which drops them, logs a line for
+        # each), its message static (XLA has no strings at run time).
+        square = tf.equal(tf.shape(adjacency)[1], tf.shape(adjacency)[2])
+        problems = {
+            "square": tf.logical_not(square),
+            "finite": tf.logical_not(tf.reduce_all(tf.math.is_finite(adjacency))),
+            "non-negative": tf.reduce_any(adjacency < 0),
+        }
+        requirements = "square, (batch, nodes, nodes), with finite, non-negative entries"
         if symmetric:
-            checks.append(
-                tf.debugging.assert_equal(
-                    adjacency,
-                    tf.linalg.matrix_transpose(adjacency),
-                    message="`adjacency` must be symmetric (an undirected "
-                    "graph)",
-                )
+            problems["symmetric"] = tf.cond(
+                square,
+                lambda: tf.reduce_any(
+                    adjacency != tf.linalg.matrix_transpose(adjacency)
+                ),
+                lambda: tf.constant(False),
             )
+            requirements += ", and symmetric (an undirected graph)"
+        failed = tf.stack(list(problems.values()))
+        checks = [
+            tf.debugging.Assert(
+                tf.logical_not(tf.reduce_any(failed)),
+                [
+                    f"`adjacency` must be {requirements}. Failed, of "
+                    f"({', '.join(problems)}):",
+                    failed,
+                ],
+                summarize=len(problems),
+            )
+        ]
         with tf.control_dependencies(checks):
             adjacency = tf.identity(adjacency)
     if node_mask is not None:
