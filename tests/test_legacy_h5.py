@@ -14,11 +14,14 @@ import keras_posenc
 from keras_posenc.layers import (
     AlibiBias,
     GridRelativePositionBias,
+    LaplacianPositionEncoding,
     PositionalMultiHeadAttention,
     PositionEmbedding,
+    RandomWalkPositionEncoding,
     RelativePositionBias,
     RelativePositionEmbedding,
     RotaryEmbedding,
+    ShortestPathBias,
     SinusoidalPositionEncoding,
     TokenAndPositionEmbedding,
 )
@@ -101,6 +104,48 @@ def in_attention(position):
     return model, [random_floats((BATCH, LENGTH, FEATURES)), position_pairs()[0]]
 
 
+def graph_batch():
+    """Two graphs padded to LENGTH nodes: a path of 6 and a triangle."""
+    adjacency = np.zeros((BATCH, LENGTH, LENGTH), "float32")
+    for i in range(LENGTH - 1):
+        adjacency[0, i, i + 1] = adjacency[0, i + 1, i] = 1.0
+    adjacency[1, :3, :3] = 1.0 - np.eye(3)
+    node_mask = np.zeros((BATCH, LENGTH), bool)
+    node_mask[0], node_mask[1, :3] = True, True
+    return adjacency, node_mask
+
+
+def on_graphs(layer):
+    """A graph encoding on node features, the adjacency and the node mask."""
+    nodes = keras.Input((None, FEATURES))
+    adjacency = keras.Input((None, None))
+    node_mask = keras.Input((None,), dtype="bool")
+    encoded = layer(nodes, adjacency, mask=node_mask)
+    model = keras.Model([nodes, adjacency, node_mask], encoded)
+    return model, [random_floats((BATCH, LENGTH, FEATURES)), *graph_batch()]
+
+
+def on_graph_adjacency(layer):
+    """A bias on graphs called on its own, on the adjacency."""
+    adjacency = keras.Input((None, None))
+    model = keras.Model(adjacency, layer(adjacency))
+    return model, graph_batch()[0]
+
+
+def in_graph_attention(position):
+    """Attention over the nodes of padded graphs with `position`, then a Dense."""
+    nodes = keras.Input((None, FEATURES))
+    adjacency = keras.Input((None, None))
+    node_mask = keras.Input((None,), dtype="bool")
+    attended = PositionalMultiHeadAttention(
+        num_heads=NUM_HEADS, key_dim=KEY_DIM, position=position
+    )(nodes, nodes, adjacency=adjacency, query_mask=node_mask, value_mask=node_mask)
+    model = keras.Model(
+        [nodes, adjacency, node_mask], keras.layers.Dense(2)(attended)
+    )
+    return model, [random_floats((BATCH, LENGTH, FEATURES)), *graph_batch()]
+
+
 # Each returns (model, inputs). Every string a config can hold at its top
 # level is among them: merge modes, layouts, positions, "sinusoidal".
 CASES = {
@@ -166,6 +211,22 @@ CASES = {
     # RelativePositionEmbedding loads from `.h5` inside attention only: see
     # test_h5_cannot_rebuild_a_relative_position_embedding_called_alone.
     "attention_shaw": lambda: in_attention(RelativePositionEmbedding(max_distance=3)),
+    "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
+    "laplacian_concat_combinatorial": lambda: on_graphs(
+        LaplacianPositionEncoding(
+            k=2, normalization=None, merge_mode="concat", output_dim=3, seed=1
+        )
+    ),
+    "random_walk_add": lambda: on_graphs(RandomWalkPositionEncoding(steps=3)),
+    "random_walk_directed_alone": lambda: on_graphs(
+        RandomWalkPositionEncoding(steps=4, symmetric=False, merge_mode=None)
+    ),
+    "shortest_path_bias": lambda: on_graph_adjacency(
+        ShortestPathBias(num_heads=NUM_HEADS, max_distance=2)
+    ),
+    "attention_shortest_path": lambda: in_graph_attention(
+        ShortestPathBias(num_heads=NUM_HEADS, max_distance=2)
+    ),
 }
 
 

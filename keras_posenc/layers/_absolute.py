@@ -17,6 +17,21 @@ from keras_posenc.layers._grid_config import add_grid_arguments
 MERGE_MODES = ("add", "concat", None)
 
 
+def legacy_merge_mode(config):
+    """`config` with the merge mode as saved, as Keras' `.h5` loader left it.
+
+    Keras' legacy `.h5` loader turns a config string that names a function
+    of `keras.layers` into that function before `from_config` runs
+    (`class_and_config_for_serialized_keras_object` in
+    keras/src/legacy/saving/serialization.py): "add" arrives as
+    `keras.layers.add`. Only here is it read back as "add"; the constructors
+    still refuse functions.
+    """
+    if config.get("merge_mode") is keras.layers.add:
+        return {**config, "merge_mode": "add"}
+    return config
+
+
 class AbsoluteEncoding(keras.layers.Layer):
     """Base of the layers that add an encoding of positions to embeddings.
 
@@ -284,12 +299,4 @@ class AbsoluteEncoding(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
-        # Keras' legacy `.h5` loader turns a config string that names a
-        # function of `keras.layers` into that function before this runs
-        # (`class_and_config_for_serialized_keras_object` in
-        # keras/src/legacy/saving/serialization.py): "add" arrives as
-        # `keras.layers.add`. Only here is it read back as "add"; the
-        # constructor still refuses functions.
-        if config.get("merge_mode") is keras.layers.add:
-            config = {**config, "merge_mode": "add"}
-        return super().from_config(config)
+        return super().from_config(legacy_merge_mode(config))

@@ -10,8 +10,8 @@ import keras
 import tensorflow as tf
 
 from keras_posenc import ops
-
-MERGE_MODES = ("add", "concat", None)
+from keras_posenc.layers._absolute import MERGE_MODES
+from keras_posenc.layers._absolute import legacy_merge_mode
 
 
 def _keras_mask(inputs):
@@ -136,4 +136,8 @@ class GraphEncoding(keras.layers.Layer):
         config = super().get_config()
         config.update({"merge_mode": self.merge_mode, "output_dim": self.output_dim})
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        return super().from_config(legacy_merge_mode(config))
 
