@@ -17,6 +17,16 @@ from keras_posenc.layers._grid_config import add_grid_arguments
 MERGE_MODES = ("add", "concat", None)
 
 
+def check_merge(merge_mode, output_dim):
+    """Raise a `ValueError` for an unknown `merge_mode` or a bad `output_dim`."""
+    if merge_mode not in MERGE_MODES:
+        raise ValueError(
+            f"`merge_mode` must be one of {MERGE_MODES}. "
+            f"Received: merge_mode={merge_mode!r}"
+        )
+    ops.check_positive_int("output_dim", output_dim, allow_none=True)
+
+
 def legacy_merge_mode(config):
     """`config` with the merge mode as saved, as Keras' `.h5` loader left it.
 
@@ -58,12 +68,7 @@ class AbsoluteEncoding(keras.layers.Layer):
         # Float positions are call arguments that Keras would otherwise
         # round to the compute dtype (bfloat16) before angles are formed.
         super().__init__(autocast=False, **kwargs)
-        if merge_mode not in MERGE_MODES:
-            raise ValueError(
-                f"`merge_mode` must be one of {MERGE_MODES}. "
-                f"Received: merge_mode={merge_mode!r}"
-            )
-        ops.check_positive_int("output_dim", output_dim, allow_none=True)
+        check_merge(merge_mode, output_dim)
         if merge_mode == "concat" and output_dim is None:
             raise ValueError(
                 "`output_dim` is required when merge_mode='concat'. "

@@ -10,7 +10,7 @@ import keras
 import tensorflow as tf
 
 from keras_posenc import ops
-from keras_posenc.layers._absolute import MERGE_MODES
+from keras_posenc.layers._absolute import check_merge
 from keras_posenc.layers._absolute import legacy_merge_mode
 
 
@@ -41,12 +41,7 @@ class GraphEncoding(keras.layers.Layer):
         # A weighted adjacency is a call argument that Keras would otherwise
         # round to the compute dtype (bfloat16) before the encoding is found.
         super().__init__(autocast=False, **kwargs)
-        if merge_mode not in MERGE_MODES:
-            raise ValueError(
-                f"`merge_mode` must be one of {MERGE_MODES}. "
-                f"Received: merge_mode={merge_mode!r}"
-            )
-        ops.check_positive_int("output_dim", output_dim, allow_none=True)
+        check_merge(merge_mode, output_dim)
         if merge_mode == "add" and output_dim is not None:
             raise ValueError(
                 "`output_dim` must be None when merge_mode='add' (the "
