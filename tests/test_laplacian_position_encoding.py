@@ -2,11 +2,13 @@
 
 The eigenvectors themselves are checked against PyTorch Geometric's
 definition in tests/test_graph_ops.py; here the layer's encoding is the op's
-at inference, its signs flip at random in training, and it merges, masks,
-saves, exports and compiles like the other layers.
+at inference and its signs flip at random in training. That it merges,
+masks, saves, exports and compiles like the other graph layer is checked,
+with `CASE` below, in tests/test_graph_encoding_contract.py.
 """
 
-import keras
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,6 +18,11 @@ from hypothesis import strategies as st
 
 from keras_posenc import LaplacianPositionEncoding
 from keras_posenc import ops
+from tests.graph_encoding_contract import FEATURES
+from tests.graph_encoding_contract import GraphEncodingCase
+from tests.graph_encoding_contract import padded_inputs
+from tests.graph_encoding_contract import projection_weights
+from tests.graph_encoding_contract import random_features
 from tests.test_case import TestCase
 from tests.test_graph_ops import assert_laplacian_eigenvectors
 from tests.test_graph_ops import assert_largest_entry_positive
@@ -24,13 +31,9 @@ from tests.test_graph_ops import cycle
 from tests.test_graph_ops import determined_columns
 from tests.test_graph_ops import disjoint
 from tests.test_graph_ops import erdos_renyi
-from tests.test_graph_ops import pad_batch
 from tests.test_graph_ops import path
 from tests.test_graph_ops import permute
-from tests.test_graph_ops import serve_with_tensorflow_alone
 from tests.test_graph_ops import star
-
-FEATURES = 5
 
 # Graphs of 9, 6, 4 (a path of 3 and an isolated node) and 2 nodes, padded
 # to 9: the last has fewer than k + 1 nodes for any k > 1.
@@ -41,30 +44,45 @@ GRAPHS = [
     path(2),
 ]
 
-
-def random_features(shape, seed=0):
-    return np.random.default_rng(seed).normal(size=shape).astype("float32")
-
-
-def padded_inputs(graphs=GRAPHS, features=FEATURES, seed=0):
-    """Node features, zero at padded nodes, the adjacency and the node mask."""
-    adjacency, node_mask = pad_batch(graphs)
-    inputs = random_features(node_mask.shape + (features,), seed) * node_mask[..., None]
-    return inputs, adjacency, node_mask
-
-
-def projection_weights(layer):
-    """The kernel and bias of the layer's Dense sublayer "projection", float64."""
-    (kernel,) = [w for w in layer.weights if w.path.endswith("projection/kernel")]
-    (bias,) = [w for w in layer.weights if w.path.endswith("projection/bias")]
-    return np.asarray(kernel.numpy(), "float64"), np.asarray(bias.numpy(), "float64")
+# The k of the layer that the shared contract tests build.
+CONTRACT_K = 3
 
 
 def eigenvectors(adjacency, node_mask, k, normalization="sym"):
+    """The op's eigenvectors `(batch, nodes, k)` of a padded batch, NumPy."""
     _, vectors = ops.laplacian_eigenvectors(
         adjacency, k, normalization=normalization, node_mask=node_mask
     )
     return vectors.numpy()
+
+
+def contract_encoding(inputs, adjacency, node_mask):
+    """The encoding the contract's layer merges: the op's eigenvectors."""
+    return eigenvectors(adjacency, node_mask, CONTRACT_K)
+
+
+def assert_eigenvectors_of_each_graph(encoding, graphs):
+    """Each graph's columns span its eigenspaces; zero at padded nodes.
+
+    Compared with the float64 reference, not the op: XLA's eigh is another
+    algorithm.
+    """
+    encoding = encoding.numpy()
+    for b, graph in enumerate(graphs):
+        n = len(graph)
+        assert_laplacian_eigenvectors(None, encoding[b, :n], graph, CONTRACT_K)
+        np.testing.assert_array_equal(encoding[b, n:], 0.0)
+
+
+CASE = GraphEncodingCase(
+    name="laplacian",
+    make=functools.partial(LaplacianPositionEncoding, k=CONTRACT_K, seed=1),
+    width=CONTRACT_K,
+    graphs=GRAPHS,
+    non_default_kwargs={"k": 4, "normalization": None, "seed": 2},
+    encoding=contract_encoding,
+    assert_encoding=assert_eigenvectors_of_each_graph,
+)
 
 
 class LaplacianPositionEncodingLayerTest(TestCase):
@@ -94,47 +112,8 @@ class LaplacianPositionEncodingLayerTest(TestCase):
                 self.assertEqual(config[name], value)
 
 
-MERGES = {
-    "add": ({"merge_mode": "add"}, FEATURES),
-    "concat": ({"merge_mode": "concat"}, FEATURES + 3),
-    "concat-projected": ({"merge_mode": "concat", "output_dim": 4}, FEATURES + 4),
-    "alone": ({"merge_mode": None}, 3),
-    "alone-projected": ({"merge_mode": None, "output_dim": 2}, 2),
-}
-
-
-@pytest.mark.parametrize("merge", MERGES)
-def test_symbolic_call_build_and_one_fit_step(merge):
-    kwargs, width = MERGES[merge]
-    keras.utils.set_random_seed(0)
-    features = keras.Input((None, FEATURES))
-    adjacency_input = keras.Input((None, None))
-    layer = LaplacianPositionEncoding(3, seed=1, **kwargs)
-    encoded = layer(features, adjacency_input)
-    assert tuple(encoded.shape) == (None, None, width)
-    assert encoded.dtype == "float32"
-    assert layer.built
-    assert layer.compute_output_shape((2, 9, FEATURES), (2, 9, 9)) == (2, 9, width)
-    projected = kwargs.get("output_dim") is not None or kwargs["merge_mode"] == "add"
-    assert len(layer.trainable_weights) == (2 if projected else 0)
-    # A head on top, so that a layer without weights has a model to fit.
-    model = keras.Model([features, adjacency_input], keras.layers.Dense(2)(encoded))
-    inputs, adjacency, _ = padded_inputs()
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    before = [weight.numpy().copy() for weight in model.trainable_weights]
-    model.fit(
-        [inputs, adjacency],
-        np.ones(inputs.shape[:2] + (2,), "float32"),
-        batch_size=4,
-        epochs=1,
-        verbose=0,
-    )
-    for weight, start in zip(model.trainable_weights, before):
-        assert not np.array_equal(weight.numpy(), start)
-
-
 def test_inference_encoding_is_the_ops_eigenvectors():
-    inputs, adjacency, node_mask = padded_inputs()
+    inputs, adjacency, node_mask = padded_inputs(GRAPHS)
     for normalization in ("sym", None):
         layer = LaplacianPositionEncoding(
             4, normalization=normalization, merge_mode=None
@@ -157,43 +136,6 @@ def test_inference_encoding_is_the_ops_eigenvectors():
             layer(inputs, adjacency, mask=node_mask, training=False).numpy(),
             encoding.numpy(),
         )
-
-
-def test_merge_modes():
-    inputs, adjacency, node_mask = padded_inputs()
-    vectors = eigenvectors(adjacency, node_mask, 3)  # (batch, nodes, 3)
-    real = node_mask[..., None]
-
-    added = LaplacianPositionEncoding(3, merge_mode="add")
-    outputs = added(inputs, adjacency, mask=node_mask).numpy()
-    kernel, bias = projection_weights(added)
-    assert kernel.shape == (3, FEATURES)
-    expected = inputs + (vectors @ kernel + bias) * real
-    np.testing.assert_allclose(outputs, expected, rtol=0, atol=1e-5)
-    # Padded nodes: the projection's bias is not added either.
-    np.testing.assert_array_equal(outputs[~node_mask], inputs[~node_mask])
-
-    concatenated = LaplacianPositionEncoding(3, merge_mode="concat")(
-        inputs, adjacency, mask=node_mask
-    ).numpy()
-    np.testing.assert_array_equal(concatenated, np.concatenate([inputs, vectors], -1))
-
-    projected = LaplacianPositionEncoding(3, merge_mode="concat", output_dim=4)
-    outputs = projected(inputs, adjacency, mask=node_mask).numpy()
-    kernel, bias = projection_weights(projected)
-    assert kernel.shape == (3, 4)
-    np.testing.assert_array_equal(outputs[..., :FEATURES], inputs)
-    np.testing.assert_allclose(
-        outputs[..., FEATURES:], (vectors @ kernel + bias) * real, rtol=0, atol=1e-5
-    )
-    np.testing.assert_array_equal(outputs[~node_mask][:, FEATURES:], 0.0)
-
-    alone = LaplacianPositionEncoding(3, merge_mode=None, output_dim=2)
-    outputs = alone(inputs, adjacency, mask=node_mask).numpy()
-    kernel, bias = projection_weights(alone)
-    np.testing.assert_allclose(
-        outputs, (vectors @ kernel + bias) * real, rtol=0, atol=1e-5
-    )
 
 
 def test_training_flips_the_sign_of_each_eigenvector_at_random():
@@ -227,7 +169,7 @@ def test_training_flips_the_sign_of_each_eigenvector_at_random():
 
 
 def test_training_flips_before_the_projection():
-    inputs, adjacency, node_mask = padded_inputs()
+    inputs, adjacency, node_mask = padded_inputs(GRAPHS)
     layer = LaplacianPositionEncoding(3, merge_mode=None, output_dim=2, seed=5)
     inference = layer(inputs, adjacency, mask=node_mask).numpy()
     kernel, bias = projection_weights(layer)
@@ -260,23 +202,8 @@ def test_fewer_nodes_than_k_plus_one_gives_zero_columns():
     assert np.all(np.isfinite(encoding))
 
 
-def test_keras_mask_of_the_features_is_the_node_mask():
-    inputs, adjacency, node_mask = padded_inputs()
-    features = keras.Input((None, FEATURES))
-    adjacency_input = keras.Input((None, None))
-    masked = keras.layers.Masking(0.0)(features)
-    layer = LaplacianPositionEncoding(3, merge_mode="add")
-    model = keras.Model([features, adjacency_input], layer(masked, adjacency_input))
-    np.testing.assert_array_equal(
-        model([inputs, adjacency]).numpy(),
-        layer(inputs, adjacency, mask=node_mask).numpy(),
-    )
-    # The mask passes on, as through the absolute layers.
-    assert layer.supports_masking
-
-
 def test_padded_batch_equals_each_graph_alone():
-    inputs, adjacency, node_mask = padded_inputs()
+    inputs, adjacency, node_mask = padded_inputs(GRAPHS)
     layer = LaplacianPositionEncoding(4, merge_mode=None)
     encoding = layer(inputs, adjacency, mask=node_mask).numpy()
     for b, graph in enumerate(GRAPHS):
@@ -322,69 +249,6 @@ def test_permuting_nodes_permutes_the_eigenspaces(n, p, seed, random):
         assert_laplacian_eigenvectors(values[b].numpy(), encoding[b][rows], graph, 3)
 
 
-def functional_model(layer):
-    features = keras.Input((None, FEATURES))
-    adjacency_input = keras.Input((None, None))
-    return keras.Model([features, adjacency_input], layer(features, adjacency_input))
-
-
-def test_keras_file_round_trip_is_bit_identical(tmp_path):
-    keras.utils.set_random_seed(0)
-    model = functional_model(
-        LaplacianPositionEncoding(4, normalization=None, merge_mode="add", seed=2)
-    )
-    inputs, adjacency, _ = padded_inputs()
-    expected = model.predict([inputs, adjacency], verbose=0)
-    model.save(tmp_path / "laplacian.keras")
-    loaded = keras.models.load_model(tmp_path / "laplacian.keras", safe_mode=True)
-    (layer,) = [
-        layer for layer in loaded.layers if isinstance(layer, LaplacianPositionEncoding)
-    ]
-    assert layer.get_config() == model.layers[-1].get_config()
-    np.testing.assert_array_equal(
-        loaded.predict([inputs, adjacency], verbose=0), expected
-    )
-
-
-def test_export_serves_with_tensorflow_alone(tmp_path):
-    keras.utils.set_random_seed(0)
-    model = functional_model(
-        LaplacianPositionEncoding(3, merge_mode="concat", output_dim=2)
-    )
-    inputs, adjacency, _ = padded_inputs()
-    served = serve_with_tensorflow_alone(model, [inputs, adjacency], tmp_path)
-    np.testing.assert_allclose(
-        served, model.predict([inputs, adjacency], verbose=0), rtol=0, atol=1e-6
-    )
-
-
-def test_xla_at_two_graph_sizes():
-    layer = LaplacianPositionEncoding(3, merge_mode=None)
-    compiled = tf.function(layer, jit_compile=True)
-    for graphs in ([cycle(5), path(4)], [erdos_renyi(9, 0.5, seed=3), star(7)]):
-        inputs, adjacency, node_mask = padded_inputs(graphs)
-        encoding = compiled(inputs, adjacency, mask=node_mask).numpy()
-        # XLA's eigh is another algorithm: compare with the reference.
-        for b, graph in enumerate(graphs):
-            assert_laplacian_eigenvectors(None, encoding[b, : len(graph)], graph, 3)
-            np.testing.assert_array_equal(encoding[b, len(graph) :], 0.0)
-
-
-def test_mixed_bfloat16_computes_in_float32_and_casts():
-    inputs, adjacency, node_mask = padded_inputs()
-    expected = LaplacianPositionEncoding(3, merge_mode="concat")(
-        inputs, adjacency, mask=node_mask
-    ).numpy()
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    layer = LaplacianPositionEncoding(3, merge_mode="concat")
-    outputs = layer(inputs, adjacency, mask=node_mask)
-    assert outputs.dtype == tf.bfloat16
-    np.testing.assert_array_equal(
-        outputs.numpy().astype("float32"),
-        expected.astype(tf.bfloat16.as_numpy_dtype).astype("float32"),
-    )
-
-
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -403,77 +267,3 @@ def test_mixed_bfloat16_computes_in_float32_and_casts():
 def test_bad_arguments_raise_value_error_naming_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LaplacianPositionEncoding(**kwargs)
-
-
-@pytest.mark.parametrize(
-    "inputs_shape, adjacency_shape",
-    [
-        ((2, 5, FEATURES), (2, 5)),
-        ((2, 5, FEATURES), (2, 5, 5, 1)),
-        ((2, 5, FEATURES), (2, 5, 4)),
-        ((2, 5, FEATURES), (2, 6, 6)),
-    ],
-    ids=["rank-2", "rank-4", "not-square", "other-node-count"],
-)
-def test_bad_adjacency_shapes_say_what_was_expected(inputs_shape, adjacency_shape):
-    layer = LaplacianPositionEncoding(2)
-    with pytest.raises(ValueError, match="adjacency"):
-        layer(np.zeros(inputs_shape, "float32"), np.zeros(adjacency_shape, "float32"))
-    with pytest.raises(ValueError, match="adjacency"):
-        LaplacianPositionEncoding(2)(
-            keras.Input(inputs_shape[1:]), keras.Input(adjacency_shape[1:])
-        )
-
-
-def bad_adjacencies():
-    directed = cycle(4)
-    directed[0, 1] = 0.0
-    negative = cycle(4)
-    negative[0, 1] = negative[1, 0] = -1.0
-    not_finite = cycle(4)
-    not_finite[0, 2] = not_finite[2, 0] = np.nan
-    infinite = cycle(4)
-    infinite[1, 3] = infinite[3, 1] = np.inf
-    return {
-        "directed": directed,
-        "negative": negative,
-        "nan": not_finite,
-        "inf": infinite,
-    }
-
-
-# What the message says is wrong, after naming `adjacency`.
-COMPLAINTS = {
-    "directed": "symmetric",
-    "negative": "non-negative",
-    "nan": "finite",
-    "inf": "finite",
-}
-
-
-@pytest.mark.parametrize("kind", COMPLAINTS)
-def test_bad_adjacency_values_are_refused(kind):
-    adjacency = bad_adjacencies()[kind][None]
-    inputs = np.zeros((1, 4, FEATURES), "float32")
-    message = f"`adjacency`.*{COMPLAINTS[kind]}"
-    layer = LaplacianPositionEncoding(2)
-    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match=message):
-        layer(inputs, adjacency)
-    # In a graph, at run time.
-    traced = tf.function(
-        layer,
-        input_signature=[
-            tf.TensorSpec((None, None, FEATURES)),
-            tf.TensorSpec((None, None, None)),
-        ],
-    )
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
-        traced(inputs, adjacency)
-
-    # A constant adjacency: at trace time.
-    @tf.function
-    def with_constant_adjacency(inputs):
-        return layer(inputs, tf.constant(adjacency))
-
-    with pytest.raises(ValueError, match=message):
-        with_constant_adjacency(inputs)
