@@ -709,6 +709,29 @@ def test_shaw_forms_no_query_key_feature_tensor():
     assert all(None not in shape for shape in shapes if len(shape) >= 3)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lengths", [(96, 96), (40, 130)], ids=["self", "cross"])
+def test_shaw_at_default_positions_equals_the_same_positions_given(lengths, causal):
+    # At its default positions the layer lets Shaw's value term read a band of
+    # weights and sums of blocks of keys; at positions given, the same ones,
+    # it sums the weights per distance. Both are checked against float64 on
+    # their own; here, that the attention takes each where it should.
+    layer = attention("shaw")
+    query_length, key_length = lengths
+    query = random_inputs((BATCH, query_length, FEATURES), seed=2)
+    value = random_inputs((BATCH, key_length, FEATURES), seed=3)
+    call = tf.function(layer, jit_compile=True)
+    default = call(query, value, use_causal_mask=causal)
+    given = call(
+        query,
+        value,
+        use_causal_mask=causal,
+        query_positions=np.arange(query_length),
+        key_positions=np.arange(key_length),
+    )
+    assert_close(default, given.numpy().astype("float64"))
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_config_round_trip(scheme):
     layer = attention(scheme)

@@ -1,5 +1,7 @@
 """RelativePositionEmbedding against a float64 loop over Shaw et al.'s equations."""
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -162,6 +164,76 @@ def test_value_term_sums_the_weights_times_the_clipped_value_rows(case):
     )
     assert tuple(term.shape) == expected.shape
     np.testing.assert_allclose(term.numpy(), expected, **TOLERANCE)
+
+
+# (queries, keys, max_distance) for positions 0 .. queries - 1 and 0 ..
+# keys - 1: keys in one block, in blocks of 48, 60 and 50, more queries than
+# keys, one of each, and a prime number of keys (the segment sum serves).
+CONSECUTIVE = [
+    (7, 7, 2),
+    (96, 96, 3),
+    (80, 120, 5),
+    (150, 40, 4),
+    (3, 200, 2),
+    (1, 1, 2),
+    (5, 1021, 2),
+]
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize("queries, keys, max_distance", CONSECUTIVE)
+def test_value_term_of_consecutive_positions_equals_reference(
+    queries, keys, max_distance, jit_compile
+):
+    layer = built_layer(max_distance)
+    query_positions, key_positions = np.arange(queries), np.arange(keys)
+    weights = random_weights(2, queries, keys)
+    value_term = tf.function(
+        functools.partial(layer.value_term, consecutive=True),
+        jit_compile=jit_compile,
+    )
+    term = value_term(
+        tf.constant(weights), tf.constant(query_positions), tf.constant(key_positions)
+    )
+    expected = reference_value_term(
+        weights,
+        layer.value_embeddings.numpy(),
+        query_positions,
+        key_positions,
+        max_distance,
+    )
+    np.testing.assert_allclose(term, expected, **TOLERANCE)
+
+
+def test_value_term_of_consecutive_positions_under_xla_gradients():
+    layer = built_layer(max_distance=3)
+    queries, keys = 40, 96
+    query_positions, key_positions = np.arange(queries), np.arange(keys)
+    weights = random_weights(2, queries, keys)
+    cotangent = random_array((2, queries, NUM_HEADS, VALUE_DIM), 5)
+
+    @tf.function(jit_compile=True)
+    def gradients(weights):
+        with tf.GradientTape() as tape:
+            tape.watch(weights)
+            loss = tf.reduce_sum(
+                layer.value_term(
+                    weights, query_positions, key_positions, consecutive=True
+                )
+                * cotangent
+            )
+        return tape.gradient(loss, [layer.value_embeddings, weights])
+
+    table_gradient, weights_gradient = gradients(tf.constant(weights))
+    expected_table = np.zeros((7, VALUE_DIM))
+    expected_weights = np.zeros((2, NUM_HEADS, queries, keys))
+    value_table = layer.value_embeddings.numpy().astype("float64")
+    for b, h, i, j in np.ndindex(expected_weights.shape):
+        row = table_row(i, j, 3)
+        expected_table[row] += weights[b, h, i, j] * cotangent[b, i, h]
+        expected_weights[b, h, i, j] = value_table[row] @ cotangent[b, i, h]
+    np.testing.assert_allclose(table_gradient, expected_table, **TOLERANCE)
+    np.testing.assert_allclose(weights_gradient, expected_weights, **TOLERANCE)
 
 
 def test_keys_beyond_max_distance_read_the_edge_rows():

@@ -142,7 +142,9 @@ class AttentionPosition(keras.layers.Layer):
         """
         return None
 
-    def value_term(self, attention_weights, query_positions, key_positions):
+    def value_term(
+        self, attention_weights, query_positions, key_positions, consecutive=False
+    ):
         """A term added to the attention's weighted sum of values, or None.
 
         Args:
@@ -153,6 +155,10 @@ class AttentionPosition(keras.layers.Layer):
                 `(batch or 1, query, num_axes)` when `num_axes` > 1.
             key_positions: int32 tensor of shape `(batch or 1, key)`, or
                 `(batch or 1, key, num_axes)`.
+            consecutive: bool. Whether the positions are the attention's
+                defaults, `0 .. query - 1` and `0 .. key - 1` on one axis,
+                so that a scheme may use their structure. Defaults to
+                `False`.
 
         Returns:
             None, or a tensor of shape `(batch, num_prefix_tokens + query,

@@ -282,7 +282,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         # With a `cache`, `_compute_attention` writes the new keys and values
         # in it and leaves the cache so updated here for `call` to return.
         self._call_state = types.SimpleNamespace(
-            positions=None, causal=False, cache=None, cache_update_index=None
+            positions=None,
+            consecutive=False,
+            causal=False,
+            cache=None,
+            cache_update_index=None,
         )
 
     def build(self, query_shape, value_shape, key_shape=None):
@@ -431,6 +435,16 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     "key_positions",
                 ),
             )  # (batch or 1, query), (batch or 1, key)
+        # The defaults on one axis, 0 .. length - 1 for queries and keys,
+        # whose structure a scheme may use (`AttentionPosition.value_term`).
+        self._call_state.consecutive = (
+            query_positions is None
+            and key_positions is None
+            and cache is None
+            and not on_graph
+            and self.position is not None
+            and _on_a_line(self.position)
+        )
         # Keras' causal mask compares indices; this layer's compares
         # positions, in `_compute_attention`.
         self._call_state.causal = use_causal_mask
@@ -446,6 +460,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             return outputs, self._call_state.cache
         finally:
             self._call_state.positions = None
+            self._call_state.consecutive = False
             self._call_state.causal = False
             self._call_state.cache = None
             self._call_state.cache_update_index = None
@@ -680,7 +695,12 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             "bnts,bsnh->btnh", tf.cast(exponentials, value.dtype), value
         )  # (batch, query, heads, value_dim), times the sums
         if position is not None:
-            term = position.value_term(exponentials, query_positions, key_positions)
+            term = position.value_term(
+                exponentials,
+                query_positions,
+                key_positions,
+                consecutive=self._call_state.consecutive,
+            )
             if term is not None:
                 output = output + tf.cast(term, output.dtype)
         output = tf.cast(

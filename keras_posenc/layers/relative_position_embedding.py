@@ -6,6 +6,28 @@ from keras_posenc.layers._attention_position import AttentionPosition
 from keras_posenc.layers._attention_position import read_embeddings_initializer
 
 
+# The band path of the value term sums the weights in blocks of keys: a
+# divisor of the key length up to this, so the blocks tile the keys.
+_LARGEST_BLOCK = 64
+
+
+def _block_size(keys):
+    """The block of keys of the band path, or None where it does not apply.
+
+    The largest divisor of `keys` up to `_LARGEST_BLOCK` if at least 8 (or
+    `keys` if that is smaller): None for a length unknown when traced, zero,
+    or without such a divisor (the segment sum then serves).
+    """
+    if not keys:
+        return None
+    if keys <= _LARGEST_BLOCK:
+        return keys
+    block = max(
+        size for size in range(1, _LARGEST_BLOCK + 1) if keys % size == 0
+    )
+    return block if block >= 8 else None
+
+
 @keras.saving.register_keras_serializable(package="keras_posenc")
 class RelativePositionEmbedding(AttentionPosition):
     """Shaw et al.'s relative position representations, on keys and values.
@@ -176,7 +198,20 @@ class RelativePositionEmbedding(AttentionPosition):
         )  # (batch, query, key, heads)
         return tf.transpose(bias, [0, 3, 1, 2])  # (batch, heads, query, key)
 
-    def value_term(self, attention_weights, query_positions, key_positions):
+    def value_term(
+        self, attention_weights, query_positions, key_positions, consecutive=False
+    ):
+        block = _block_size(attention_weights.shape[3]) if consecutive else None
+        if block is None:
+            return self._value_term_by_segments(
+                attention_weights, query_positions, key_positions
+            )
+        return self._value_term_by_band(attention_weights, block)
+
+    def _value_term_by_segments(
+        self, attention_weights, query_positions, key_positions
+    ):
+        """The value term for any positions: the weights summed per distance."""
         shape = tf.shape(attention_weights)
         batch_size, heads, queries = shape[0], shape[1], shape[2]
         distances = 2 * self.max_distance + 1
@@ -205,6 +240,77 @@ class RelativePositionEmbedding(AttentionPosition):
         )  # (batch, query, 2k + 1, heads)
         return tf.einsum(
             "btrn,rd->btnd", summed, self.value_embeddings
+        )  # (batch, query, heads, value_dim)
+
+    def _value_term_by_band(self, attention_weights, block):
+        """The value term for positions `0 .. query - 1` and `0 .. key - 1`.
+
+        Query `i` then has one key at each distance `d` with `|d| < k`, key
+        `i + d` (if there is one): a band of `2k - 1` weights read from the
+        weights as they are. The keys at distance `-k` or less are those up
+        to `i - k`: the sums of whole blocks of `block` keys before the block
+        of key `i - k`, plus that block's weights up to it. The keys at `k`
+        or more have the rest of the row's sum. The weights are read in
+        their own layout, and nothing of their size is written, where the
+        segment sum writes them once more, heads last.
+
+        Args:
+            attention_weights: float32 tensor of shape `(batch, heads,
+                query, key)`.
+            block: int. A divisor of `key`.
+
+        Returns:
+            A float32 tensor of shape `(batch, query, heads, value_dim)`.
+        """
+        k = self.max_distance
+        weights = tf.cast(attention_weights, "float32")
+        shape = tf.shape(weights)
+        batch_size, heads, queries = shape[0], shape[1], shape[2]
+        keys = weights.shape[3]
+
+        def take(values, indices):
+            # Each query's entries `indices`, (query, n), of `values`, (batch,
+            # heads, query, any): (batch, heads, query, n).
+            indices = tf.broadcast_to(
+                indices, [batch_size, heads, queries, tf.shape(indices)[1]]
+            )
+            return tf.gather(values, indices, axis=3, batch_dims=3)
+
+        query_index = tf.range(queries)[:, tf.newaxis]  # (query, 1)
+        near = query_index + tf.range(1 - k, k)  # (query, 2k - 1): key i + d
+        band = tf.where(
+            (near >= 0) & (near < keys),
+            take(weights, tf.clip_by_value(near, 0, keys - 1)),
+            0.0,
+        )  # (batch, heads, query, 2k - 1)
+        blocks = keys // block
+        block_sums = tf.reduce_sum(
+            tf.reshape(weights, [batch_size, heads, queries, blocks, block]),
+            axis=-1,
+        )  # (batch, heads, query, blocks)
+        last = query_index - k  # (query, 1): the last key at -k or less
+        last_block = tf.clip_by_value(
+            tf.math.floordiv(last, block), 0, blocks - 1
+        )  # (query, 1)
+        before = take(
+            tf.cumsum(block_sums, axis=-1, exclusive=True), last_block
+        )[..., 0]  # (batch, heads, query): the blocks before `last_block`
+        in_block = last_block * block + tf.range(block)  # (query, block)
+        part = tf.reduce_sum(
+            tf.where(in_block <= last, take(weights, in_block), 0.0), axis=-1
+        )  # (batch, heads, query)
+        far_before = tf.where(last[:, 0] >= 0, before + part, 0.0)
+        far_after = (
+            tf.reduce_sum(block_sums, axis=-1)
+            - far_before
+            - tf.reduce_sum(band, axis=-1)
+        )  # (batch, heads, query)
+        summed = tf.concat(
+            [far_before[..., tf.newaxis], band, far_after[..., tf.newaxis]],
+            axis=-1,
+        )  # (batch, heads, query, 2k + 1)
+        return tf.einsum(
+            "bnqr,rd->bqnd", summed, self.value_embeddings
         )  # (batch, query, heads, value_dim)
 
     def call(self, query, query_positions, key_positions):
