@@ -49,7 +49,10 @@ class RelativePositionEmbedding(AttentionPosition):
     `2k + 1` rows of `a^K`, `(batch, heads, query, 2k + 1)`, gathered to
     `(batch, heads, query, key)`; the output term as the attention weights
     summed per clipped distance, `(batch, heads, query, 2k + 1)`, times
-    `a^V`.
+    `a^V`. At the attention's default positions, `0 .. query - 1` and
+    `0 .. key - 1`, those sums are a band of `2k - 1` weights and two tails
+    read from sums of blocks of keys, with no copy of the weights; other
+    positions take a segment sum over the keys.
 
     Distances come from the positions of queries and keys, not from the
     lengths of their axes, so cached decoding (one query at its position
