@@ -167,15 +167,17 @@ def test_value_term_sums_the_weights_times_the_clipped_value_rows(case):
 
 
 # (queries, keys, max_distance) for positions 0 .. queries - 1 and 0 ..
-# keys - 1: keys in one block, in blocks of 48, 60 and 50, more queries than
-# keys, one of each, and a prime number of keys (the segment sum serves).
+# keys - 1: keys in blocks of 8, 10 and 32, more queries than keys, a
+# clipping distance past the keys, and lengths where the segment sum
+# serves: few keys, and a prime number of them.
 CONSECUTIVE = [
-    (7, 7, 2),
     (96, 96, 3),
     (80, 120, 5),
-    (150, 40, 4),
+    (150, 64, 4),
     (3, 200, 2),
-    (1, 1, 2),
+    (40, 1024, 2),
+    (64, 64, 100),
+    (7, 7, 2),
     (5, 1021, 2),
 ]
 
@@ -205,35 +207,71 @@ def test_value_term_of_consecutive_positions_equals_reference(
     np.testing.assert_allclose(term, expected, **TOLERANCE)
 
 
-def test_value_term_of_consecutive_positions_under_xla_gradients():
+def test_both_terms_of_consecutive_positions_under_xla_gradients():
+    # At consecutive positions each term's gradient with respect to its
+    # input is the other term's map: the sums per distance and the read by
+    # distance, each checked here against the float64 sums over pairs.
     layer = built_layer(max_distance=3)
     queries, keys = 40, 96
     query_positions, key_positions = np.arange(queries), np.arange(keys)
+    query = random_query(2, queries)
     weights = random_weights(2, queries, keys)
-    cotangent = random_array((2, queries, NUM_HEADS, VALUE_DIM), 5)
+    logits_cotangent = random_array((2, NUM_HEADS, queries, keys), 4)
+    value_cotangent = random_array((2, queries, NUM_HEADS, VALUE_DIM), 5)
 
     @tf.function(jit_compile=True)
-    def gradients(weights):
+    def gradients(query, weights):
         with tf.GradientTape() as tape:
-            tape.watch(weights)
+            tape.watch([query, weights])
             loss = tf.reduce_sum(
+                layer.logits_bias(
+                    query, query_positions, key_positions, consecutive=True
+                )
+                * logits_cotangent
+            ) + tf.reduce_sum(
                 layer.value_term(
                     weights, query_positions, key_positions, consecutive=True
                 )
-                * cotangent
+                * value_cotangent
             )
-        return tape.gradient(loss, [layer.value_embeddings, weights])
+        return tape.gradient(
+            loss, [layer.key_embeddings, layer.value_embeddings, query, weights]
+        )
 
-    table_gradient, weights_gradient = gradients(tf.constant(weights))
-    expected_table = np.zeros((7, VALUE_DIM))
-    expected_weights = np.zeros((2, NUM_HEADS, queries, keys))
+    key_table_gradient, value_table_gradient, query_gradient, weights_gradient = (
+        gradients(tf.constant(query), tf.constant(weights))
+    )
+    key_table = layer.key_embeddings.numpy().astype("float64")
     value_table = layer.value_embeddings.numpy().astype("float64")
-    for b, h, i, j in np.ndindex(expected_weights.shape):
+    expected_key_table = np.zeros((7, KEY_DIM))
+    expected_value_table = np.zeros((7, VALUE_DIM))
+    expected_query = np.zeros(query.shape)
+    expected_weights = np.zeros(weights.shape)
+    for b, h, i, j in np.ndindex(weights.shape):
         row = table_row(i, j, 3)
-        expected_table[row] += weights[b, h, i, j] * cotangent[b, i, h]
-        expected_weights[b, h, i, j] = value_table[row] @ cotangent[b, i, h]
-    np.testing.assert_allclose(table_gradient, expected_table, **TOLERANCE)
+        expected_key_table[row] += logits_cotangent[b, h, i, j] * query[b, i, h]
+        expected_query[b, i, h] += logits_cotangent[b, h, i, j] * key_table[row]
+        expected_value_table[row] += weights[b, h, i, j] * value_cotangent[b, i, h]
+        expected_weights[b, h, i, j] = value_table[row] @ value_cotangent[b, i, h]
+    np.testing.assert_allclose(key_table_gradient, expected_key_table, **TOLERANCE)
+    np.testing.assert_allclose(
+        value_table_gradient, expected_value_table, **TOLERANCE
+    )
+    np.testing.assert_allclose(query_gradient, expected_query, **TOLERANCE)
     np.testing.assert_allclose(weights_gradient, expected_weights, **TOLERANCE)
+
+
+def test_logits_term_of_consecutive_positions_equals_reference():
+    layer = built_layer(max_distance=3)
+    query_positions, key_positions = np.arange(40), np.arange(96)
+    query = random_query(2, 40)
+    bias = layer.logits_bias(
+        tf.constant(query), query_positions, key_positions, consecutive=True
+    )
+    expected = reference_logits_term(
+        query, layer.key_embeddings.numpy(), query_positions, key_positions, 3
+    )
+    np.testing.assert_allclose(bias, expected, **TOLERANCE)
 
 
 def test_keys_beyond_max_distance_read_the_edge_rows():

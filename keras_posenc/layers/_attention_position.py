@@ -102,7 +102,7 @@ class AttentionPosition(keras.layers.Layer):
         """
         return query, key
 
-    def logits_bias(self, query, query_positions, key_positions):
+    def logits_bias(self, query, query_positions, key_positions, consecutive=False):
         """A float32 term added to the attention logits, or None.
 
         Args:
@@ -113,6 +113,10 @@ class AttentionPosition(keras.layers.Layer):
                 `(batch or 1, query, num_axes)` when `num_axes` > 1.
             key_positions: int32 tensor of shape `(batch or 1, key)`, or
                 `(batch or 1, key, num_axes)`.
+            consecutive: bool. Whether the positions are the attention's
+                defaults, `0 .. query - 1` and `0 .. key - 1` on one axis,
+                so that a scheme may use their structure. Defaults to
+                `False`.
 
         Returns:
             None, or a float32 tensor broadcastable to `(batch, heads,

@@ -109,7 +109,7 @@ class AlibiBias(HeadBias):
         self.symmetric = symmetric
         self.slopes = None if slopes is None else [float(slope) for slope in slopes]
 
-    def logits_bias(self, query, query_positions, key_positions):
+    def logits_bias(self, query, query_positions, key_positions, consecutive=False):
         distance = ops.relative_distance(
             query_positions, key_positions
         )  # (batch or 1, query, key): j - i

@@ -153,7 +153,7 @@ class GridRelativePositionBias(HeadBias):
             autocast=False,
         )
 
-    def logits_bias(self, query, query_positions, key_positions):
+    def logits_bias(self, query, query_positions, key_positions, consecutive=False):
         distance = ops.relative_distance(
             query_positions, key_positions, self.num_axes
         )  # (batch or 1, query, key[, num_axes]): key - query

@@ -654,7 +654,12 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             tf.einsum("bsnh,btnh->bnts", key, query), "float32"
         )  # (batch, heads, query, key)
         if position is not None and factors is None:
-            bias = position.logits_bias(query, query_positions, key_positions)
+            bias = position.logits_bias(
+                query,
+                query_positions,
+                key_positions,
+                consecutive=self._call_state.consecutive,
+            )
             if bias is not None:
                 logits = logits + bias
         mask = self._attention_mask(attention_mask, query_positions, key_positions)

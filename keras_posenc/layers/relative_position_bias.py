@@ -116,7 +116,7 @@ class RelativePositionBias(HeadBias):
             autocast=False,
         )
 
-    def logits_bias(self, query, query_positions, key_positions):
+    def logits_bias(self, query, query_positions, key_positions, consecutive=False):
         # Every distance from `max_distance` on falls in the last bucket of
         # its direction, so the bias is a table of the 2 * max_distance + 1
         # clipped distances, read by `clip(j - i)`: the buckets (and their

@@ -104,7 +104,7 @@ class ShortestPathBias(HeadBias):
             autocast=False,
         )
 
-    def logits_bias(self, query, query_positions, key_positions):
+    def logits_bias(self, query, query_positions, key_positions, consecutive=False):
         # On a graph, the attention passes the adjacency as both positions.
         hops = ops.hop_counts(
             ops.read_adjacency(query_positions), self.max_distance
