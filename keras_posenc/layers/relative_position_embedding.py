@@ -13,9 +13,9 @@ def _block_size(keys):
     of `2k - 1` entries per query, the sums of the blocks of keys before a
     key, and the entries of its block: the largest divisor of `keys` up to
     `keys / 16` and 64, if at least 8. Longer blocks leave fewer sums and
-    more entries to read; at 1024 keys, blocks of 64 took less time and
-    memory than blocks of 32 or 16 (1.07x the peak of plain attention at
-    2048 keys, against 1.14x and 1.15x). None for a length unknown when
+    more entries to read: at 2048 keys, blocks of 64 took 1.07x the peak
+    memory of plain attention, blocks of 32 and 16 1.14x and 1.15x, in
+    about the same time. None for a length unknown when
     traced, under 128, or without such a divisor (a prime, say): the
     segment sum then serves, whose copy of the weights is small where the
     keys are few.
