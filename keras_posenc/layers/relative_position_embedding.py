@@ -108,7 +108,7 @@ def _sum_by_band(values, max_distance, block):
     )  # (batch, heads, query, 2k + 1)
 
 
-def _by_band(rows, max_distance, block):
+def _by_band(query_positions, key_positions, max_distance, block):
     """`_read_by_distance` and the sums per distance, each the other's gradient.
 
     The two are adjoint: reading a table by distance and summing per
@@ -117,9 +117,9 @@ def _by_band(rows, max_distance, block):
     logits' size, as TensorFlow's gradients of a gather do.
 
     Args:
-        rows: int32 tensor of shape `(batch, query, key)`: the clipped
-            distances' rows, for queries `0 .. query - 1` and keys `0 ..
-            key - 1`.
+        query_positions: int32 tensor of shape `(1, query)`, `0 .. query -
+            1`.
+        key_positions: int32 tensor of shape `(1, key)`, `0 .. key - 1`.
         max_distance: int. The clipping distance `k`.
         block: int. A divisor of `key`, the block of `_sum_by_band`.
 
@@ -134,6 +134,12 @@ def _by_band(rows, max_distance, block):
         def gradient(upstream):
             return total(upstream)
 
+        rows = ops.clipped_distance_rows(
+            query_positions,
+            key_positions,
+            max_distance,
+            tf.shape(per_distance)[0],
+        )  # (batch, query, key)
         return _read_by_distance(per_distance, rows), gradient
 
     @tf.custom_gradient
@@ -306,31 +312,33 @@ class RelativePositionEmbedding(AttentionPosition):
         )
 
     def logits_bias(self, query, query_positions, key_positions, consecutive=False):
-        rows = self._table_rows(
-            query_positions, key_positions, tf.shape(query)[0]
-        )  # (batch, query, key)
         # Section 3.3's second term for every distance at once.
         relative_logits = tf.einsum(
             "btnd,rd->btrn", tf.cast(query, "float32"), self.key_embeddings
         )  # (batch, query, 2k + 1, heads)
         block = _block_size(key_positions.shape[-1]) if consecutive else None
         if block is None:
+            rows = self._table_rows(
+                query_positions, key_positions, tf.shape(query)[0]
+            )  # (batch, query, key)
             return _read_by_distance(relative_logits, rows)
-        read, _ = _by_band(rows, self.max_distance, block)
+        read, _ = _by_band(query_positions, key_positions, self.max_distance, block)
         return read(relative_logits)  # (batch, heads, query, key)
 
     def value_term(
         self, attention_weights, query_positions, key_positions, consecutive=False
     ):
         weights = tf.cast(attention_weights, "float32")
-        rows = self._table_rows(
-            query_positions, key_positions, tf.shape(weights)[0]
-        )  # (batch, query, key)
         block = _block_size(weights.shape[3]) if consecutive else None
         if block is None:
+            rows = self._table_rows(
+                query_positions, key_positions, tf.shape(weights)[0]
+            )  # (batch, query, key)
             summed = self._sum_by_segments(weights, rows)
         else:
-            _, total = _by_band(rows, self.max_distance, block)
+            _, total = _by_band(
+                query_positions, key_positions, self.max_distance, block
+            )
             summed = total(weights)  # (batch, query, 2k + 1, heads)
         return tf.einsum(
             "btrn,rd->btnd", summed, self.value_embeddings
