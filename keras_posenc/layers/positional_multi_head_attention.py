@@ -436,7 +436,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 ),
             )  # (batch or 1, query), (batch or 1, key)
         # The defaults on one axis, 0 .. length - 1 for queries and keys,
-        # whose structure a scheme may use (`AttentionPosition.value_term`).
+        # whose structure a scheme may use (`consecutive` of
+        # `AttentionPosition.logits_bias` and `value_term`).
         self._call_state.consecutive = (
             query_positions is None
             and key_positions is None

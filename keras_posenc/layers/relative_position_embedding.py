@@ -15,10 +15,9 @@ def _block_size(keys):
     `keys / 16` and 64, if at least 8. Longer blocks leave fewer sums and
     more entries to read: at 2048 keys, blocks of 64 took 1.07x the peak
     memory of plain attention, blocks of 32 and 16 1.14x and 1.15x, in
-    about the same time. None for a length unknown when
-    traced, under 128, or without such a divisor (a prime, say): the
-    segment sum then serves, whose copy of the weights is small where the
-    keys are few.
+    about the same time. None for a length unknown when traced, under 128,
+    or without such a divisor (a prime, say): the segment sum then serves,
+    whose copy of the weights is small where the keys are few.
     """
     if keys is None:
         return None
@@ -46,7 +45,7 @@ def _read_by_distance(per_distance, rows):
 
 
 def _sum_by_band(values, max_distance, block):
-    """The sums of each query's entries per clipped distance, at 0, 1, ...
+    """The sums of each query's entries per clipped distance, `-k` to `k`.
 
     For queries at positions `0 .. query - 1` and keys at `0 .. key - 1`,
     query `i` has one key at each distance `d` with `|d| < k`, key `i + d`
