@@ -263,13 +263,50 @@ def test_attention_table_tells_a_miss_from_noise():
     assert "| plain, `dot_product_attention` path | 100.0 | 1.200x |" in table
 
 
+def test_attention_table_judges_memory_in_whole_mib():
+    timed = ("plain", "plain_einsum_path", "plain_einsum_path_again")
+    results = {name: 0.1 for name in timed + attention.SCHEMES}
+    results.update(
+        {f"{name}_vs_plain": 1.0 for name in attention.SCHEMES},
+        **{f"{name}_vs_plain_einsum_path": 1.0 for name in attention.SCHEMES},
+        **{f"{name}_logits_writes": 2 for name in attention.MEMORY_CANDIDATES},
+        plain_vs_plain_einsum_path=1.0,
+        vs_itself=1.0,
+    )
+    peaks = {
+        "plain_einsum_path": 560 + 56 / 2**20,  # 56 bytes of constants
+        "plain": 1056.0,
+        "alibi": 560 + 120 / 2**20,  # 64 bytes more: under 1 MiB
+        "rope": 561 + 56 / 2**20,  # 1 MiB more
+        "t5": 616.4,  # 1.1007x, 616 MiB in whole MiB: 1.1x
+        "shaw": 644.6,  # 1.1511x, 645 MiB: 1.152x
+    }
+    for name, peak in peaks.items():
+        results[f"{name}_peak_mib"] = peak
+        results[f"{name}_memory_vs_plain_einsum_path"] = (
+            peak / peaks["plain_einsum_path"]
+        )
+    lines = attention.format_table(results).splitlines()
+
+    def memory_cells(name):
+        (line,) = [
+            line for line in lines if line.startswith(f"| {attention.LABELS[name]} |")
+        ]
+        return line.split(" | ")[-4:]
+
+    assert memory_cells("alibi") == ["560", "1.00x", "<= 1.00x", "yes |"]
+    assert memory_cells("rope") == ["561", "1.00x", "<= 1.00x", "no |"]
+    assert memory_cells("t5") == ["616", "1.10x", "<= 1.10x", "yes |"]
+    assert memory_cells("shaw") == ["645", "1.15x", "<= 1.15x", "no |"]
+
+
 def test_logits_writes_counts_the_passes_that_write_the_logits():
     # Plain attention on Keras' einsum path writes the logits (the first
     # product), their exponentials and the weights divided by their sums;
     # on its `dot_product_attention` path also the logits scaled; the
     # layer's softmax, normalized after the product with the values, one
     # fewer than the einsum path. ALiBi's bias (2 heads, slopes 1/16 and
-    # 1/256) joins the product: no pass of its own.
+    # 1/256) is added inside the exponentials: no pass of its own.
     sizes = {"batch": 2, "length": 64, "heads": 2, "key_dim": 8}
     assert attention.logits_writes("plain", **sizes) == 4
     assert attention.logits_writes("plain_einsum_path", **sizes) == 3

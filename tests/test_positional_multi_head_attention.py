@@ -10,6 +10,7 @@ al. 2020). Learned tables are filled with random values, so that a wrong
 index shows.
 """
 
+import functools
 import json
 import math
 import re
@@ -1455,3 +1456,223 @@ def test_alibi_in_the_product_is_exact_at_long_positions(compiled):
     expected_output = np.einsum("bthd,hdf->btf", attended, kernel) + bias
     assert_close(weights, expected_weights, atol=2e-6)
     assert_close(output, expected_output, atol=1e-5)
+
+
+# At the attention's default positions and without a mask, ALiBi gives the
+# softmax the largest value of its bias over each block of 32 to 64 keys
+# (`AttentionPosition.logits_bias_maxima`): the softmax subtracts the
+# largest sum of a block's largest unbiased logit and that value, and adds
+# the bias inside the exponentials.
+
+
+def alibi_reference(layer, query, key, slopes, symmetric):
+    """Output and weights of `layer` at the default positions, in float64."""
+    query = np.asarray(query, "float64")
+    key = np.asarray(key, "float64")
+    queries = project(query, layer.query_dense)  # (batch, query, heads, dim)
+    keys = project(key, layer.key_dense)
+    values = project(key, layer.value_dense)
+    distance = (
+        np.arange(key.shape[1])[None, :] - np.arange(query.shape[1])[:, None]
+    )  # (query, key): j - i
+    if symmetric:
+        distance = -np.abs(distance)
+    logits = np.einsum(
+        "bthd,bshd->bhts", queries, keys
+    ) / math.sqrt(queries.shape[-1]) + np.asarray(slopes, "float64")[
+        :, None, None
+    ] * distance  # (batch, heads, query, key)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attended = np.einsum("bhts,bshd->bthd", weights, values)
+    kernel = np.asarray(layer.output_dense.kernel.numpy(), "float64")
+    bias = np.asarray(layer.output_dense.bias.numpy(), "float64")
+    return np.einsum("bthd,hdf->btf", attended, kernel) + bias, weights
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["causal-form", "symmetric"])
+@pytest.mark.parametrize("heads", [1, 8, ALIBI_ADDED_HEADS])
+@pytest.mark.parametrize("keys", [32, 96, 120, 128, 4096])
+def test_alibi_bias_maxima_bound_the_bias_of_each_block(keys, heads, symmetric):
+    alibi = AlibiBias(heads, symmetric=symmetric)
+    queries = 40
+    block, maxima = alibi.logits_bias_maxima(
+        tf.range(queries)[tf.newaxis], tf.range(keys)[tf.newaxis]
+    )
+    slopes = references.alibi_slopes(heads)
+    # The largest divisor of the keys from 32 to 64 over which the steepest
+    # slope moves the bias by at most 32: 1/256 (1 head), 1/2 (8 heads),
+    # 2 ** -0.5 (12 heads, whose 46 keys move it by 31.8).
+    largest = {1: 64, 8: 64, ALIBI_ADDED_HEADS: 46}[heads]
+    assert (largest - 1) * slopes.max() <= 32 < largest * slopes.max() or largest == 64
+    assert block == max(
+        size for size in range(32, largest + 1) if keys % size == 0
+    )
+    distance = np.arange(keys)[None, :] - np.arange(queries)[:, None]
+    if symmetric:
+        distance = -np.abs(distance)
+    bias = (slopes[:, None, None] * distance).reshape(
+        heads, queries, keys // block, block
+    )
+    maxima = maxima.numpy()[0].astype("float64")  # (heads, query, key / block)
+    assert maxima.shape == (heads, queries, keys // block)
+    # At least the bias's largest value in the block, at most 32 above its
+    # smallest, but for float32's rounding of the slopes and the sums.
+    rounding = 1e-6 * (1 + np.abs(bias).max(-1))
+    assert np.all(maxima >= bias.max(-1) - rounding)
+    assert np.all(maxima - bias.min(-1) <= 32 + rounding)
+    if not symmetric:  # the bias at the block's last key
+        np.testing.assert_allclose(maxima, bias[..., -1], rtol=1e-6, atol=1e-6)
+    else:  # 0 in the block of the query, else the bias at the nearer end
+        nearest = np.where(
+            np.arange(queries)[:, None] // block == np.arange(keys // block),
+            0.0,
+            bias.max(-1),
+        )
+        assert np.all(maxima >= nearest - rounding)
+
+
+def test_alibi_bias_maxima_need_blocks_the_bias_varies_little_over():
+    positions = tf.range(128)[tf.newaxis]
+    # 32 keys at the least; a length unknown when traced, without a divisor
+    # from 32 to 64 (a prime), or slopes so steep that 32 keys move the bias
+    # by more than 32: the bias is added to the logits, or joins the product.
+    assert AlibiBias(8).logits_bias_maxima(positions[:, :31], positions[:, :31]) is None
+    assert AlibiBias(8).logits_bias_maxima(positions, positions[:, :127]) is None
+    assert AlibiBias(2, slopes=[1.0, 2.0]).logits_bias_maxima(positions, positions) is None
+    assert AlibiBias(2, slopes=[1.0, 0.5]).logits_bias_maxima(positions, positions)[0] == 32
+
+    @tf.function(input_signature=[tf.TensorSpec((1, None), tf.int32)])
+    def unknown_length(key_positions):
+        assert AlibiBias(8).logits_bias_maxima(positions, key_positions) is None
+        return key_positions
+
+    unknown_length(positions)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize(
+    "heads, symmetric",
+    [(ALIBI_PRODUCT_HEADS, False), (ALIBI_PRODUCT_HEADS, True), (ALIBI_ADDED_HEADS, False)],
+    ids=["causal-form", "symmetric", "added"],
+)
+@pytest.mark.parametrize("queries, keys", [(96, 96), (40, 128)])
+def test_alibi_at_default_positions_equals_float64_reference(
+    queries, keys, heads, symmetric, compiled
+):
+    layer = PositionalMultiHeadAttention(
+        heads, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(heads, symmetric=symmetric)
+    )
+    query = random_inputs((BATCH, queries, FEATURES))
+    value = random_inputs((BATCH, keys, FEATURES), seed=1)
+    layer(query, value)
+    randomize_weights(layer)
+    attend = functools.partial(layer, return_attention_scores=True)
+    if compiled:
+        attend = tf.function(attend, jit_compile=True)
+    output, weights = attend(query, value)
+    expected_output, expected_weights = alibi_reference(
+        layer, query, value, references.alibi_slopes(heads), symmetric
+    )
+    assert_close(weights, expected_weights)
+    assert_close(output, expected_output)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+def test_alibi_softmax_keeps_a_far_large_logit_from_underflowing(compiled):
+    # One head of slope 1/2 over 256 keys, key 0 with a logit of 100 for
+    # every query, the others 0. Query 0's largest biased logit is 127.5,
+    # at key 255, while the largest logit plus the largest bias is 227.5:
+    # subtracting that, every exponential of the row would underflow
+    # (exp(-100) is below float32's smallest normal number). The blocks'
+    # maxima give at most 31.5 more than the true maximum.
+    length = 256
+    layer = PositionalMultiHeadAttention(
+        1, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(1, slopes=[0.5])
+    )
+    tokens = np.zeros((1, length, FEATURES), "float32")
+    tokens[0, 0, 0] = 1.0  # key 0
+    tokens[0, :, 1] = 1.0  # every query
+    tokens[0, :, 2] = random_inputs((length,), seed=3)  # the values
+    layer(tokens, tokens)
+    for dense in (layer.query_dense, layer.key_dense, layer.value_dense):
+        dense.kernel.assign(np.zeros(dense.kernel.shape))
+        dense.bias.assign(np.zeros(dense.bias.shape))
+    query_kernel = np.zeros(layer.query_dense.kernel.shape, "float32")
+    query_kernel[1, 0, 0] = math.sqrt(KEY_DIM)  # q = [sqrt(d), 0, ...]
+    key_kernel = np.zeros(layer.key_dense.kernel.shape, "float32")
+    key_kernel[0, 0, 0] = 100.0  # k_0 = [100, 0, ...], k_j = 0
+    value_kernel = np.zeros(layer.value_dense.kernel.shape, "float32")
+    value_kernel[2, 0] = 1.0
+    layer.query_dense.kernel.assign(query_kernel)
+    layer.key_dense.kernel.assign(key_kernel)
+    layer.value_dense.kernel.assign(value_kernel)
+    attend = functools.partial(layer, return_attention_scores=True)
+    if compiled:
+        attend = tf.function(attend, jit_compile=True)
+    output, weights = attend(tokens, tokens)
+    expected_output, expected_weights = alibi_reference(
+        layer, tokens, tokens, [0.5], symmetric=False
+    )
+    assert expected_weights[0, 0, 0, 0] == pytest.approx(math.exp(-127.5 + 100 - 0))
+    assert_close(weights, expected_weights)
+    assert_close(output, expected_output)
+
+
+def test_alibi_at_default_positions_under_xla_gradients_equal_float64():
+    heads, queries, keys = ALIBI_PRODUCT_HEADS, 40, 96
+    layer = PositionalMultiHeadAttention(
+        heads, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(heads, symmetric=True)
+    )
+    query = random_inputs((BATCH, queries, FEATURES))
+    value = random_inputs((BATCH, keys, FEATURES), seed=1)
+    layer(query, value)
+    randomize_weights(layer)
+    cotangent = random_inputs((BATCH, queries, FEATURES), seed=2)
+    slopes = references.alibi_slopes(heads)
+    distance = -np.abs(np.arange(keys)[None, :] - np.arange(queries)[:, None])
+
+    def float64_attention(query, value, kernels):
+        # The attention from its formula, in float64 TensorFlow.
+        (query_kernel, query_bias, key_kernel, key_bias, value_kernel,
+         value_bias, output_kernel, output_bias) = kernels  # fmt: skip
+        queries = tf.einsum("btf,fnd->btnd", query, query_kernel) + query_bias
+        keys = tf.einsum("bsf,fnd->bsnd", value, key_kernel) + key_bias
+        values = tf.einsum("bsf,fnd->bsnd", value, value_kernel) + value_bias
+        logits = tf.einsum("btnd,bsnd->bnts", queries, keys) / math.sqrt(KEY_DIM)
+        weights = tf.nn.softmax(logits + slopes[:, None, None] * distance)
+        attended = tf.einsum("bnts,bsnd->btnd", weights, values)
+        return tf.einsum("btnd,ndf->btf", attended, output_kernel) + output_bias
+
+    variables = layer.trainable_variables
+
+    @tf.function(jit_compile=True)
+    def gradients(query, value):
+        with tf.GradientTape() as tape:
+            tape.watch([query, value])
+            loss = tf.reduce_sum(layer(query, value) * cotangent)
+        return tape.gradient(loss, [query, value] + variables)
+
+    actual = gradients(tf.constant(query), tf.constant(value))
+    inputs = [tf.constant(query, tf.float64), tf.constant(value, tf.float64)]
+    by_name = {variable.path.split("/", 1)[1]: variable for variable in variables}
+    kernels = [
+        tf.constant(by_name[f"{dense}/{weight}"].numpy(), tf.float64)
+        for dense in ("query", "key", "value", "attention_output")
+        for weight in ("kernel", "bias")
+    ]
+    with tf.GradientTape() as tape:
+        tape.watch(inputs + kernels)
+        loss = tf.reduce_sum(float64_attention(*inputs, kernels) * cotangent)
+    expected = tape.gradient(loss, inputs + kernels)
+    expected_by_variable = dict(
+        zip(
+            [f"{dense}/{weight}" for dense in ("query", "key", "value", "attention_output") for weight in ("kernel", "bias")],
+            expected[2:],
+        )
+    )
+    for gradient, expected_gradient in zip(actual[:2], expected[:2]):
+        assert_close(gradient, expected_gradient.numpy(), atol=1e-4)
+    for variable, gradient in zip(variables, actual[2:]):
+        name = variable.path.split("/", 1)[1]
+        assert_close(gradient, expected_by_variable[name].numpy(), atol=1e-4, err_msg=name)

@@ -5,7 +5,9 @@
 which default to nothing. RoPE transforms the projected queries and keys,
 ALiBi and T5 add a bias to the logits, Shaw et al. add a content term to the
 logits and a term to the values; a bias of rank two (ALiBi's causal one) may
-instead come as columns that join the product of queries and keys.
+instead come as columns that join the product of queries and keys, and a
+bias that varies little over a few consecutive keys (ALiBi's) may give its
+largest value over each block of them, for the softmax's maximum.
 
 Every scheme says how many coordinates a position has, `num_axes` (1 for
 text; 2 or 3 on image and video grids), and how many tokens lead the
@@ -28,6 +30,13 @@ attention's caller gave it.
 import keras
 
 from keras_posenc import ops
+
+# The most a bias may vary within a block of keys of `logits_bias_maxima`.
+# The number the softmax subtracts is then at most this above the true
+# maximum of the biased logits, the largest exponential at least exp(-32),
+# about 1e-14: far from float32's smallest normal number, exp(-87), so the
+# exponentials that count keep their full precision.
+BIAS_SPREAD = 32.0
 
 
 def read_embeddings_initializer(embeddings_initializer):
@@ -121,6 +130,36 @@ class AttentionPosition(keras.layers.Layer):
         Returns:
             None, or a float32 tensor broadcastable to `(batch, heads,
             num_prefix_tokens + query, num_prefix_tokens + key)`.
+        """
+        return None
+
+    def logits_bias_maxima(self, query_positions, key_positions):
+        """The bias's largest value over each block of keys, or None.
+
+        The softmax subtracts a number from each query's logits before the
+        exponentials, so that none overflows; the maximum of the biased
+        logits is the usual one, but XLA's CPU backend reads a maximum from
+        a tensor in memory, which makes a bias added to the logits a pass
+        of its own. Any number at least that maximum, and not far above
+        it, does as well: the attention takes the maximum of the unbiased
+        logits over each block of keys plus the bias's largest value there,
+        and adds the bias inside the exponentials. Where the bias varies by
+        at most `s` within a block, that number is at most `s` above the
+        maximum, and the largest exponential at least `exp(-s)`.
+
+        Asked only at the attention's default positions, without a mask,
+        for float32 logits.
+
+        Args:
+            query_positions: int32 tensor of shape `(batch or 1, query)`.
+            key_positions: int32 tensor of shape `(batch or 1, key)`.
+
+        Returns:
+            None, or a tuple `(block_size, maxima)`: an int dividing the
+            number of keys, and a float32 tensor of shape `(batch or 1,
+            heads, query, key / block_size)`: for each query and block of
+            `block_size` consecutive keys, at least every value of
+            `logits_bias` there and at most `BIAS_SPREAD` above any.
         """
         return None
 

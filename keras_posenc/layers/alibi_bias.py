@@ -5,7 +5,7 @@ import keras
 import tensorflow as tf
 
 from keras_posenc import ops
-from keras_posenc.layers._attention_position import HeadBias
+from keras_posenc.layers._attention_position import BIAS_SPREAD, HeadBias
 
 
 def _powers_of_two(slopes):
@@ -13,6 +13,21 @@ def _powers_of_two(slopes):
     return all(
         math.frexp(float(slope))[0] == 0.5 for slope in tf.get_static_value(slopes)
     )
+
+
+def _maxima_block_size(keys, steepest):
+    """The block of keys of `logits_bias_maxima`, or None.
+
+    The largest divisor of `keys` up to 64 over which the bias of slope
+    `steepest` varies by at most `BIAS_SPREAD`, if at least 32: the maxima
+    are then at most 1/32 of the logits. None for a length unknown when
+    traced, or without such a divisor.
+    """
+    if keys is None:
+        return None
+    largest = min(64, int(BIAS_SPREAD / steepest) + 1, keys)
+    sizes = [size for size in range(32, largest + 1) if keys % size == 0]
+    return max(sizes) if sizes else None
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -110,16 +125,43 @@ class AlibiBias(HeadBias):
         self.slopes = None if slopes is None else [float(slope) for slope in slopes]
 
     def logits_bias(self, query, query_positions, key_positions, consecutive=False):
-        distance = ops.relative_distance(
-            query_positions, key_positions
-        )  # (batch or 1, query, key): j - i
+        return self._bias(
+            ops.relative_distance(query_positions, key_positions)
+        )  # (batch or 1, heads, query, key)
+
+    def _bias(self, distance):
+        """The bias of int32 distances `j - i`, `(batch or 1, query, n)`."""
         if self.symmetric:
             distance = -tf.abs(distance)
         slopes = self._slopes()
         return (
             slopes[:, tf.newaxis, tf.newaxis]
             * tf.cast(distance, "float32")[:, tf.newaxis]
+        )  # (batch or 1, heads, query, n)
+
+    def logits_bias_maxima(self, query_positions, key_positions):
+        # Within a block of B consecutive keys the bias is `m (j - i)`, from
+        # its first key to its last, or `-m |j - i|`, largest at the key
+        # nearest the query: either way at most the smaller of the two
+        # ends plus m (B - 1), the most it varies there, and no less than
+        # its largest value. The ends are read from the bias itself, not
+        # computed from the positions: TensorFlow folds a small tensor
+        # made of constants into a constant of the compiled program (2 MiB
+        # at 2048 queries and keys), while from a slice of the whole bias
+        # XLA computes those entries alone, as it runs.
+        slopes = self._slopes()
+        block = _maxima_block_size(
+            key_positions.shape[-1], max(tf.get_static_value(slopes))
+        )
+        if block is None:
+            return None
+        bias = self.logits_bias(
+            None, query_positions, key_positions
         )  # (batch or 1, heads, query, key)
+        ends = tf.minimum(
+            bias[..., ::block], bias[..., block - 1 :: block]
+        )  # (batch or 1, heads, query, key / block)
+        return block, ends + (block - 1) * slopes[:, tf.newaxis, tf.newaxis]
 
     def logits_factors(self, query_positions, key_positions):
         # The causal bias m (j - i) is of rank two: [m, -m i] . [j, 1]. Only

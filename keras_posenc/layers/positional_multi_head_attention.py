@@ -73,6 +73,43 @@ def _broadcast_batch(factors, heads):
     )
 
 
+def _biased_exponentials(logits, bias, block_size, bias_maxima):
+    """`exp(logits + bias - c)`, `c` from the logits' maxima over blocks of keys.
+
+    The softmax needs `c` at least each query's largest biased logit, so
+    that no exponential overflows, and not far above it. The largest
+    unbiased logit of each block of keys plus the bias's largest value
+    there (`AttentionPosition.logits_bias_maxima`) is at least every biased
+    logit of the block, and at most the bias's spread above one of them:
+    their maximum over blocks is such a `c`. The logits are read once for
+    the blocks' maxima and once for the exponentials, the bias computed
+    inside that pass, where adding it first would write the biased logits
+    for their maximum. The output does not depend on `c`: no gradient
+    flows through it.
+
+    Args:
+        logits: float32 tensor of shape `(batch, heads, query, key)`.
+        bias: float32 tensor broadcastable to it.
+        block_size: int. Divides `key`.
+        bias_maxima: float32 tensor of shape `(batch or 1, heads, query,
+            key / block_size)`.
+
+    Returns:
+        A float32 tensor of the logits' shape.
+    """
+    shape = tf.shape(logits)
+    block_maxima = tf.reduce_max(
+        tf.reshape(
+            logits, [shape[0], shape[1], shape[2], shape[3] // block_size, block_size]
+        ),
+        axis=-1,
+    )  # (batch, heads, query, key / block_size)
+    shift = tf.stop_gradient(
+        tf.reduce_max(block_maxima + bias_maxima, axis=-1, keepdims=True)
+    )  # (batch, heads, query, 1)
+    return tf.exp(logits + bias - shift)
+
+
 def _describe(position):
     """The scheme, its axes and prefix tokens, for messages."""
     if position is None:
@@ -634,8 +671,16 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         else:
             query, key, value = self._update_cache(query, key, value)
         query = query * tf.cast(1.0 / math.sqrt(self.key_dim), query.dtype)
-        factors = None
-        if position is not None and query.dtype == tf.float32:
+        mask = self._attention_mask(attention_mask, query_positions, key_positions)
+        maxima = factors = None
+        if (
+            position is not None
+            and mask is None
+            and self._call_state.consecutive
+            and query.dtype == tf.float32
+        ):
+            maxima = position.logits_bias_maxima(query_positions, key_positions)
+        if maxima is None and position is not None and query.dtype == tf.float32:
             factors = position.logits_factors(query_positions, key_positions)
             if factors is not None and not _exact_float32_products():
                 factors = None
@@ -654,6 +699,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         logits = tf.cast(
             tf.einsum("bsnh,btnh->bnts", key, query), "float32"
         )  # (batch, heads, query, key)
+        bias = None
         if position is not None and factors is None:
             bias = position.logits_bias(
                 query,
@@ -661,9 +707,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 key_positions,
                 consecutive=self._call_state.consecutive,
             )
-            if bias is not None:
+            if bias is not None and maxima is None:
                 logits = logits + bias
-        mask = self._attention_mask(attention_mask, query_positions, key_positions)
         # The softmax, normalized after the product with the values: with
         # `e = exp(logits - max)` and `z` its sum over keys, the output is
         # `(e @ value) / z`, one division per output feature, where dividing
@@ -672,7 +717,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         # term are linear in the weights, so they take `e` as well. Under
         # float16 the sums `e @ value` may pass its largest value, 65504: it
         # divides first.
-        if mask is None:
+        if maxima is not None:
+            exponentials = _biased_exponentials(logits, bias, *maxima)
+        elif mask is None:
             exponentials = tf.exp(
                 logits - tf.reduce_max(logits, axis=-1, keepdims=True)
             )  # (batch, heads, query, key)
