@@ -944,6 +944,29 @@ def test_mixed_bfloat16_adds_bias_and_normalizes_in_float32():
     assert np.all(error <= (2**-8 + 1e-6) * expected), (error / expected).max()
 
 
+def test_mixed_bfloat16_adds_alibi_bias_inside_the_float32_softmax():
+    # At the default positions, without a mask, ALiBi's bias goes inside
+    # the exponentials (blocks of 48 keys at 96): float32 there too.
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    layer = PositionalMultiHeadAttention(
+        1, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(1, slopes=[0.5], symmetric=True)
+    )
+    tokens = random_inputs((BATCH, 96, FEATURES))
+    layer(tokens, tokens)
+    randomize_weights(layer)
+    # No content logits (zero queries): the bias alone sets the weights.
+    layer.query_dense.kernel.assign(np.zeros(layer.query_dense.kernel.shape))
+    layer.query_dense.bias.assign(np.zeros(layer.query_dense.bias.shape))
+    # Biases down to -47.5, where bfloat16 steps by 0.25: rounded there,
+    # they would move the weights by up to 13%.
+    _, weights = layer(tokens, tokens, return_attention_scores=True)
+    distance = np.abs(np.arange(96)[None, :] - np.arange(96)[:, None])
+    expected = np.exp(-0.5 * distance)
+    expected /= expected.sum(-1, keepdims=True)
+    error = np.abs(tf.cast(weights, "float64").numpy() - expected)
+    assert np.all(error <= (2**-8 + 1e-6) * expected), (error / expected).max()
+
+
 def test_heads_mismatch_raises_value_error_naming_num_heads():
     tokens = np.zeros((1, 2, FEATURES), "float32")
     for position in (AlibiBias(5), RelativePositionBias(5)):

@@ -147,8 +147,7 @@ class AttentionPosition(keras.layers.Layer):
         at most `s` within a block, that number is at most `s` above the
         maximum, and the largest exponential at least `exp(-s)`.
 
-        Asked only at the attention's default positions, without a mask,
-        for float32 logits.
+        Asked only at the attention's default positions, without a mask.
 
         Args:
             query_positions: int32 tensor of shape `(batch or 1, query)`.

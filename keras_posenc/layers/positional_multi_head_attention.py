@@ -673,12 +673,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         query = query * tf.cast(1.0 / math.sqrt(self.key_dim), query.dtype)
         mask = self._attention_mask(attention_mask, query_positions, key_positions)
         maxima = factors = None
-        if (
-            position is not None
-            and mask is None
-            and self._call_state.consecutive
-            and query.dtype == tf.float32
-        ):
+        if position is not None and mask is None and self._call_state.consecutive:
             maxima = position.logits_bias_maxima(query_positions, key_positions)
         if maxima is None and position is not None and query.dtype == tf.float32:
             factors = position.logits_factors(query_positions, key_positions)
