@@ -1513,6 +1513,18 @@ def alibi_reference(layer, query, key, slopes, symmetric):
     return np.einsum("bthd,hdf->btf", attended, kernel) + bias, weights
 
 
+def alibi_at_default_positions(heads, symmetric, queries, keys):
+    """An ALiBi attention of random weights, and its query and value inputs."""
+    layer = PositionalMultiHeadAttention(
+        heads, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(heads, symmetric=symmetric)
+    )
+    query = random_inputs((BATCH, queries, FEATURES))
+    value = random_inputs((BATCH, keys, FEATURES), seed=1)
+    layer(query, value)
+    randomize_weights(layer)
+    return layer, query, value
+
+
 @pytest.mark.parametrize("symmetric", [False, True], ids=["causal-form", "symmetric"])
 @pytest.mark.parametrize("heads", [1, 8, ALIBI_ADDED_HEADS])
 @pytest.mark.parametrize("keys", [32, 96, 120, 128, 4096])
@@ -1583,13 +1595,7 @@ def test_alibi_bias_maxima_need_blocks_the_bias_varies_little_over():
 def test_alibi_at_default_positions_equals_float64_reference(
     queries, keys, heads, symmetric, compiled
 ):
-    layer = PositionalMultiHeadAttention(
-        heads, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(heads, symmetric=symmetric)
-    )
-    query = random_inputs((BATCH, queries, FEATURES))
-    value = random_inputs((BATCH, keys, FEATURES), seed=1)
-    layer(query, value)
-    randomize_weights(layer)
+    layer, query, value = alibi_at_default_positions(heads, symmetric, queries, keys)
     attend = functools.partial(layer, return_attention_scores=True)
     if compiled:
         attend = tf.function(attend, jit_compile=True)
@@ -1642,15 +1648,13 @@ def test_alibi_softmax_keeps_a_far_large_logit_from_underflowing(compiled):
     assert_close(output, expected_output)
 
 
+# Gradients sum over a batch, queries and keys: a few float32 ulps of each.
+GRADIENT_ATOL = 1e-5
+
+
 def test_alibi_at_default_positions_under_xla_gradients_equal_float64():
     heads, queries, keys = ALIBI_PRODUCT_HEADS, 40, 96
-    layer = PositionalMultiHeadAttention(
-        heads, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(heads, symmetric=True)
-    )
-    query = random_inputs((BATCH, queries, FEATURES))
-    value = random_inputs((BATCH, keys, FEATURES), seed=1)
-    layer(query, value)
-    randomize_weights(layer)
+    layer, query, value = alibi_at_default_positions(heads, True, queries, keys)
     cotangent = random_inputs((BATCH, queries, FEATURES), seed=2)
     slopes = references.alibi_slopes(heads)
     distance = -np.abs(np.arange(keys)[None, :] - np.arange(queries)[:, None])
@@ -1667,7 +1671,8 @@ def test_alibi_at_default_positions_under_xla_gradients_equal_float64():
         attended = tf.einsum("bnts,bsnd->btnd", weights, values)
         return tf.einsum("btnd,ndf->btf", attended, output_kernel) + output_bias
 
-    variables = layer.trainable_variables
+    denses = (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)
+    variables = [weight for dense in denses for weight in (dense.kernel, dense.bias)]
 
     @tf.function(jit_compile=True)
     def gradients(query, value):
@@ -1677,25 +1682,15 @@ def test_alibi_at_default_positions_under_xla_gradients_equal_float64():
         return tape.gradient(loss, [query, value] + variables)
 
     actual = gradients(tf.constant(query), tf.constant(value))
-    inputs = [tf.constant(query, tf.float64), tf.constant(value, tf.float64)]
-    by_name = {variable.path.split("/", 1)[1]: variable for variable in variables}
-    kernels = [
-        tf.constant(by_name[f"{dense}/{weight}"].numpy(), tf.float64)
-        for dense in ("query", "key", "value", "attention_output")
-        for weight in ("kernel", "bias")
+    arguments = [tf.constant(query, tf.float64), tf.constant(value, tf.float64)] + [
+        tf.constant(variable.numpy(), tf.float64) for variable in variables
     ]
     with tf.GradientTape() as tape:
-        tape.watch(inputs + kernels)
-        loss = tf.reduce_sum(float64_attention(*inputs, kernels) * cotangent)
-    expected = tape.gradient(loss, inputs + kernels)
-    expected_by_variable = dict(
-        zip(
-            [f"{dense}/{weight}" for dense in ("query", "key", "value", "attention_output") for weight in ("kernel", "bias")],
-            expected[2:],
+        tape.watch(arguments)
+        loss = tf.reduce_sum(
+            float64_attention(arguments[0], arguments[1], arguments[2:]) * cotangent
         )
-    )
-    for gradient, expected_gradient in zip(actual[:2], expected[:2]):
-        assert_close(gradient, expected_gradient.numpy(), atol=1e-4)
-    for variable, gradient in zip(variables, actual[2:]):
-        name = variable.path.split("/", 1)[1]
-        assert_close(gradient, expected_by_variable[name].numpy(), atol=1e-4, err_msg=name)
+    expected = tape.gradient(loss, arguments)
+    names = ["query", "value"] + [variable.path for variable in variables]
+    for gradient, expected_gradient, name in zip(actual, expected, names):
+        assert_close(gradient, expected_gradient.numpy(), atol=GRADIENT_ATOL, err_msg=name)
