@@ -39,6 +39,19 @@ from keras_posenc import ops
 BIAS_SPREAD = 32.0
 
 
+def largest_divisor(number, smallest, largest):
+    """The largest divisor of `number` from `smallest` to `largest`, or None.
+
+    The block of keys a scheme splits them into at the default positions
+    (Shaw's sums by band, ALiBi's maxima); None for a `number` unknown when
+    traced (None), or without such a divisor.
+    """
+    if number is None:
+        return None
+    sizes = [size for size in range(smallest, largest + 1) if number % size == 0]
+    return max(sizes) if sizes else None
+
+
 def read_embeddings_initializer(embeddings_initializer):
     """The Keras initializer of a scheme's table, or a `ValueError` naming it."""
     try:

@@ -5,7 +5,9 @@ import keras
 import tensorflow as tf
 
 from keras_posenc import ops
-from keras_posenc.layers._attention_position import BIAS_SPREAD, HeadBias
+from keras_posenc.layers._attention_position import BIAS_SPREAD
+from keras_posenc.layers._attention_position import HeadBias
+from keras_posenc.layers._attention_position import largest_divisor
 
 
 def _powers_of_two(slopes):
@@ -23,11 +25,7 @@ def _maxima_block_size(keys, steepest):
     are then at most 1/32 of the logits. None for a length unknown when
     traced, or without such a divisor.
     """
-    if keys is None:
-        return None
-    largest = min(64, int(BIAS_SPREAD / steepest) + 1, keys)
-    sizes = [size for size in range(32, largest + 1) if keys % size == 0]
-    return max(sizes) if sizes else None
+    return largest_divisor(keys, 32, min(64, int(BIAS_SPREAD / steepest) + 1))
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")

@@ -672,6 +672,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             query, key, value = self._update_cache(query, key, value)
         query = query * tf.cast(1.0 / math.sqrt(self.key_dim), query.dtype)
         mask = self._attention_mask(attention_mask, query_positions, key_positions)
+        # Where a bias goes: without a mask, at the default positions, inside
+        # the softmax's exponentials, if the scheme bounds it over blocks of
+        # keys (`_biased_exponentials`); else, of rank two and in a float32
+        # product, into the product as columns; else onto the logits.
         maxima = factors = None
         if position is not None and mask is None and self._call_state.consecutive:
             maxima = position.logits_bias_maxima(query_positions, key_positions)

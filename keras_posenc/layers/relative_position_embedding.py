@@ -3,6 +3,7 @@ import tensorflow as tf
 
 from keras_posenc import ops
 from keras_posenc.layers._attention_position import AttentionPosition
+from keras_posenc.layers._attention_position import largest_divisor
 from keras_posenc.layers._attention_position import read_embeddings_initializer
 
 
@@ -21,9 +22,7 @@ def _block_size(keys):
     """
     if keys is None:
         return None
-    largest = min(64, keys // 16)
-    sizes = [size for size in range(8, largest + 1) if keys % size == 0]
-    return max(sizes) if sizes else None
+    return largest_divisor(keys, 8, min(64, keys // 16))
 
 
 def _read_by_distance(per_distance, rows):
