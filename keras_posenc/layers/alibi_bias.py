@@ -123,19 +123,16 @@ class AlibiBias(HeadBias):
         self.slopes = None if slopes is None else [float(slope) for slope in slopes]
 
     def logits_bias(self, query, query_positions, key_positions, consecutive=False):
-        return self._bias(
-            ops.relative_distance(query_positions, key_positions)
-        )  # (batch or 1, heads, query, key)
-
-    def _bias(self, distance):
-        """The bias of int32 distances `j - i`, `(batch or 1, query, n)`."""
+        distance = ops.relative_distance(
+            query_positions, key_positions
+        )  # (batch or 1, query, key): j - i
         if self.symmetric:
             distance = -tf.abs(distance)
         slopes = self._slopes()
         return (
             slopes[:, tf.newaxis, tf.newaxis]
             * tf.cast(distance, "float32")[:, tf.newaxis]
-        )  # (batch or 1, heads, query, n)
+        )  # (batch or 1, heads, query, key)
 
     def logits_bias_maxima(self, query_positions, key_positions):
         # Within a block of B consecutive keys the bias is `m (j - i)`, from
