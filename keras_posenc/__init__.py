@@ -1,4 +1,4 @@
-"""Positional encodings for transformers, as Keras 3 layers on TensorFlow."""
+"""Positional encodings for transformers, as Keras 3 layers on every backend."""
 
 import importlib
 import os
@@ -24,11 +24,15 @@ __all__ = [
 ]
 
 
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
 def _refuse_backend(backend):
     raise ImportError(
-        "keras_posenc runs on the TensorFlow backend of Keras only. Set the "
-        "environment variable KERAS_BACKEND=tensorflow before importing keras. "
-        f"Current backend: {backend!r}"
+        f"keras_posenc runs on Keras' {', '.join(BACKENDS)} backends. Set the "
+        "environment variable KERAS_BACKEND to one of them (tensorflow, the "
+        f"default, is the reference) before importing keras. Current backend: "
+        f"{backend!r}"
     )
 
 
@@ -36,7 +40,7 @@ def _started_as_the_command():
     """Whether this process is `keras-posenc` or `python -m keras_posenc`.
 
     Both import this package before the command reads its arguments, and
-    importing Keras imports TensorFlow (seconds, and lines of C++ logging):
+    importing Keras imports its backend (seconds, and lines of C++ logging):
     the command imports them itself, for the subcommands that need them.
     """
     program = os.path.splitext(os.path.basename(sys.argv[0]))[0]
@@ -53,7 +57,7 @@ def _started_as_the_command():
 
 # Checked before importing keras, whose import fails on its own, less
 # helpfully, when the requested backend's library is not installed.
-if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
+if os.environ.get("KERAS_BACKEND", "tensorflow") not in BACKENDS:
     _refuse_backend(os.environ["KERAS_BACKEND"])
 
 if _started_as_the_command():

@@ -1,25 +1,55 @@
 import os
 
-os.environ["KERAS_BACKEND"] = "tensorflow"
+# TensorFlow is the reference and the default; `make test-jax` and
+# `make test-torch` run the suite with KERAS_BACKEND set to theirs.
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-# Two logical CPU devices, so that tf.distribute.MirroredStrategy has two
-# replicas to spread over on a machine without accelerators. This must happen
-# before TensorFlow initialises its devices, hence at import time.
-_cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0],
-    [tf.config.LogicalDeviceConfiguration()] * 2,
-)
+BACKEND = keras.backend.backend()
+
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+    # Two logical CPU devices, so that tf.distribute.MirroredStrategy has
+    # two replicas to spread over on a machine without accelerators. This
+    # must happen before TensorFlow initialises its devices, hence at import
+    # time.
+    _cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        _cpus[0],
+        [tf.config.LogicalDeviceConfiguration()] * 2,
+    )
 
 
 def pytest_report_header():
-    """Which end of the version range this run is at."""
-    return f"keras {keras.__version__}, tensorflow {tf.__version__}"
+    """Which backend, and which end of the version range, this run is at."""
+    versions = [f"keras {keras.__version__}"]
+    if BACKEND == "tensorflow":
+        versions.append(f"tensorflow {tf.__version__}")
+    elif BACKEND == "jax":
+        import jax
+
+        versions.append(f"jax {jax.__version__}")
+    else:
+        import torch
+
+        versions.append(f"torch {torch.__version__}")
+    return f"backend {BACKEND}: " + ", ".join(versions)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Off TensorFlow, deselect the tests that only TensorFlow can run."""
+    if BACKEND == "tensorflow":
+        return
+    kept, dropped = [], []
+    for item in items:
+        (dropped if item.get_closest_marker("tensorflow_only") else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)

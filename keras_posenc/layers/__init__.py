@@ -2,10 +2,11 @@
 
 import keras
 
+from keras_posenc import BACKENDS
 from keras_posenc import _refuse_backend
 
 # The backend may come from ~/.keras/keras.json rather than KERAS_BACKEND.
-if keras.backend.backend() != "tensorflow":
+if keras.backend.backend() not in BACKENDS:
     _refuse_backend(keras.backend.backend())
 
 from keras_posenc.layers.alibi_bias import AlibiBias

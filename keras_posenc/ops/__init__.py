@@ -1,0 +1,115 @@
+"""Pure functions of tensors behind the layers: frequencies, angles, tables.
+
+Everything here takes and returns tensors of the Keras backend, holds no
+Keras state and imports nothing from the rest of the package. Angles and
+tables are float32; the layers cast them to their compute dtype at the very
+end. One module per topic; every name is re-exported here.
+"""
+
+from keras_posenc.ops._checks import (
+    LAYOUTS,
+    ROPE_LAYOUTS,
+    check_layout,
+    check_rope_layout,
+    check_number_above_one,
+    check_max_wavelength,
+    check_positive_int,
+    check_num_axes,
+    check_grid_shape,
+    check_integer_scalar,
+    AXIS_LAYOUTS,
+    check_axis_layout,
+    check_relative_position_buckets,
+    INTERPOLATIONS,
+    check_interpolation,
+    LAPLACIAN_NORMALIZATIONS,
+    check_laplacian_normalization,
+    check_adjacency_shape,
+)
+from keras_posenc.ops.positions import (
+    read_positions,
+    grid_positions,
+    position_ids,
+    multimodal_positions,
+)
+from keras_posenc.ops.sinusoidal import (
+    inverse_frequencies,
+    angles,
+    sinusoidal,
+    translation_matrix,
+)
+from keras_posenc.ops.rotary import (
+    rotate,
+    rotate_by_tables,
+    shifted_cos_sin,
+    rope_pair_axes,
+    rope_frequency_matrix,
+    grid_angles,
+)
+from keras_posenc.ops.relative import (
+    alibi_slopes,
+    relative_distance_shape,
+    relative_distance,
+    clipped_distance_rows,
+    relative_position_bucket,
+    grid_relative_position_index,
+)
+from keras_posenc.ops.resize import (
+    resize_matrix,
+    resize_grid,
+)
+from keras_posenc.ops.graph import (
+    read_adjacency,
+    laplacian,
+    laplacian_eigenvectors,
+    random_walk_probabilities,
+    hop_counts,
+)
+
+__all__ = [
+    "AXIS_LAYOUTS",
+    "INTERPOLATIONS",
+    "LAPLACIAN_NORMALIZATIONS",
+    "LAYOUTS",
+    "ROPE_LAYOUTS",
+    "alibi_slopes",
+    "angles",
+    "check_adjacency_shape",
+    "check_axis_layout",
+    "check_grid_shape",
+    "check_integer_scalar",
+    "check_interpolation",
+    "check_laplacian_normalization",
+    "check_layout",
+    "check_max_wavelength",
+    "check_num_axes",
+    "check_number_above_one",
+    "check_positive_int",
+    "check_relative_position_buckets",
+    "check_rope_layout",
+    "clipped_distance_rows",
+    "grid_angles",
+    "grid_positions",
+    "grid_relative_position_index",
+    "hop_counts",
+    "inverse_frequencies",
+    "laplacian",
+    "laplacian_eigenvectors",
+    "multimodal_positions",
+    "position_ids",
+    "random_walk_probabilities",
+    "read_adjacency",
+    "read_positions",
+    "relative_distance",
+    "relative_distance_shape",
+    "relative_position_bucket",
+    "resize_grid",
+    "resize_matrix",
+    "rope_frequency_matrix",
+    "rope_pair_axes",
+    "rotate",
+    "rotate_by_tables",
+    "shifted_cos_sin",
+    "sinusoidal",
+    "translation_matrix",
+]

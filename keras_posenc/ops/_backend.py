@@ -1,0 +1,153 @@
+"""The one place where the package asks which Keras backend it runs on.
+
+Everything else computes with `keras.ops`. What `keras.ops` does not say
+(whether a value is known before the program runs, whether a check can
+raise where it stands, whether float32 matmuls keep float32) differs by
+backend, and is answered here, for TensorFlow, JAX and PyTorch. Each
+backend's library is imported only when it is the one in use.
+"""
+
+import keras
+import numpy as np
+
+
+def backend():
+    """The name of Keras' backend: `"tensorflow"`, `"jax"` or `"torch"`."""
+    return keras.backend.backend()
+
+
+def is_integer(value):
+    """Whether `value` is a tensor (or array) of an integer dtype."""
+    dtype = keras.backend.standardize_dtype(value.dtype)
+    return dtype.startswith("int") or dtype.startswith("uint")
+
+
+def is_symbolic(value):
+    """Whether `value` has no value yet: a Keras input, a trace, a graph."""
+    if isinstance(value, keras.KerasTensor):
+        return True
+    name = backend()
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        return tf.is_tensor(value) and tf.get_static_value(value) is None
+    if name == "jax":
+        import jax
+
+        return isinstance(value, jax.core.Tracer)
+    if name == "torch":
+        import torch
+
+        return keras.ops.is_tensor(value) and (
+            value.device.type == "meta" or torch.compiler.is_compiling()
+        )
+    return False
+
+
+def static_value(value):
+    """`value` as a NumPy array where it is known as the program is built.
+
+    Python numbers and NumPy arrays are known; a tensor is known in eager
+    mode, and a TensorFlow graph knows its constants. Returns `None` for a
+    value known only when the program runs (a trace, a graph's input).
+    """
+    if not keras.ops.is_tensor(value) and not isinstance(value, keras.KerasTensor):
+        return np.asarray(value)
+    if backend() == "tensorflow":
+        import tensorflow as tf
+
+        if isinstance(value, keras.KerasTensor):
+            return None
+        return tf.get_static_value(value)
+    if is_symbolic(value):
+        return None
+    return keras.ops.convert_to_numpy(value)
+
+
+def executing_eagerly():
+    """Whether ops run as they are called (no `tf.function` being traced).
+
+    On JAX and PyTorch a trace is told by its values (`is_symbolic`); this
+    is TensorFlow's own answer, true on the other backends.
+    """
+    if backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.executing_eagerly()
+    return True
+
+
+def checked(value, condition, message, summary=(), summarize=3):
+    """`value`, once the boolean tensor `condition` is known to hold.
+
+    Where `condition` has a value (eager mode, any backend), a false one
+    raises `ValueError(message)` at once. In a TensorFlow graph the check
+    runs with the graph and raises `InvalidArgumentError` with `message`
+    (and the tensors of `summary`); XLA drops it. A JAX or PyTorch trace
+    cannot raise: there the value passes unchecked.
+
+    Args:
+        value: tensor. What the check guards.
+        condition: bool tensor, any shape: all must be true.
+        message: str. Static: XLA has no strings at run time.
+        summary: tuple of tensors printed after `message` by TensorFlow's
+            graph check.
+        summarize: int. How many entries of each it prints.
+
+    Returns:
+        `value`, in TensorFlow graphs after the check.
+    """
+    known = static_value(condition)
+    if known is not None:
+        if not np.all(known):
+            raise ValueError(message)
+        return value
+    if backend() == "tensorflow" and not isinstance(condition, keras.KerasTensor):
+        import tensorflow as tf
+
+        assertion = tf.debugging.Assert(
+            tf.reduce_all(condition),
+            [message, *summary],
+            summarize=summarize,
+        )
+        with tf.control_dependencies([assertion]):
+            return tf.identity(value)
+    return value
+
+
+def float32_matmul_is_exact():
+    """Whether float32 matmuls on this machine keep float32's precision.
+
+    TPUs multiply float32 in bfloat16 passes, and GPUs with TensorFloat-32
+    enabled (TensorFlow's and JAX's default on Ampere and later) round the
+    factors to 10 bits: a product of positions and slopes then loses the
+    exact values that an identity needs.
+    """
+    name = backend()
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        if tf.config.list_logical_devices("TPU"):
+            return False
+        return not (
+            tf.config.list_logical_devices("GPU")
+            and tf.config.experimental.tensor_float_32_execution_enabled()
+        )
+    if name == "jax":
+        import jax
+
+        platform = jax.default_backend()
+        if platform == "cpu":
+            return True
+        return platform == "gpu" and jax.config.jax_default_matmul_precision in (
+            "highest",
+            "float32",
+        )
+    if name == "torch":
+        import torch
+
+        return not (
+            torch.cuda.is_available()
+            and torch.get_float32_matmul_precision() != "highest"
+        )
+    return True

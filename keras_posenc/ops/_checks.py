@@ -1,0 +1,271 @@
+"""The validators of the ops' and the layers' arguments: plain Python, no tensors."""
+
+import numbers
+
+import tensorflow as tf
+
+
+
+LAYOUTS = ("interleaved", "concat")
+
+
+ROPE_LAYOUTS = ("half", "interleaved")
+
+
+def check_layout(layout):
+    """Raise a `ValueError` unless `layout` is a known sin/cos layout."""
+    if layout not in LAYOUTS:
+        raise ValueError(
+            f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}"
+        )
+
+
+def check_rope_layout(layout):
+    """Raise a `ValueError` unless `layout` is a known rotary pairing."""
+    if layout not in ROPE_LAYOUTS:
+        raise ValueError(
+            f"`layout` must be one of {ROPE_LAYOUTS}. Received: layout={layout!r}"
+        )
+
+
+def check_number_above_one(name, value):
+    """Raise a `ValueError` naming `name` unless `value` is a number above 1."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not value > 1
+    ):
+        raise ValueError(
+            f"`{name}` must be a number greater than 1. "
+            f"Received: {name}={value!r}"
+        )
+
+
+def check_max_wavelength(max_wavelength):
+    """Raise a `ValueError` unless `max_wavelength` is a number above 1."""
+    check_number_above_one("max_wavelength", max_wavelength)
+
+
+def check_positive_int(name, value, allow_none=False):
+    """Raise a `ValueError` unless `value` is a positive int (or allowed None).
+
+    Args:
+        name: str. The argument's name, for the message.
+        value: the value received.
+        allow_none: bool. Whether `None` is accepted.
+    """
+    if value is None and allow_none:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < 1
+    ):
+        expected = "a positive integer" + (" or None" if allow_none else "")
+        raise ValueError(
+            f"`{name}` must be {expected}. Received: {name}={value!r}"
+        )
+
+
+def check_num_axes(num_axes):
+    """Raise a `ValueError` unless `num_axes` is a positive int."""
+    check_positive_int("num_axes", num_axes)
+
+
+def check_grid_shape(grid_shape, name="grid_shape", num_axes=None):
+    """Raise a `ValueError` unless `grid_shape` is a list of grid sizes.
+
+    Args:
+        grid_shape: the value received: a list or tuple of positive ints or
+            integer scalar tensors.
+        name: str. The argument's name, for the message. Defaults to
+            `"grid_shape"`.
+        num_axes: int or None. The number of sizes it must have, if known.
+            Defaults to `None`.
+    """
+
+    def is_size(size):
+        if tf.is_tensor(size):
+            return size.dtype.is_integer and size.shape.rank == 0
+        return (
+            isinstance(size, numbers.Integral)
+            and not isinstance(size, bool)
+            and size >= 1
+        )
+
+    if (
+        not isinstance(grid_shape, (list, tuple))
+        or not grid_shape
+        or not all(is_size(size) for size in grid_shape)
+        or (num_axes is not None and len(grid_shape) != num_axes)
+    ):
+        sizes = "" if num_axes is None else f"{num_axes} "
+        raise ValueError(
+            f"`{name}` must be a list or tuple of {sizes}positive integers, "
+            f"one per grid axis. Received: {name}={grid_shape!r}"
+        )
+
+
+def check_integer_scalar(name, value):
+    """Raise a `ValueError` unless `value` is an int or an integer scalar tensor.
+
+    Args:
+        name: str. The argument's name, for the message.
+        value: the argument.
+    """
+    if isinstance(value, bool) or not (
+        isinstance(value, numbers.Integral)
+        or (
+            tf.is_tensor(value)
+            and value.dtype.is_integer
+            and value.shape.rank == 0
+        )
+    ):
+        raise ValueError(
+            f"`{name}` must be an integer or an integer scalar tensor. "
+            f"Received: {name}={value!r}"
+        )
+
+
+# Rotary position embedding on grids (issue 14): which axis each pair reads.
+
+AXIS_LAYOUTS = ("blocks", "sections", "interleaved", "alternating")
+
+
+def check_axis_layout(axis_layout, num_axes, axis_sections=None):
+    """Raise a `ValueError` unless these describe a rotary layout of axes.
+
+    Checks what is known before the width: the layout's name, and that
+    `axis_sections`, if given, holds one positive int per axis. Whether the
+    sections fit the rotary pairs is checked by `rope_pair_axes`.
+
+    Args:
+        axis_layout: str. One of `AXIS_LAYOUTS`.
+        num_axes: int. The number of coordinates of a position.
+        axis_sections: list of ints or None. Pairs per axis.
+    """
+    check_num_axes(num_axes)
+    if axis_layout not in AXIS_LAYOUTS:
+        raise ValueError(
+            f"`axis_layout` must be one of {AXIS_LAYOUTS}. "
+            f"Received: axis_layout={axis_layout!r}"
+        )
+    if axis_sections is None:
+        return
+    if axis_layout == "alternating":
+        raise ValueError(
+            "`axis_sections` cannot be given with axis_layout='alternating', "
+            "which deals the frequencies to the axes in turn, an equal share "
+            f"each. Received: axis_sections={axis_sections!r}"
+        )
+    if (
+        not isinstance(axis_sections, (list, tuple))
+        or len(axis_sections) != num_axes
+        or not all(
+            isinstance(size, numbers.Integral)
+            and not isinstance(size, bool)
+            and size >= 1
+            for size in axis_sections
+        )
+    ):
+        raise ValueError(
+            f"`axis_sections` must be a list of {num_axes} positive integers "
+            f"(num_axes={num_axes}), the rotary pairs of each axis. "
+            f"Received: axis_sections={axis_sections!r}"
+        )
+
+
+def check_relative_position_buckets(num_buckets, max_distance, bidirectional):
+    """Raise a `ValueError` unless these make a working T5 bucketing.
+
+    Each direction needs at least one exactly-placed bucket, `max_exact =
+    buckets_per_direction // 2 >= 1`, and `max_distance` must exceed it, or
+    the log-spaced buckets, `log(distance / max_exact) /
+    log(max_distance / max_exact)`, are undefined.
+
+    Args:
+        num_buckets: int. The number of buckets; at least 2, or, if
+            `bidirectional`, even and at least 4 (half per direction).
+        max_distance: int. Greater than `max_exact`: `num_buckets // 4` if
+            `bidirectional`, else `num_buckets // 2`.
+        bidirectional: bool.
+    """
+    if not isinstance(bidirectional, bool):
+        raise ValueError(
+            "`bidirectional` must be a bool. "
+            f"Received: bidirectional={bidirectional!r}"
+        )
+    check_positive_int("num_buckets", num_buckets)
+    if bidirectional and (num_buckets < 4 or num_buckets % 2):
+        raise ValueError(
+            "`num_buckets` must be even and at least 4 when bidirectional: "
+            "half the buckets hold each direction. "
+            f"Received: num_buckets={num_buckets}"
+        )
+    if num_buckets < 2:
+        raise ValueError(
+            f"`num_buckets` must be at least 2. Received: num_buckets={num_buckets}"
+        )
+    check_positive_int("max_distance", max_distance)
+    max_exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    if max_distance <= max_exact:
+        raise ValueError(
+            f"`max_distance` must be greater than {max_exact}, the number of "
+            "exactly placed distances per direction "
+            f"(num_buckets={num_buckets}, bidirectional={bidirectional}). "
+            f"Received: max_distance={max_distance}"
+        )
+
+
+INTERPOLATIONS = ("linear", "bilinear", "bicubic")
+
+
+def check_interpolation(interpolation, allowed=INTERPOLATIONS, allow_none=True):
+    """Raise a `ValueError` unless `interpolation` is one of `allowed`."""
+    if interpolation is None and allow_none:
+        return
+    if interpolation not in allowed:
+        choices = tuple(allowed) + ((None,) if allow_none else ())
+        raise ValueError(
+            f"`interpolation` must be one of {choices}. "
+            f"Received: interpolation={interpolation!r}"
+        )
+
+
+# Graphs: a batch of graphs is a dense adjacency `(batch, nodes, nodes)`,
+# `adjacency[b, i, j]` the weight of the edge from node i to node j (0 for
+# none), with an optional node mask `(batch, nodes)` for padded batches.
+
+LAPLACIAN_NORMALIZATIONS = ("sym", None)
+
+
+def check_laplacian_normalization(normalization):
+    """Raise a `ValueError` unless `normalization` names a Laplacian here."""
+    if normalization not in LAPLACIAN_NORMALIZATIONS:
+        raise ValueError(
+            f"`normalization` must be one of {LAPLACIAN_NORMALIZATIONS}: "
+            "'sym' for I - D^-1/2 A D^-1/2, None for D - A. "
+            f"Received: normalization={normalization!r}"
+        )
+
+
+def check_adjacency_shape(shape, num_nodes=None):
+    """Raise a `ValueError` unless `shape` is `(batch, nodes, nodes)`.
+
+    Args:
+        shape: tuple or `tf.TensorShape`. The adjacency's shape, as known.
+        num_nodes: int or None. The number of nodes the inputs have, when
+            known. Defaults to `None`.
+    """
+    shape = tf.TensorShape(shape)
+    # The sizes known of the two node axes and of the inputs' nodes.
+    sizes = set()
+    if shape.rank == 3:
+        sizes = {size for size in (shape[1], shape[2], num_nodes) if size is not None}
+    if shape.rank != 3 or len(sizes) > 1:
+        nodes = "nodes" if num_nodes is None else num_nodes
+        raise ValueError(
+            f"`adjacency` must have shape (batch, {nodes}, {nodes}): one row "
+            "and one column per node. Received: adjacency of shape "
+            f"{tuple(shape) if shape.rank is not None else shape}"
+        )

@@ -1,0 +1,323 @@
+"""Relative positions: distances, ALiBi slopes, T5 buckets, grid index."""
+
+import math
+
+import tensorflow as tf
+
+from keras_posenc.ops._checks import (
+    check_grid_shape,
+    check_num_axes,
+    check_positive_int,
+    check_relative_position_buckets,
+)
+from keras_posenc.ops.positions import (
+    grid_positions,
+    read_positions,
+)
+
+
+def alibi_slopes(num_heads):
+    """The slopes of ALiBi's attention biases, one per head, in float32.
+
+    As in the authors' code (Press et al. 2022, section 3): for `num_heads`
+    a power of two, the geometric sequence `2 ** (-8 * h / num_heads)` for
+    `h = 1 .. num_heads`, from `2 ** (-8 / num_heads)` down to `2 ** -8`.
+    Otherwise the slopes of the closest power of two below, `c`, followed by
+    every other slope of `2 * c` (its first, third, fifth...), the first
+    `num_heads - c` of them, so that the slopes still spread over the same
+    range.
+
+    Args:
+        num_heads: int. The number of attention heads.
+
+    Returns:
+        A float32 tensor of shape `(num_heads,)`.
+
+    Example:
+
+    >>> [float(slope) for slope in alibi_slopes(8)]  # 1/2, 1/4, ..., 1/256
+    [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625]
+    >>> [float(slope) for slope in alibi_slopes(3)]  # 2 heads', then 4's first
+    [0.0625, 0.00390625, 0.25]
+    """
+    check_positive_int("num_heads", num_heads)
+    closest = 2 ** (num_heads.bit_length() - 1)  # the power of two <= num_heads
+    exponents = [-8.0 * h / closest for h in range(1, closest + 1)]
+    # Odd h of the next power, 2 * closest: slopes between those above.
+    exponents += [
+        -8.0 * h / (2 * closest) for h in range(1, 2 * (num_heads - closest), 2)
+    ]
+    return tf.constant([2.0**exponent for exponent in exponents], "float32")
+
+
+def relative_distance_shape(query_shape, key_shape, num_axes=1):
+    """The shape `relative_distance` gives for positions of these shapes.
+
+    Args:
+        query_shape: tuple. The shape of `query_positions`, `(query,)` or
+            `(batch or 1, query)`, with a last axis of `num_axes` when it is
+            more than 1; sizes may be None.
+        key_shape: tuple. The shape of `key_positions`, likewise.
+        num_axes: int. The number of coordinates of a position. Defaults to
+            `1`.
+
+    Returns:
+        A tuple `(batch or 1, query, key)`, and `num_axes` last when it is
+        more than 1; the batch is None when unknown.
+    """
+    if num_axes > 1:
+        query_shape, key_shape = tuple(query_shape)[:-1], tuple(key_shape)[:-1]
+    batches = [
+        shape[0] if len(shape) == 2 else 1 for shape in (query_shape, key_shape)
+    ]
+    unshared = [batch for batch in batches if batch != 1]
+    known = [batch for batch in unshared if batch is not None]
+    batch = known[0] if known else (None if unshared else 1)
+    axes = (num_axes,) if num_axes > 1 else ()
+    return (batch, query_shape[-1], key_shape[-1]) + axes
+
+
+def relative_distance(query_positions, key_positions, num_axes=1):
+    """The relative position `key - query` of every query and key, in int32.
+
+    The convention of every relative scheme here: a key `j` positions after
+    the query `i` is at `j - i > 0`, one before it at `j - i < 0`. On a grid
+    (`num_axes` > 1) the difference is taken per axis.
+
+    Args:
+        query_positions: integer tensor of shape `(batch or 1, query)`, or
+            `(query,)` for positions shared by the batch; with `num_axes` >
+            1, `(batch or 1, query, num_axes)` or `(query, num_axes)`.
+        key_positions: integer tensor of shape `(batch or 1, key)`, or
+            `(key,)`; likewise with a last axis of `num_axes`.
+        num_axes: int. The number of coordinates of a position. Defaults to
+            `1`.
+
+    Returns:
+        An int32 tensor of shape `(batch or 1, query, key)`, or
+        `(batch or 1, query, key, num_axes)` when `num_axes` > 1.
+
+    Example:
+
+    >>> relative_distance([[10]], [[0, 1, 9, 10]]).numpy()  # cached decoding
+    array([[[-10,  -9,  -1,   0]]], dtype=int32)
+    >>> relative_distance(tf.range(3), tf.range(2)).shape
+    TensorShape([1, 3, 2])
+    >>> on_grid = relative_distance(grid_positions((2, 2)), [[1, 1]], num_axes=2)
+    >>> on_grid[0, :, 0].numpy().tolist()  # key (1, 1) from each query
+    [[1, 1], [1, 0], [0, 1], [0, 0]]
+    """
+    check_num_axes(num_axes)
+    checked = []
+    for name, positions in (
+        ("query_positions", query_positions),
+        ("key_positions", key_positions),
+    ):
+        positions = read_positions(
+            positions, num_axes, name=name, integer=True
+        )  # ([batch,] sequence[, num_axes])
+        if positions.shape.rank == (1 if num_axes == 1 else 2):
+            positions = positions[tf.newaxis]  # (1, sequence[, num_axes])
+        checked.append(tf.cast(positions, "int32"))
+    query_positions, key_positions = checked
+    query_batch, key_batch = query_positions.shape[0], key_positions.shape[0]
+    if (
+        None not in (query_batch, key_batch)
+        and 1 not in (query_batch, key_batch)
+        and query_batch != key_batch
+    ):
+        raise ValueError(
+            "`query_positions` and `key_positions` must have the same batch "
+            f"size, or 1. Received: query_positions of shape "
+            f"{query_positions.shape}, key_positions of shape "
+            f"{key_positions.shape}"
+        )
+    return (
+        key_positions[:, tf.newaxis, :] - query_positions[:, :, tf.newaxis]
+    )  # (batch or 1, query, key[, num_axes])
+
+
+def clipped_distance_rows(query_positions, key_positions, max_distance, batch_size=None):
+    """Rows `clip(j - i, -k, k) + k` of a table of the `2k + 1` clipped distances.
+
+    Shaw et al.'s tables (and T5's buckets, all alike past `max_distance`)
+    are read by the relative distance clipped to `k = max_distance`.
+
+    Args:
+        query_positions: integer tensor, as `relative_distance` takes it.
+        key_positions: integer tensor, as `relative_distance` takes it.
+        max_distance: int. The clipping distance `k`.
+        batch_size: None, or int or scalar integer tensor: the batch the
+            rows are broadcast to, one row of indices per batch element.
+            Defaults to `None`.
+
+    Returns:
+        An int32 tensor of shape `(batch or 1, query, key)`, or `(batch_size,
+        query, key)`, each entry in `[0, 2k]`.
+
+    Example:
+
+    >>> clipped_distance_rows([[10]], [[0, 8, 10, 11, 20]], 2).numpy()
+    array([[[0, 0, 2, 3, 4]]], dtype=int32)
+    """
+    rows = (
+        tf.clip_by_value(
+            relative_distance(query_positions, key_positions),
+            -max_distance,
+            max_distance,
+        )
+        + max_distance
+    )  # (batch or 1, query, key)
+    if batch_size is None:
+        return rows
+    shape = tf.shape(rows)
+    return tf.broadcast_to(rows, [batch_size, shape[1], shape[2]])
+
+
+def _log_bucket_starts(num_buckets, max_exact, max_distance):
+    """The smallest distance of each log-spaced bucket past `max_exact`.
+
+    Mesh TensorFlow's bucket of a distance `n >= max_exact` is
+    `max_exact + int(log(n / max_exact) / log(max_distance / max_exact) *
+    (num_buckets - max_exact))`, a nondecreasing function of `n`; this finds
+    where it reaches each of `max_exact + 1 .. num_buckets - 1`, in Python
+    float64, near `max_exact * (max_distance / max_exact) ** (k / (num_buckets
+    - max_exact))`.
+
+    Returns:
+        A list of `num_buckets - max_exact - 1` nondecreasing ints.
+    """
+    log_ratio = math.log(max_distance / max_exact)
+    num_log_buckets = num_buckets - max_exact
+
+    def bucket(distance):
+        return max_exact + int(
+            math.log(distance / max_exact) / log_ratio * num_log_buckets
+        )
+
+    starts = []
+    start = max_exact
+    for target in range(max_exact + 1, num_buckets):
+        estimate = max_exact * math.exp(
+            log_ratio * (target - max_exact) / num_log_buckets
+        )
+        lowest = start
+        start = max(start, math.floor(estimate) - 1)
+        while bucket(start) < target:
+            start += 1
+        while start > lowest and bucket(start - 1) >= target:
+            start -= 1
+        # Positions are int32: a start beyond is never reached.
+        starts.append(min(start, 2**31 - 1))
+    return starts
+
+
+def relative_position_bucket(
+    relative_position, bidirectional=True, num_buckets=32, max_distance=128
+):
+    """T5's bucket of each relative position `key - query`, in int32.
+
+    As Mesh TensorFlow's and Hugging Face's `_relative_position_bucket`
+    (Raffel et al. 2020, section 2.1). With `bidirectional=True` (encoders)
+    half the buckets hold keys at or before the query and half the keys
+    after it; with `bidirectional=False` (decoders) all buckets hold keys at
+    or before the query and every later key falls in bucket 0. Within a
+    direction of `b` buckets, distances `0 .. b // 2 - 1` each have their own
+    bucket; longer ones share buckets whose widths grow logarithmically up to
+    `max_distance`, and every distance from `max_distance` on falls in the
+    last bucket. As in T5, bidirectional bucket `num_buckets // 2` (distance
+    0 after the query) is never used.
+
+    The distances where each log-spaced bucket starts are found once, in
+    Python, from Mesh TensorFlow's formula, and the graph only compares
+    integers with them: the buckets are the same eagerly, under XLA and on
+    every device. A float32 log in the graph puts a distance that falls
+    exactly on a boundary, such as 40 with 128 buckets and `max_distance=50`,
+    in a bucket one lower under XLA than eagerly.
+
+    Args:
+        relative_position: integer tensor of any shape, `key - query`.
+        bidirectional: bool. Whether keys after the query get buckets of
+            their own. Defaults to `True`.
+        num_buckets: int. The number of buckets; at least 2, or, if
+            `bidirectional`, even and at least 4. Defaults to `32`.
+        max_distance: int. The distance from which all fall in the last
+            bucket of their direction. Must be greater than the exactly
+            placed distances per direction, `num_buckets // 4` if
+            `bidirectional`, else `num_buckets // 2`. Defaults to `128`.
+
+    Returns:
+        An int32 tensor of the shape of `relative_position`, with values in
+        `0 .. num_buckets - 1`.
+
+    Example:
+
+    >>> relative_position_bucket(tf.constant([-200, -20, -1, 0, 1, 20, 200])).numpy()
+    array([15, 10,  1,  0, 17, 26, 31], dtype=int32)
+    >>> relative_position_bucket(
+    ...     tf.constant([-20, -1, 0, 1, 20]), bidirectional=False
+    ... ).numpy()
+    array([17,  1,  0,  0,  0], dtype=int32)
+    """
+    check_relative_position_buckets(num_buckets, max_distance, bidirectional)
+    relative_position = tf.convert_to_tensor(relative_position)
+    if not relative_position.dtype.is_integer:
+        raise ValueError(
+            "`relative_position` must be an integer tensor. Received: "
+            f"relative_position of dtype {relative_position.dtype.name}"
+        )
+    relative_position = tf.cast(relative_position, "int32")
+    if bidirectional:
+        num_buckets //= 2
+        # Keys after the query take the upper half of the buckets.
+        offset = tf.cast(relative_position > 0, "int32") * num_buckets
+        distance = tf.abs(relative_position)
+    else:
+        offset = 0
+        distance = -tf.minimum(relative_position, 0)  # later keys: 0
+    max_exact = num_buckets // 2
+    log_bucket = tf.fill(tf.shape(distance), max_exact)
+    for start in _log_bucket_starts(num_buckets, max_exact, max_distance):
+        log_bucket += tf.cast(distance >= start, "int32")
+    return offset + tf.where(distance < max_exact, distance, log_bucket)
+
+
+def grid_relative_position_index(relative_position, grid_shape):
+    """Swin's row, in a table of every relative position in a window, of each.
+
+    A window of `grid_shape` `(w_1, ..., w_n)` spans `2 w_a - 1` distances
+    along axis `a`, `prod(2 w_a - 1)` relative positions in all; Swin's
+    table (Liu et al. 2021, section 3.2) holds one row per relative
+    position, in row-major order of `query - key + w_a - 1` per axis, as its
+    `relative_position_index` reads it. Distances beyond `w_a - 1` either way
+    are clipped per axis, so that positions on a larger grid read the rows of
+    the window's edge.
+
+    Args:
+        relative_position: integer tensor of shape `(..., num_axes)`: `key -
+            query` per axis, as `relative_distance` gives it.
+        grid_shape: list or tuple of positive ints, one per axis: the
+            window.
+
+    Returns:
+        An int32 tensor of shape `(...)`, each entry in `[0, prod(2 w_a -
+        1))`.
+
+    Example:
+
+    >>> grid_relative_position_index(
+    ...     [[0, 0], [1, 0], [-1, 0], [0, -1], [5, 5]], (2, 2)
+    ... ).numpy().tolist()
+    [4, 1, 7, 5, 0]
+    """
+    check_grid_shape(grid_shape)
+    relative_position = tf.cast(relative_position, "int32")  # (..., num_axes)
+    index = tf.zeros(tf.shape(relative_position)[:-1], "int32")  # (...)
+    for axis, size in enumerate(grid_shape):
+        # Swin's `coords_q - coords_k`, shifted to start from 0.
+        shifted = tf.clip_by_value(
+            -relative_position[..., axis], 1 - size, size - 1
+        ) + (size - 1)  # (...)
+        stride = math.prod(2 * later - 1 for later in grid_shape[axis + 1 :])
+        index += shifted * stride
+    return index  # (...)

@@ -1,0 +1,184 @@
+"""Frequencies, angles, sinusoidal tables and the translation matrix."""
+
+import tensorflow as tf
+
+from keras_posenc.ops._checks import (
+    check_layout,
+    check_max_wavelength,
+    check_num_axes,
+    check_positive_int,
+)
+from keras_posenc.ops.positions import grid_positions
+
+
+def inverse_frequencies(dim, max_wavelength=10000.0):
+    """The geometric frequencies `max_wavelength ** (-2i / dim)`, in float32.
+
+    One frequency per sin/cos pair: `ceil(dim / 2)` of them, from 1 down to
+    nearly `1 / max_wavelength` (Vaswani et al. 2017, section 3.5).
+
+    Args:
+        dim: int. The encoding width.
+        max_wavelength: float. The longest wavelength, in positions.
+
+    Returns:
+        A float32 tensor of shape `(ceil(dim / 2),)`.
+    """
+    check_positive_int("dim", dim)
+    check_max_wavelength(max_wavelength)
+    exponents = tf.range(0, dim, 2, dtype="float32") / float(dim)
+    return tf.pow(tf.constant(1.0 / max_wavelength, "float32"), exponents)
+
+
+def angles(positions, frequencies):
+    """The outer product of positions and frequencies, in float32.
+
+    Args:
+        positions: tensor of any shape, integer or float.
+        frequencies: float tensor of shape `(num_frequencies,)`.
+
+    Returns:
+        A float32 tensor of shape `positions.shape + (num_frequencies,)`.
+    """
+    positions = tf.cast(positions, "float32")
+    frequencies = tf.cast(frequencies, "float32")
+    return positions[..., tf.newaxis] * frequencies  # (..., num_frequencies)
+
+
+def sinusoidal(
+    positions, dim, max_wavelength=10000.0, layout="interleaved", num_axes=1
+):
+    """The sinusoidal position encoding of Vaswani et al. (2017), in float32.
+
+    `PE(p, 2i) = sin(p / max_wavelength ** (2i / dim))` and
+    `PE(p, 2i + 1) = cos(p / max_wavelength ** (2i / dim))`.
+
+    With `layout="interleaved"` (the paper's, and keras-hub's
+    `SinePositionEncoding`) sines sit at even and cosines at odd features; an
+    odd `dim` drops the last cosine, so the last feature is a sine. With
+    `layout="concat"` all `dim / 2` sines come first, then all cosines; `dim`
+    must then be even.
+
+    With `num_axes` > 1 (a position on a grid, as in MAE) `positions` end in
+    an axis of `num_axes` coordinates, and the features split into
+    `num_axes` equal blocks: block `a` is this encoding, in `layout`, of
+    coordinate `a` with `dim / num_axes` features. `dim` must then be a
+    multiple of `num_axes` (of `2 * num_axes` for `layout="concat"`).
+
+    Args:
+        positions: tensor of any shape, integer or float, ending in an axis
+            of `num_axes` coordinates when `num_axes` > 1. Float positions
+            (timestamps, say) are encoded as they are.
+        dim: int. The encoding width.
+        max_wavelength: float. The longest wavelength. Defaults to `10000.0`.
+        layout: `"interleaved"` or `"concat"`. Defaults to `"interleaved"`.
+        num_axes: int. The number of coordinates of a position. Defaults to
+            `1`.
+
+    Returns:
+        A float32 tensor of shape `positions.shape + (dim,)` for one axis,
+        `positions.shape[:-1] + (dim,)` for more.
+
+    Example:
+
+    >>> table = sinusoidal(tf.range(4), dim=6)
+    >>> table.shape
+    TensorShape([4, 6])
+    >>> [round(float(v), 4) for v in table[1, :2]]  # sin(1), cos(1)
+    [0.8415, 0.5403]
+    >>> grid = sinusoidal(grid_positions((2, 3)), dim=8, num_axes=2)
+    >>> grid.shape  # (row, column) blocks of 4 features each
+    TensorShape([6, 8])
+    """
+    check_layout(layout)
+    check_positive_int("dim", dim)
+    check_num_axes(num_axes)
+    if num_axes > 1:
+        return _sinusoidal_on_axes(
+            positions, dim, max_wavelength, layout, num_axes
+        )
+    if layout == "concat" and dim % 2:
+        raise ValueError(
+            "`dim` must be even for layout='concat'. "
+            f"Received: dim={dim}"
+        )
+    phases = angles(
+        positions, inverse_frequencies(dim, max_wavelength)
+    )  # (..., ceil(dim / 2))
+    sines, cosines = tf.sin(phases), tf.cos(phases)
+    if layout == "concat":
+        return tf.concat([sines, cosines], axis=-1)  # (..., dim)
+    pairs = tf.stack([sines, cosines], axis=-1)  # (..., ceil(dim / 2), 2)
+    table = tf.reshape(
+        pairs, tf.concat([tf.shape(phases)[:-1], [2 * phases.shape[-1]]], 0)
+    )  # (..., 2 * ceil(dim / 2))
+    return table[..., :dim]
+
+
+def _sinusoidal_on_axes(positions, dim, max_wavelength, layout, num_axes):
+    """`sinusoidal` of each coordinate in its own block of `dim / num_axes`."""
+    block = 2 * num_axes if layout == "concat" else num_axes
+    if dim % block:
+        raise ValueError(
+            f"`dim` must be a multiple of {block} for num_axes={num_axes} "
+            f"and layout={layout!r}. Received: dim={dim}"
+        )
+    positions = tf.convert_to_tensor(positions)
+    if positions.shape.rank is None or positions.shape[-1] != num_axes:
+        raise ValueError(
+            f"`positions` must end in an axis of {num_axes} coordinates for "
+            f"num_axes={num_axes}. Received positions of shape {positions.shape}"
+        )
+    return tf.concat(
+        [
+            sinusoidal(positions[..., axis], dim // num_axes, max_wavelength, layout)
+            for axis in range(num_axes)
+        ],
+        axis=-1,
+    )  # (..., dim)
+
+
+def translation_matrix(shift, dim, max_wavelength=10000.0):
+    """The matrix `T` with `sinusoidal(p + shift) == sinusoidal(p) @ T`.
+
+    For the interleaved layout each (sin, cos) feature pair turns by the angle
+    `shift * w_i`, so `T` is block diagonal with 2x2 rotations
+    `[[cos, -sin], [sin, cos]]`: a translation in position is a linear map of
+    the encoding, which is why attention can learn relative offsets
+    (Vaswani et al. 2017, section 3.5).
+
+    Args:
+        shift: scalar or tensor, integer or float. A tensor of shape `S`
+            gives a stack of matrices of shape `S + (dim, dim)`.
+        dim: int. The encoding width; must be even.
+        max_wavelength: float. The longest wavelength. Defaults to `10000.0`.
+
+    Returns:
+        A float32 tensor of shape `shift.shape + (dim, dim)`.
+
+    Example:
+
+    >>> p = tf.constant([3.0, 7.0])
+    >>> shifted = sinusoidal(p, 8) @ translation_matrix(5, 8)
+    >>> bool(tf.reduce_all(tf.abs(shifted - sinusoidal(p + 5, 8)) < 1e-5))
+    True
+    """
+    check_positive_int("dim", dim)
+    if dim % 2:
+        raise ValueError(
+            f"`dim` must be even for a translation matrix. Received: dim={dim}"
+        )
+    phases = angles(
+        shift, inverse_frequencies(dim, max_wavelength)
+    )  # (..., dim / 2)
+    cosines, sines = tf.cos(phases), tf.sin(phases)
+    blocks = tf.stack(
+        [tf.stack([cosines, -sines], -1), tf.stack([sines, cosines], -1)], -2
+    )  # (..., dim / 2, 2, 2)
+    identity = tf.eye(dim // 2, dtype="float32")  # (dim / 2, dim / 2)
+    matrix = tf.einsum(
+        "ij,...iab->...iajb", identity, blocks
+    )  # (..., dim / 2, 2, dim / 2, 2)
+    return tf.reshape(
+        matrix, tf.concat([tf.shape(phases)[:-1], [dim, dim]], 0)
+    )  # (..., dim, dim)

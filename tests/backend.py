@@ -1,0 +1,74 @@
+"""What the tests need of the backend they run on, in one place.
+
+The backend comes from `KERAS_BACKEND` (TensorFlow by default, as
+`tests/conftest.py` sets it). Tests that only TensorFlow can run by their
+nature (SavedModel, TFLite, `tf.distribute`, HLO dumps, graph-mode errors)
+carry `@tensorflow_only`; on the other backends they are deselected.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+BACKEND = keras.backend.backend()
+
+tensorflow_only = pytest.mark.tensorflow_only
+
+# The error a check raises when its condition fails at run time: in a
+# TensorFlow graph `InvalidArgumentError`, elsewhere (eager) `ValueError`.
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+    RUN_TIME_ERRORS = (ValueError, tf.errors.InvalidArgumentError)
+else:
+    RUN_TIME_ERRORS = (ValueError,)
+
+
+def compiled(function):
+    """`function` compiled by XLA where the backend has it.
+
+    TensorFlow: `tf.function(jit_compile=True)`; JAX: `jax.jit`; PyTorch
+    runs it eagerly (its compiler is not XLA, and slow to start).
+    """
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(function, jit_compile=True)
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(function)
+    return function
+
+
+def gradients(function, *arguments):
+    """The gradients of the sum of `function(*arguments)` by each argument.
+
+    Returns NumPy arrays, one per argument.
+    """
+    arguments = [keras.ops.convert_to_tensor(a, "float32") for a in arguments]
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(arguments)
+            total = tf.reduce_sum(function(*arguments))
+        found = tape.gradient(total, arguments)
+    elif BACKEND == "jax":
+        import jax
+
+        found = jax.grad(
+            lambda *a: jax.numpy.sum(function(*a)), argnums=tuple(range(len(arguments)))
+        )(*arguments)
+    else:
+        import torch
+
+        arguments = [a.detach().requires_grad_(True) for a in arguments]
+        total = torch.sum(function(*arguments))
+        found = torch.autograd.grad(total, arguments)
+    return [keras.ops.convert_to_numpy(g) for g in found]
+
+
+def numpy(value):
+    """A tensor of any backend as a NumPy array."""
+    return keras.ops.convert_to_numpy(value)
