@@ -1,14 +1,23 @@
 # `make demo` and `make test` each set up .venv on first use, then run;
 # `make test-oldest` sets up .venv-oldest, at the floor of every version
 # range in setup.cfg's install_requires, and runs the tests there.
+# `make test-jax` and `make test-jax-oldest` run the tests on Keras' JAX
+# backend, at the ceiling and the floor of the jax extra's range, and
+# `make test-torch` a short list on PyTorch; each in a venv of its own.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OLDEST := .venv-oldest
 OLDEST_STAMP := $(OLDEST)/.installed
+JAX := .venv-jax
+JAX_OLDEST := .venv-jax-oldest
+TORCH := .venv-torch
+# The floors of install_requires and of the extra named by $(1), as
+# `name==floor` lines.
+FLOORS = sed -n '/^install_requires =/,/^[^ ]/s/^ *\([A-Za-z0-9_.-]*\)>=\([^,; ]*\).*/\1==\2/p; /^$(1) =/,/^[^ ]/s/^ *\([A-Za-z0-9_.-]*\)>=\([^,; ]*\).*/\1==\2/p' setup.cfg
 
-.PHONY: demo test test-oldest test-site docs clean
+.PHONY: demo test test-oldest test-jax test-jax-oldest test-torch test-site docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +33,28 @@ $(OLDEST_STAMP): setup.cfg pyproject.toml
 		setup.cfg > $(OLDEST)/constraints.txt
 	$(OLDEST)/bin/python -m pip install --quiet -e ".[test]" -c $(OLDEST)/constraints.txt
 	touch $(OLDEST_STAMP)
+
+$(JAX)/.installed: setup.cfg pyproject.toml
+	test -x $(JAX)/bin/python || $(PYTHON) -m venv $(JAX)
+	$(JAX)/bin/python -m pip install --quiet --upgrade pip
+	$(JAX)/bin/python -m pip install --quiet -e ".[jax,test]"
+	touch $@
+
+$(JAX_OLDEST)/.installed: setup.cfg pyproject.toml
+	test -x $(JAX_OLDEST)/bin/python || $(PYTHON) -m venv $(JAX_OLDEST)
+	$(JAX_OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(call FLOORS,jax) > $(JAX_OLDEST)/constraints.txt
+	$(JAX_OLDEST)/bin/python -m pip install --quiet -e ".[jax,test]" -c $(JAX_OLDEST)/constraints.txt
+	touch $@
+
+# PyTorch's CPU build first, pinned: a range alone would fetch a CUDA build
+# of several GB.
+$(TORCH)/.installed: setup.cfg pyproject.toml
+	test -x $(TORCH)/bin/python || $(PYTHON) -m venv $(TORCH)
+	$(TORCH)/bin/python -m pip install --quiet --upgrade pip
+	$(TORCH)/bin/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(TORCH)/bin/python -m pip install --quiet -e ".[torch,test]"
+	touch $@
 
 demo: $(STAMP)
 	$(BIN)/keras-posenc demo
@@ -41,6 +72,26 @@ test: $(STAMP)
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" --ignore=tests/test_site.py
 
+# The library's tests on JAX. The lab (demo, bench, cli, plots), the site
+# and the built distributions are the same on every backend: TensorFlow's
+# run covers them.
+LAB_TESTS := $(addprefix --ignore=tests/,test_demo.py test_demo_graph.py \
+	test_demo_vision.py test_cli.py test_benchmarks.py test_plot.py \
+	test_site.py test_doc_pages.py test_distribution.py test_notebooks.py)
+
+test-jax: $(JAX)/.installed
+	KERAS_BACKEND=jax $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) tests $(LAB_TESTS)
+
+test-jax-oldest: $(JAX_OLDEST)/.installed
+	KERAS_BACKEND=jax $(JAX_OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" $(LAB_TESTS)
+
+# Every public layer's forward pass, training step and `.keras` round trip,
+# and files across PyTorch and TensorFlow.
+TORCH_VERSION := 2.13.0
+test-torch: $(TORCH)/.installed
+	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) \
+		tests/test_every_backend.py tests/test_cross_backend.py
+
 # Every page of the built site in headless Chromium, offline; needs
 # Debian's chromium (apt-get install chromium).
 test-site: $(STAMP)
@@ -50,4 +101,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) $(OLDEST) build dist *.egg-info demo-output site .pytest_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST) $(JAX) $(JAX_OLDEST) $(TORCH) build dist *.egg-info demo-output site .pytest_cache .hypothesis

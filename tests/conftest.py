@@ -40,13 +40,21 @@ def pytest_report_header():
     return f"backend {BACKEND}: " + ", ".join(versions)
 
 
+def _runs_here(item):
+    """Whether this backend and environment can run `item`."""
+    if BACKEND != "tensorflow" and item.get_closest_marker("tensorflow_only"):
+        return False
+    # A crossing of backends, where no other backend is installed.
+    callspec = getattr(item, "callspec", None)
+    return not (callspec and "other_backend" in callspec.params and callspec.params["other_backend"] is None)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Off TensorFlow, deselect the tests that only TensorFlow can run."""
-    if BACKEND == "tensorflow":
-        return
+    """Deselect what cannot run here: TensorFlow's own tests off TensorFlow,
+    and crossings of backends where only one is installed."""
     kept, dropped = [], []
     for item in items:
-        (dropped if item.get_closest_marker("tensorflow_only") else kept).append(item)
+        (kept if _runs_here(item) else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
