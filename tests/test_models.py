@@ -16,9 +16,11 @@ import keras
 import keras_nlp
 import numpy as np
 import pytest
-import tensorflow as tf
-
 import keras_posenc
+from tests.backend import BACKEND
+from tests.backend import compiled
+from tests.backend import numpy
+from tests.backend import tensorflow_only
 
 VOCABULARY_SIZE = 20
 WIDTH = 8
@@ -71,8 +73,8 @@ print(sorted(
 
 
 def run_fresh_python(code, *args):
-    """Run `code` in a new interpreter on the TensorFlow backend; its stdout."""
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2")
+    """Run `code` in a new interpreter on this suite's backend; its stdout."""
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
         env=env,
@@ -251,6 +253,7 @@ def test_keras_file_loads_in_fresh_process_with_identical_outputs(
         )
 
 
+@tensorflow_only
 def test_export_serves_with_tensorflow_alone(models, tmp_path):
     expected = save_inputs_and_predict(models, tmp_path)
     for name, (model, _) in models.items():
@@ -280,26 +283,29 @@ def test_xla_training_step_at_two_lengths(position):
         jit_compile=True,
     )
     assert model.jit_compile
-    before = {weight.path: weight.numpy() for weight in model.trainable_weights}
+    before = {weight.path: numpy(weight) for weight in model.trainable_weights}
     lengths = (5, 11)
     for length in lengths:
         ids = token_ids([length] * 4, length, seed=length)
         loss = model.train_on_batch(ids, np.roll(ids, 1, axis=1))
         assert np.isfinite(loss)
     for weight in model.trainable_weights:
-        assert not np.array_equal(weight.numpy(), before[weight.path])
+        assert not np.array_equal(numpy(weight), before[weight.path])
     if position == "learned":
         # Rows past the longest sequence got no gradient, so Adam left them.
         # (`layers[0]` is the Input.)
         table = model.layers[1].position_embedding.embeddings
-        old, new = before[table.path], table.numpy()  # (MAX_LENGTH, WIDTH)
+        old, new = before[table.path], numpy(table)  # (MAX_LENGTH, WIDTH)
         longest = max(lengths)
         np.testing.assert_array_equal(new[longest:], old[longest:])
         assert (new[:longest] != old[:longest]).any(axis=1).all()
 
 
+@tensorflow_only
 @pytest.mark.parametrize("position", POSITIONS)
 def test_fit_under_mirrored_strategy_on_two_cpus(position):
+    import tensorflow as tf
+
     devices = [device.name for device in tf.config.list_logical_devices("CPU")]
     # Collective ops (the default across CPUs) number their instances afresh
     # in each strategy while the process remembers earlier ones, so a second
@@ -348,7 +354,7 @@ def test_padding_is_masked_out_of_pooling(kind):
         np.testing.assert_array_equal(
             features._keras_mask, padded != 0, err_msg=layer.name
         )
-    unmasked_mean = features.numpy().mean(axis=1)
+    unmasked_mean = numpy(features).mean(axis=1)
     assert not np.allclose(unmasked_mean, pooled, atol=1e-3)
 
 
@@ -385,7 +391,30 @@ def test_feeds_keras_nlp_transformer_encoder(position, tmp_path):
 def test_tensor_start_index_matches_full_call(position, jit_compile):
     layer = token_embedding(position)
     ids = token_ids([10, 10], 10)
-    full = layer(ids).numpy()  # (batch, seq, WIDTH)
+    full = numpy(layer(ids))  # (batch, seq, WIDTH)
+
+    def decode_step(token, start_index):
+        return layer(token, start_index=start_index)  # (batch, 1, WIDTH)
+
+    step_function = compiled(decode_step) if jit_compile else decode_step
+    for index in range(ids.shape[1]):
+        step = step_function(
+            ids[:, index : index + 1], keras.ops.convert_to_tensor(index, "int32")
+        )
+        np.testing.assert_allclose(
+            numpy(step)[:, 0], full[:, index], rtol=0, atol=1e-6
+        )
+
+
+@tensorflow_only
+@pytest.mark.parametrize("jit_compile", (False, True))
+@pytest.mark.parametrize("position", POSITIONS)
+def test_tensor_start_index_traces_once_in_a_tensorflow_graph(position, jit_compile):
+    import tensorflow as tf
+
+    layer = token_embedding(position)
+    ids = token_ids([10, 10], 10)
+    full = numpy(layer(ids))  # (batch, seq, WIDTH)
 
     @tf.function(
         input_signature=[
@@ -405,7 +434,10 @@ def test_tensor_start_index_matches_full_call(position, jit_compile):
     assert decode_step.experimental_get_tracing_count() == 1
 
 
+@tensorflow_only
 def test_position_embedding_past_its_table_fails_naming_sequence_length():
+    import tensorflow as tf
+
     layer = keras_posenc.PositionEmbedding(sequence_length=8)
     layer(np.zeros((1, 8, WIDTH), "float32"))
     too_long = tf.zeros((2, 12, WIDTH))

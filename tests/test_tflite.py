@@ -13,12 +13,16 @@ import tensorflow as tf
 from tensorflow.lite.python.convert_phase import ConverterError
 
 import keras_posenc
+from tests.backend import tensorflow_only
 
 # TensorFlow points to the separate `ai_edge_litert` package, which is not
 # a dependency; `tf.lite.Interpreter` still runs the same flatbuffers.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*tf.lite.Interpreter is deprecated:UserWarning"
-)
+pytestmark = [
+    tensorflow_only,
+    pytest.mark.filterwarnings(
+        "ignore:.*tf.lite.Interpreter is deprecated:UserWarning"
+    ),
+]
 
 FEATURES = 16
 LENGTHS = (5, 11)

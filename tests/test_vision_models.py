@@ -16,10 +16,11 @@ import os
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_posenc
 from keras_posenc import ops
+from tests.backend import numpy
+from tests.backend import tensorflow_only
 from tests.test_models import SERVE_CHILD
 from tests.test_models import run_fresh_python
 from tests.test_tflite import run_tflite
@@ -52,15 +53,15 @@ class PatchTokens(keras.layers.Layer):
         )
 
     def call(self, patches):
-        shape = tf.shape(patches)
-        tokens = tf.reshape(
-            patches, [shape[0], shape[1] * shape[2], patches.shape[-1]]
+        shape = keras.ops.shape(patches)
+        tokens = keras.ops.reshape(
+            patches, (shape[0], shape[1] * shape[2], patches.shape[-1])
         )  # (batch, h * w, features)
-        class_tokens = tf.tile(
-            tf.cast(self.class_token, tokens.dtype), [shape[0], 1, 1]
+        class_tokens = keras.ops.tile(
+            keras.ops.cast(self.class_token, tokens.dtype), (shape[0], 1, 1)
         )  # (batch, 1, features)
         positions = ops.grid_positions((shape[1], shape[2]))  # (h * w, 2)
-        return tf.concat([class_tokens, tokens], axis=1), positions
+        return keras.ops.concatenate([class_tokens, tokens], axis=1), positions
 
     def compute_output_shape(self, input_shape):
         batch, height, width, features = input_shape
@@ -229,7 +230,7 @@ folder = pathlib.Path(sys.argv[1])
 for path in sorted(folder.glob("*.keras")):
     model = keras.models.load_model(path, safe_mode=True)
     for images_path in sorted(folder.glob(path.stem + ".*[0-9].npy")):
-        predictions = model(np.load(images_path)).numpy()
+        predictions = keras.ops.convert_to_numpy(model(np.load(images_path)))
         np.save(images_path.with_suffix(".pred.npy"), predictions)
 """
 
@@ -243,7 +244,7 @@ def test_keras_file_loads_in_a_fresh_process_with_identical_outputs_at_both_size
         for size in (TRAIN_SIZE, SECOND_SIZE):
             images = blob_images(size, 4, seed=size)[0]
             np.save(tmp_path / f"{scheme}.{size}.npy", images)
-            expected[scheme, size] = model(images).numpy()
+            expected[scheme, size] = numpy(model(images))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run_fresh_python(LOAD_CHILD, tmp_path, root)
     for (scheme, size), predictions in expected.items():
@@ -254,6 +255,7 @@ def test_keras_file_loads_in_a_fresh_process_with_identical_outputs_at_both_size
         )
 
 
+@tensorflow_only
 def test_exports_serve_with_tensorflow_alone_at_a_second_size(untrained, tmp_path):
     expected = {}
     for scheme, model in untrained.items():
@@ -273,8 +275,11 @@ def test_exports_serve_with_tensorflow_alone_at_a_second_size(untrained, tmp_pat
         )
 
 
+@tensorflow_only
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_converts_to_tflite_with_builtin_ops_at_two_sizes(untrained, scheme):
+    import tensorflow as tf
+
     model = untrained[scheme]
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
@@ -283,7 +288,7 @@ def test_converts_to_tflite_with_builtin_ops_at_two_sizes(untrained, scheme):
         images = blob_images(size, 2, seed=size + 1)[0]
         np.testing.assert_allclose(
             run_tflite(flatbuffer, images),
-            model(images).numpy(),
+            numpy(model(images)),
             atol=1e-4,
             rtol=1e-4,
             err_msg=f"{scheme} at {size} px",
