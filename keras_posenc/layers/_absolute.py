@@ -9,7 +9,6 @@ here once.
 import numbers
 
 import keras
-import tensorflow as tf
 
 from keras_posenc import ops
 from keras_posenc.layers._grid_config import add_grid_arguments
@@ -142,7 +141,7 @@ class AbsoluteEncoding(keras.layers.Layer):
         `inputs` are the tokens that have positions (after the prefix).
         """
         if positions is None:
-            return ops.position_ids(tf.shape(inputs)[1], start_index)
+            return ops.position_ids(keras.ops.shape(inputs)[1], start_index)
         return ops.read_positions(
             positions,
             self.num_axes,
@@ -177,13 +176,14 @@ class AbsoluteEncoding(keras.layers.Layer):
 
     def _encode_prefix(self, dim):
         """The encoding of the prefix tokens: `(num_prefix_tokens, dim)`."""
-        return tf.zeros([self.num_prefix_tokens, dim], "float32")
+        return keras.ops.zeros((self.num_prefix_tokens, dim), "float32")
 
     def _check_call(self, start_index, positions, grid_shape, grid_input):
         if positions is not None and grid_shape is not None:
+            shape = tuple(keras.ops.convert_to_tensor(positions).shape)
             raise ValueError(
                 "Pass `positions` or `grid_shape`, not both. Received: "
-                f"positions of shape {tf.convert_to_tensor(positions).shape} "
+                f"positions of shape {shape} "
                 f"and grid_shape={grid_shape!r}"
             )
         if grid_input and (positions is not None or grid_shape is not None):
@@ -218,7 +218,11 @@ class AbsoluteEncoding(keras.layers.Layer):
             return self._encode_consecutive(tokens, start_index, dim)  # (seq, dim)
         cells = 1
         for size in grid_shape:
-            cells = None if tf.is_tensor(size) or cells is None else cells * size
+            cells = (
+                None
+                if keras.ops.is_tensor(size) or cells is None
+                else cells * size
+            )
         if cells is not None and tokens.shape[1] not in (None, cells):
             raise ValueError(
                 f"grid_shape={tuple(grid_shape)} has {cells} cells, but the "
@@ -229,24 +233,22 @@ class AbsoluteEncoding(keras.layers.Layer):
         return self._encode_grid(list(grid_shape), dim)  # (cells, dim)
 
     def call(self, inputs, start_index=0, positions=None, grid_shape=None):
-        inputs = tf.cast(inputs, self.compute_dtype)
+        inputs = keras.ops.cast(inputs, self.compute_dtype)
         dim = self._encoding_dim(inputs.shape)
         grid_input = self._is_grid(inputs.shape)
         self._check_call(start_index, positions, grid_shape, grid_input)
         if grid_input:
-            shape = tf.shape(inputs)
-            sizes = [
-                size if size is not None else shape[axis]
-                for axis, size in enumerate(inputs.shape[:-1])
-            ]  # batch, *grid
-            tokens = tf.reshape(
-                inputs, [sizes[0], -1, shape[-1]]
+            # Static sizes as ints, the others as scalar tensors (TensorFlow).
+            shape = keras.ops.shape(inputs)
+            sizes = list(shape[:-1])  # batch, *grid
+            tokens = keras.ops.reshape(
+                inputs, (sizes[0], -1, shape[-1])
             )  # (batch, cells, features)
             encoding = self._encode_grid(sizes[1:], dim)  # (cells, dim)
             outputs = self._merge(tokens, encoding, dim)
             width = self.compute_output_shape(inputs.shape)[-1]
-            return tf.reshape(
-                outputs, sizes + [width if width is not None else -1]
+            return keras.ops.reshape(
+                outputs, tuple(sizes) + (width if width is not None else -1,)
             )  # (batch, *grid, width)
         prefix = self.num_prefix_tokens
         encoding = self._encode_tokens(
@@ -257,27 +259,31 @@ class AbsoluteEncoding(keras.layers.Layer):
             dim,
         )  # (seq, dim) or (batch, seq, dim)
         if prefix:
-            prefix_encoding = tf.cast(self._encode_prefix(dim), encoding.dtype)
-            if encoding.shape.rank == 3:
-                prefix_encoding = tf.broadcast_to(
-                    prefix_encoding, [tf.shape(encoding)[0], prefix, dim]
+            prefix_encoding = keras.ops.cast(
+                self._encode_prefix(dim), encoding.dtype
+            )
+            if len(encoding.shape) == 3:
+                prefix_encoding = keras.ops.broadcast_to(
+                    prefix_encoding, (keras.ops.shape(encoding)[0], prefix, dim)
                 )  # (batch, prefix, dim)
-            encoding = tf.concat(
+            encoding = keras.ops.concatenate(
                 [prefix_encoding, encoding], axis=-2
             )  # (..., prefix + seq, dim)
         return self._merge(inputs, encoding, dim)
 
     def _merge(self, inputs, encoding, dim):
         """The inputs `(batch, seq, features)` merged with their encoding."""
-        encoding = tf.cast(encoding, self.compute_dtype)
+        encoding = keras.ops.cast(encoding, self.compute_dtype)
         if self.merge_mode == "add":
             return inputs + encoding
-        encoding = tf.broadcast_to(
-            encoding, tf.concat([tf.shape(inputs)[:2], [dim]], 0)
+        encoding = keras.ops.broadcast_to(
+            encoding, keras.ops.shape(inputs)[:2] + (dim,)
         )  # (batch, seq, dim)
         if self.merge_mode is None:
             return encoding
-        return tf.concat([inputs, encoding], -1)  # (batch, seq, features + dim)
+        return keras.ops.concatenate(
+            [inputs, encoding], -1
+        )  # (batch, seq, features + dim)
 
     def compute_output_shape(self, input_shape):
         dim = self._encoding_dim(input_shape)

@@ -1,9 +1,10 @@
 import numbers
 
 import keras
-import tensorflow as tf
+import numpy as np
 
 from keras_posenc import ops
+from keras_posenc.ops import _backend
 from keras_posenc.layers._absolute import AbsoluteEncoding
 from keras_posenc.layers._grid_config import add_grid_arguments
 
@@ -104,9 +105,10 @@ class PositionEmbedding(AbsoluteEncoding):
 
     >>> layer = PositionEmbedding(sequence_length=16, initializer="sinusoidal")
     >>> encoded = layer(np.zeros((2, 10, 8), "float32"))
-    >>> encoded.shape
-    TensorShape([2, 10, 8])
-    >>> [round(float(v), 4) for v in encoded[0, 1, :2]]  # sin(1), cos(1)
+    >>> tuple(encoded.shape)
+    (2, 10, 8)
+    >>> first = keras.ops.convert_to_numpy(encoded[0, 1, :2])
+    >>> [round(float(v), 4) for v in first]  # sin(1), cos(1)
     [0.8415, 0.5403]
 
     A ViT's table for a 4 x 4 grid of patches and a class token, called at a
@@ -114,14 +116,14 @@ class PositionEmbedding(AbsoluteEncoding):
 
     >>> layer = PositionEmbedding(grid_shape=(4, 4), num_prefix_tokens=1)
     >>> tokens = np.zeros((2, 1 + 6 * 6, 8), "float32")  # class token first
-    >>> layer(tokens, grid_shape=(6, 6)).shape
-    TensorShape([2, 37, 8])
+    >>> tuple(layer(tokens, grid_shape=(6, 6)).shape)
+    (2, 37, 8)
     >>> table = layer.resized_embeddings((6, 6))  # (1 + 36, 8)
     >>> finer = PositionEmbedding(grid_shape=(6, 6), num_prefix_tokens=1)
     >>> finer.build((None, 37, 8))
     >>> _ = finer.embeddings.assign(table)
-    >>> finer(tokens).shape
-    TensorShape([2, 37, 8])
+    >>> tuple(finer(tokens).shape)
+    (2, 37, 8)
 
     References:
         - [Devlin et al., 2018](https://arxiv.org/abs/1810.04805)
@@ -152,7 +154,7 @@ class PositionEmbedding(AbsoluteEncoding):
             if (
                 not isinstance(grid_shape, (list, tuple))
                 or len(grid_shape) < 2
-                or any(tf.is_tensor(size) for size in grid_shape)
+                or any(keras.ops.is_tensor(size) for size in grid_shape)
             ):
                 raise ValueError(
                     "`grid_shape` must be a list or tuple of two or more "
@@ -231,10 +233,11 @@ class PositionEmbedding(AbsoluteEncoding):
         table = ops.sinusoidal(
             positions, dim, num_axes=self.num_axes
         )  # (cells, dim)
-        table = tf.concat(
-            [tf.zeros([self.num_prefix_tokens, dim]), table], axis=0
+        table = keras.ops.concatenate(
+            [keras.ops.zeros((self.num_prefix_tokens, dim), "float32"), table],
+            axis=0,
         )  # (prefix + cells, dim)
-        return tf.cast(table, dtype or "float32")
+        return keras.ops.cast(table, dtype or "float32")
 
     def _grid_rows(self):
         """The table's rows after the prefix: `(cells, dim)`."""
@@ -267,30 +270,32 @@ class PositionEmbedding(AbsoluteEncoding):
         return super()._positions(inputs, start_index, positions)
 
     def _encode(self, positions, dim):
-        if not positions.dtype.is_integer:
+        if not _backend.is_integer(positions):
+            dtype = keras.backend.standardize_dtype(positions.dtype)
             raise ValueError(
                 "PositionEmbedding needs integer `positions`. "
-                f"Received positions of dtype {positions.dtype.name}"
+                f"Received positions of dtype {dtype}"
             )
-        with tf.control_dependencies(self._range_assertions(positions)):
-            positions = tf.identity(positions)
+        positions = self._checked_range(positions, positions)
         if self.grid_shape is not None:
             strides = [1]
             for size in reversed(self.grid_shape[1:]):
                 strides.insert(0, strides[0] * size)
-            rows = tf.reduce_sum(
-                tf.cast(positions, "int32") * strides, axis=-1
+            rows = keras.ops.sum(
+                keras.ops.cast(positions, "int32")
+                * keras.ops.convert_to_tensor(strides, "int32"),
+                axis=-1,
             )  # (..., seq): row-major index
         else:
             rows = positions
-        return tf.gather(self._grid_rows(), rows)  # (..., dim)
+        return keras.ops.take(self._grid_rows(), rows, axis=0)  # (..., dim)
 
     def _encode_consecutive(self, inputs, start_index, dim):
         # A slice of the table, not a gather of its rows: XLA copies gathered
         # rows to a buffer of their own before adding them, and reads a slice
         # in place.
         positions = self._positions(inputs, start_index, None)  # (seq,)
-        length = tf.shape(positions)[0]
+        length = keras.ops.shape(positions)[0]
         if self._stretches(inputs, start_index):
             static_length = inputs.shape[1]
             if static_length is not None:
@@ -300,13 +305,14 @@ class PositionEmbedding(AbsoluteEncoding):
                 # Resized to at least the table's length (exactly the table
                 # at that length), then cut: no branch on the length.
                 stretched = self._resized_rows(
-                    [tf.maximum(length, self.sequence_length)]
+                    [keras.ops.maximum(length, self.sequence_length)]
                 )  # (max(seq, sequence_length), dim)
                 return stretched[:length]  # (seq, dim)
-        with tf.control_dependencies(self._range_assertions(positions)):
-            start = tf.identity(tf.cast(start_index, "int32"))
-        return tf.slice(
-            self._grid_rows(), [start, 0], [length, dim]
+        start = self._checked_range(
+            positions, keras.ops.cast(start_index, "int32")
+        )
+        return keras.ops.slice(
+            self._grid_rows(), (start, 0), (length, dim)
         )  # (seq, dim)
 
     def _default_grid_shape(self, inputs):
@@ -314,24 +320,24 @@ class PositionEmbedding(AbsoluteEncoding):
 
     def _encode_grid(self, grid_shape, dim):
         table_grid = list(self._table_grid)
-        static = [tf.get_static_value(size) for size in grid_shape]
+        static = [_backend.static_value(size) for size in grid_shape]
         if None not in static:
             if [int(size) for size in static] == table_grid:
                 return self._grid_rows()  # (cells, dim)
             self._check_interpolation([int(size) for size in static])
             return self._resized_rows(grid_shape)  # (new cells, dim)
         if self.interpolation is None:
-            same = tf.reduce_all(
-                [
-                    tf.equal(tf.cast(size, "int32"), table_size)
-                    for size, table_size in zip(grid_shape, table_grid)
-                ]
+            same = keras.ops.all(
+                keras.ops.stack(
+                    [
+                        keras.ops.equal(keras.ops.cast(size, "int32"), table_size)
+                        for size, table_size in zip(grid_shape, table_grid)
+                    ]
+                )
             )
-            assertion = tf.debugging.Assert(
-                same, [self._refusal_message("another grid")]
+            return _backend.checked(
+                self._grid_rows(), same, self._refusal_message("another grid")
             )
-            with tf.control_dependencies([assertion]):
-                return tf.identity(self._grid_rows())
         # A grid known only when the graph runs is always resized: to the
         # table's own grid that is exactly the table (weights 1 and 0).
         return self._resized_rows(grid_shape)  # (cells, dim)
@@ -382,47 +388,47 @@ class PositionEmbedding(AbsoluteEncoding):
         """
         ops.check_grid_shape(grid_shape, num_axes=self.num_axes)
         if list(grid_shape) == list(self._table_grid):
-            rows = tf.cast(self._grid_rows(), "float32")
+            rows = keras.ops.cast(self._grid_rows(), "float32")
         else:
             self._check_interpolation(grid_shape)
             rows = self._resized_rows(list(grid_shape))
-        return tf.concat(
-            [tf.cast(self._encode_prefix(None), "float32"), rows], axis=0
+        return keras.ops.concatenate(
+            [keras.ops.cast(self._encode_prefix(None), "float32"), rows], axis=0
         )  # (prefix + cells, width)
 
-    def _range_assertions(self, positions):
-        """Check that `positions` are rows of the table.
+    def _checked_range(self, positions, value):
+        """`value`, once `positions` are known to be rows of the table.
 
-        Eagerly the check runs at once. In a graph its result is known only
-        when the graph runs: the returned assertions are to run before the
-        lookup. XLA drops them; the static and eager checks are the ones it
-        keeps.
+        Where the positions have a value (eager, or constants) the check runs
+        at once and names them. In a TensorFlow graph its result is known
+        only when the graph runs: it runs before `value` is read there. XLA
+        drops it, and a JAX or PyTorch trace cannot raise; the static and
+        eager checks are the ones they keep.
 
         Args:
             positions: integer tensor of shape `(...)` (a line) or
                 `(..., num_axes)` (a grid).
+            value: tensor. What the lookup reads after the check.
 
         Returns:
-            A list of the graph's assertions, empty when eager.
+            `value`, in TensorFlow graphs after the check.
         """
-        limits = tf.constant(self._table_grid, positions.dtype)
+        limits = keras.ops.convert_to_tensor(self._table_grid, positions.dtype)
         if self.grid_shape is None:
             limits = limits[0]
-        in_range = tf.reduce_all((positions >= 0) & (positions < limits))
-        if not tf.executing_eagerly():
-            return [tf.debugging.Assert(in_range, [self._range_message()])]
-        if not in_range:
+        in_range = keras.ops.all((positions >= 0) & (positions < limits))
+        known = _backend.static_value(in_range)
+        values = _backend.static_value(positions)
+        if known is not None and not known and values is not None:
             if self.grid_shape is not None:
-                coordinates = tf.reshape(positions, [-1, self.num_axes])
+                coordinates = np.reshape(values, (-1, self.num_axes))
                 raise ValueError(
                     f"{self._range_message()} Received coordinates from "
-                    f"{tf.reduce_min(coordinates, 0).numpy().tolist()} to "
-                    f"{tf.reduce_max(coordinates, 0).numpy().tolist()}"
+                    f"{coordinates.min(0).tolist()} to "
+                    f"{coordinates.max(0).tolist()}"
                 )
-            self._check_range(
-                int(tf.reduce_min(positions)), int(tf.reduce_max(positions))
-            )
-        return []
+            self._check_range(int(values.min()), int(values.max()))
+        return _backend.checked(value, in_range, self._range_message())
 
     def _range_message(self):
         if self.grid_shape is not None:

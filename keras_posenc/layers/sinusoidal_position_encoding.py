@@ -91,9 +91,10 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
 
     >>> embeddings = np.zeros((2, 5, 8), "float32")
     >>> encoded = SinusoidalPositionEncoding()(embeddings)
-    >>> encoded.shape
-    TensorShape([2, 5, 8])
-    >>> [round(float(v), 4) for v in encoded[0, 1, :2]]  # sin(1), cos(1)
+    >>> tuple(encoded.shape)
+    (2, 5, 8)
+    >>> first = keras.ops.convert_to_numpy(encoded[0, 1, :2])
+    >>> [round(float(v), 4) for v in first]  # sin(1), cos(1)
     [0.8415, 0.5403]
 
     On a 2-D grid of patches, as MAE's encoder (the first 4 features encode
@@ -102,9 +103,10 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
     >>> patches = np.zeros((2, 3, 4, 8), "float32")  # (batch, h, w, features)
     >>> layer = SinusoidalPositionEncoding(num_axes=2, layout="concat")
     >>> encoded = layer(patches)
-    >>> encoded.shape
-    TensorShape([2, 3, 4, 8])
-    >>> [round(float(v), 4) for v in encoded[0, 1, 2, ::4]]  # sin(1), sin(2)
+    >>> tuple(encoded.shape)
+    (2, 3, 4, 8)
+    >>> first = keras.ops.convert_to_numpy(encoded[0, 1, 2, ::4])
+    >>> [round(float(v), 4) for v in first]  # sin(1), sin(2)
     [0.8415, 0.9093]
 
     References:

@@ -52,9 +52,10 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
     ...     vocabulary_size=100, embedding_dim=16, mask_zero=True
     ... )
     >>> outputs = layer(np.array([[5, 9, 2, 0, 0]]))
-    >>> outputs.shape
-    TensorShape([1, 5, 16])
-    >>> layer.compute_mask(np.array([[5, 9, 2, 0, 0]])).numpy().tolist()
+    >>> tuple(outputs.shape)
+    (1, 5, 16)
+    >>> mask = layer.compute_mask(np.array([[5, 9, 2, 0, 0]]))
+    >>> keras.ops.convert_to_numpy(mask).tolist()
     [[True, True, True, False, False]]
 
     References:

@@ -2,9 +2,9 @@
 
 import numbers
 
-import tensorflow as tf
+import keras
 
-
+from keras_posenc.ops import _backend
 
 LAYOUTS = ("interleaved", "concat")
 
@@ -85,8 +85,8 @@ def check_grid_shape(grid_shape, name="grid_shape", num_axes=None):
     """
 
     def is_size(size):
-        if tf.is_tensor(size):
-            return size.dtype.is_integer and size.shape.rank == 0
+        if keras.ops.is_tensor(size):
+            return _backend.is_integer(size) and len(size.shape) == 0
         return (
             isinstance(size, numbers.Integral)
             and not isinstance(size, bool)
@@ -116,9 +116,9 @@ def check_integer_scalar(name, value):
     if isinstance(value, bool) or not (
         isinstance(value, numbers.Integral)
         or (
-            tf.is_tensor(value)
-            and value.dtype.is_integer
-            and value.shape.rank == 0
+            keras.ops.is_tensor(value)
+            and _backend.is_integer(value)
+            and len(value.shape) == 0
         )
     ):
         raise ValueError(
@@ -253,19 +253,33 @@ def check_adjacency_shape(shape, num_nodes=None):
     """Raise a `ValueError` unless `shape` is `(batch, nodes, nodes)`.
 
     Args:
-        shape: tuple or `tf.TensorShape`. The adjacency's shape, as known.
+        shape: tuple (`None` for an unknown size), or TensorFlow's
+            `TensorShape`, or None for an unknown rank. The adjacency's
+            shape, as known.
         num_nodes: int or None. The number of nodes the inputs have, when
             known. Defaults to `None`.
     """
-    shape = tf.TensorShape(shape)
+    rank = _rank(shape)
+    if rank is not None:
+        shape = tuple(shape)
     # The sizes known of the two node axes and of the inputs' nodes.
     sizes = set()
-    if shape.rank == 3:
+    if rank == 3:
         sizes = {size for size in (shape[1], shape[2], num_nodes) if size is not None}
-    if shape.rank != 3 or len(sizes) > 1:
+    if rank != 3 or len(sizes) > 1:
         nodes = "nodes" if num_nodes is None else num_nodes
         raise ValueError(
             f"`adjacency` must have shape (batch, {nodes}, {nodes}): one row "
             "and one column per node. Received: adjacency of shape "
-            f"{tuple(shape) if shape.rank is not None else shape}"
+            f"{shape}"
         )
+
+
+def _rank(shape):
+    """The number of axes of `shape`, or None where it is unknown."""
+    if shape is None:
+        return None
+    try:
+        return len(shape)
+    except (TypeError, ValueError):  # a TensorShape of unknown rank
+        return None

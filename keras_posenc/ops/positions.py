@@ -2,7 +2,7 @@
 
 import numbers
 
-import tensorflow as tf
+import keras
 
 from keras_posenc.ops._checks import (
     check_grid_shape,
@@ -14,7 +14,8 @@ from keras_posenc.ops._checks import (
 
 def _expected_positions(shape, sequence_length, batch_size, per_batch, num_axes):
     """None if positions of `shape` fit, else the shapes that would."""
-    rank = shape.rank
+    shape = tuple(shape)
+    rank = len(shape)
 
     def fits(size, expected):
         return size is None or expected is None or size == expected
@@ -89,32 +90,39 @@ def read_positions(
 
     Example:
 
-    >>> read_positions(np.arange(4)).shape
-    TensorShape([4])
-    >>> read_positions(grid_positions((2, 3)), num_axes=2).shape
-    TensorShape([6, 2])
+    >>> tuple(read_positions(np.arange(4)).shape)
+    (4,)
+    >>> tuple(read_positions(grid_positions((2, 3)), num_axes=2).shape)
+    (6, 2)
     """
     check_num_axes(num_axes)
-    positions = tf.convert_to_tensor(positions)
-    if integer and not positions.dtype.is_integer:
+    # The dtype as given: a backend without 64-bit numbers (JAX's default)
+    # converts float64 to float32, and the message names what was passed.
+    given_dtype = getattr(positions, "dtype", None)
+    positions = keras.ops.convert_to_tensor(positions)
+    dtype = keras.backend.standardize_dtype(
+        positions.dtype if given_dtype is None else given_dtype
+    )
+    is_integer = dtype.startswith(("int", "uint"))
+    if integer and not is_integer:
         raise ValueError(
-            f"`{name}` must be integers. Received: {name} of dtype "
-            f"{positions.dtype.name}"
+            f"`{name}` must be integers. Received: {name} of dtype {dtype}"
         )
-    if not (positions.dtype.is_integer or positions.dtype.is_floating):
+    if not (is_integer or "float" in dtype):
         raise ValueError(
             f"`{name}` must be integers or floats. Received: {name} of dtype "
-            f"{positions.dtype.name}"
+            f"{dtype}"
         )
+    shape = tuple(positions.shape)
     expected = _expected_positions(
-        positions.shape, sequence_length, batch_size, per_batch, num_axes
+        shape, sequence_length, batch_size, per_batch, num_axes
     )
     if expected:
         raise ValueError(
             f"`{name}` must have shape {expected}. Received: {name} of dtype "
-            f"{positions.dtype.name} and shape {positions.shape}"
+            f"{dtype} and shape {shape}"
         )
-    if num_axes == 1 and positions.shape.rank == 3:
+    if num_axes == 1 and len(shape) == 3:
         positions = positions[..., 0]  # (batch, sequence)
     return positions
 
@@ -135,15 +143,16 @@ def grid_positions(grid_shape):
 
     Example:
 
-    >>> grid_positions((2, 3)).numpy().tolist()
+    >>> keras.ops.convert_to_numpy(grid_positions((2, 3))).tolist()
     [[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]]
     """
     check_grid_shape(grid_shape)
-    coordinates = tf.meshgrid(
-        *[tf.range(size, dtype="int32") for size in grid_shape], indexing="ij"
+    coordinates = keras.ops.meshgrid(
+        *[keras.ops.arange(size, dtype="int32") for size in grid_shape],
+        indexing="ij",
     )  # num_axes of grid_shape
-    return tf.reshape(
-        tf.stack(coordinates, axis=-1), [-1, len(grid_shape)]
+    return keras.ops.reshape(
+        keras.ops.stack(coordinates, axis=-1), (-1, len(grid_shape))
     )  # (prod(grid_shape), num_axes)
 
 
@@ -158,7 +167,7 @@ def position_ids(sequence_length, start_index=0):
         An int32 tensor of shape `(sequence_length,)`.
     """
     check_integer_scalar("start_index", start_index)
-    return tf.range(sequence_length, dtype="int32") + tf.cast(
+    return keras.ops.arange(sequence_length, dtype="int32") + keras.ops.cast(
         start_index, "int32"
     )
 
@@ -193,7 +202,8 @@ def multimodal_positions(segments, spatial_merge_size=1):
 
     Example:
 
-    >>> t, h, w = multimodal_positions([2, (1, 4, 6), 1], 2).numpy().T
+    >>> positions = multimodal_positions([2, (1, 4, 6), 1], 2)
+    >>> t, h, w = keras.ops.convert_to_numpy(positions).T
     >>> t.tolist()  # two text tokens, a 2 x 3 grid of merged patches, text
     [0, 1, 2, 2, 2, 2, 2, 2, 5]
     >>> h.tolist()
@@ -243,4 +253,4 @@ def multimodal_positions(segments, spatial_merge_size=1):
             for column in range(columns)
         ]
         start += max(frames, rows, columns)  # the largest position + 1
-    return tf.constant(positions, "int32")  # (sequence, 3)
+    return keras.ops.convert_to_tensor(positions, "int32")  # (sequence, 3)

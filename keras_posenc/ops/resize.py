@@ -1,8 +1,6 @@
 """Resizing tables on grids: interpolation matrices, as a matmul."""
 
-import numbers
-
-import tensorflow as tf
+import keras
 
 from keras_posenc.ops._checks import (
     check_grid_shape,
@@ -14,11 +12,13 @@ from keras_posenc.ops.positions import grid_positions
 
 def _cubic(distance, a):
     """Keys' cubic convolution kernel at `|distance|`, with parameter `a`."""
-    distance = tf.abs(distance)
+    distance = keras.ops.abs(distance)
     near = ((a + 2.0) * distance - (a + 3.0)) * distance * distance + 1.0
     far = ((a * distance - 5.0 * a) * distance + 8.0 * a) * distance - 4.0 * a
-    return tf.where(
-        distance < 1.0, near, tf.where(distance < 2.0, far, tf.zeros_like(distance))
+    return keras.ops.where(
+        distance < 1.0,
+        near,
+        keras.ops.where(distance < 2.0, far, keras.ops.zeros_like(distance)),
     )
 
 
@@ -53,41 +53,45 @@ def resize_matrix(input_size, output_size, interpolation="bicubic", antialias=Fa
 
     Example:
 
-    >>> resize_matrix(2, 4, "bilinear").numpy().tolist()
+    >>> keras.ops.convert_to_numpy(resize_matrix(2, 4, "bilinear")).tolist()
     [[1.0, 0.0], [0.75, 0.25], [0.25, 0.75], [0.0, 1.0]]
     """
     check_positive_int("input_size", input_size)
     check_interpolation(interpolation, allow_none=False)
-    scale = tf.cast(input_size, "float32") / tf.cast(output_size, "float32")
-    outputs = tf.range(output_size, dtype="float32")[:, tf.newaxis]  # (out, 1)
-    inputs = tf.range(input_size, dtype="float32")[tf.newaxis]  # (1, in)
+    scale = keras.ops.cast(input_size, "float32") / keras.ops.cast(
+        output_size, "float32"
+    )
+    outputs = keras.ops.arange(output_size, dtype="float32")[:, None]  # (out, 1)
+    inputs = keras.ops.arange(input_size, dtype="float32")[None]  # (1, in)
     if antialias:
         # PyTorch's _upsample_*_aa: a kernel of support 1 (linear) or 2
         # (cubic), stretched by the scale when shrinking.
-        stretch = tf.maximum(scale, 1.0)
+        stretch = keras.ops.maximum(scale, 1.0)
         distance = (inputs - outputs * scale - 0.5 * scale + 0.5) / stretch
         if interpolation == "bicubic":
             weights = _cubic(distance, -0.5)
         else:
-            weights = tf.maximum(1.0 - tf.abs(distance), 0.0)
-        return weights / tf.reduce_sum(weights, axis=1, keepdims=True)
+            weights = keras.ops.maximum(1.0 - keras.ops.abs(distance), 0.0)
+        return weights / keras.ops.sum(weights, axis=1, keepdims=True)
     source = (outputs + 0.5) * scale - 0.5  # (out, 1)
     if interpolation == "bicubic":
-        first = tf.floor(source)
+        first = keras.ops.floor(source)
         fraction = source - first
-        taps = first + tf.range(-1.0, 3.0)  # (out, 4)
+        taps = first + keras.ops.arange(-1.0, 3.0, dtype="float32")  # (out, 4)
         tap_weights = _cubic(taps - source, -0.75)  # (out, 4)
     else:
-        source = tf.maximum(source, 0.0)
-        first = tf.floor(source)
+        source = keras.ops.maximum(source, 0.0)
+        first = keras.ops.floor(source)
         fraction = source - first
-        taps = first + tf.range(0.0, 2.0)  # (out, 2)
-        tap_weights = tf.concat([1.0 - fraction, fraction], axis=1)  # (out, 2)
-    taps = tf.clip_by_value(taps, 0.0, float(input_size - 1))
-    hits = tf.cast(
-        tf.equal(taps[:, :, tf.newaxis], inputs[:, tf.newaxis]), "float32"
+        taps = first + keras.ops.arange(0.0, 2.0, dtype="float32")  # (out, 2)
+        tap_weights = keras.ops.concatenate(
+            [1.0 - fraction, fraction], axis=1
+        )  # (out, 2)
+    taps = keras.ops.clip(taps, 0.0, float(input_size - 1))
+    hits = keras.ops.cast(
+        keras.ops.equal(taps[:, :, None], inputs[:, None]), "float32"
     )  # (out, taps, in)
-    return tf.reduce_sum(tap_weights[:, :, tf.newaxis] * hits, axis=1)  # (out, in)
+    return keras.ops.sum(tap_weights[:, :, None] * hits, axis=1)  # (out, in)
 
 
 def resize_grid(values, grid_shape, new_grid_shape, interpolation="bicubic", antialias=False):
@@ -113,11 +117,13 @@ def resize_grid(values, grid_shape, new_grid_shape, interpolation="bicubic", ant
     check_grid_shape(grid_shape)
     check_grid_shape(new_grid_shape, "new_grid_shape", num_axes=len(grid_shape))
     channels = values.shape[-1]
-    grid = tf.reshape(
-        tf.cast(values, "float32"), list(grid_shape) + [channels]
+    grid = keras.ops.reshape(
+        keras.ops.cast(values, "float32"), tuple(grid_shape) + (channels,)
     )  # (*grid_shape, channels)
     for axis, (size, new_size) in enumerate(zip(grid_shape, new_grid_shape)):
         matrix = resize_matrix(size, new_size, interpolation, antialias)
-        grid = tf.tensordot(matrix, grid, axes=[[1], [axis]])  # new axis first
-        grid = tf.experimental.numpy.moveaxis(grid, 0, axis)
-    return tf.reshape(grid, [-1, channels])  # (prod(new_grid_shape), channels)
+        grid = keras.ops.tensordot(matrix, grid, axes=[[1], [axis]])  # new axis first
+        grid = keras.ops.moveaxis(grid, 0, axis)
+    return keras.ops.reshape(
+        grid, (-1, channels)
+    )  # (prod(new_grid_shape), channels)

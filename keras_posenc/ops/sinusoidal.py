@@ -1,6 +1,6 @@
 """Frequencies, angles, sinusoidal tables and the translation matrix."""
 
-import tensorflow as tf
+import keras
 
 from keras_posenc.ops._checks import (
     check_layout,
@@ -26,8 +26,10 @@ def inverse_frequencies(dim, max_wavelength=10000.0):
     """
     check_positive_int("dim", dim)
     check_max_wavelength(max_wavelength)
-    exponents = tf.range(0, dim, 2, dtype="float32") / float(dim)
-    return tf.pow(tf.constant(1.0 / max_wavelength, "float32"), exponents)
+    exponents = keras.ops.arange(0, dim, 2, dtype="float32") / float(dim)
+    return keras.ops.power(
+        keras.ops.convert_to_tensor(1.0 / max_wavelength, "float32"), exponents
+    )
 
 
 def angles(positions, frequencies):
@@ -40,9 +42,9 @@ def angles(positions, frequencies):
     Returns:
         A float32 tensor of shape `positions.shape + (num_frequencies,)`.
     """
-    positions = tf.cast(positions, "float32")
-    frequencies = tf.cast(frequencies, "float32")
-    return positions[..., tf.newaxis] * frequencies  # (..., num_frequencies)
+    positions = keras.ops.cast(positions, "float32")
+    frequencies = keras.ops.cast(frequencies, "float32")
+    return positions[..., None] * frequencies  # (..., num_frequencies)
 
 
 def sinusoidal(
@@ -81,14 +83,14 @@ def sinusoidal(
 
     Example:
 
-    >>> table = sinusoidal(tf.range(4), dim=6)
-    >>> table.shape
-    TensorShape([4, 6])
-    >>> [round(float(v), 4) for v in table[1, :2]]  # sin(1), cos(1)
+    >>> table = sinusoidal(keras.ops.arange(4), dim=6)
+    >>> tuple(table.shape)
+    (4, 6)
+    >>> [round(float(v), 4) for v in keras.ops.convert_to_numpy(table[1, :2])]
     [0.8415, 0.5403]
     >>> grid = sinusoidal(grid_positions((2, 3)), dim=8, num_axes=2)
-    >>> grid.shape  # (row, column) blocks of 4 features each
-    TensorShape([6, 8])
+    >>> tuple(grid.shape)  # (row, column) blocks of 4 features each
+    (6, 8)
     """
     check_layout(layout)
     check_positive_int("dim", dim)
@@ -105,12 +107,12 @@ def sinusoidal(
     phases = angles(
         positions, inverse_frequencies(dim, max_wavelength)
     )  # (..., ceil(dim / 2))
-    sines, cosines = tf.sin(phases), tf.cos(phases)
+    sines, cosines = keras.ops.sin(phases), keras.ops.cos(phases)
     if layout == "concat":
-        return tf.concat([sines, cosines], axis=-1)  # (..., dim)
-    pairs = tf.stack([sines, cosines], axis=-1)  # (..., ceil(dim / 2), 2)
-    table = tf.reshape(
-        pairs, tf.concat([tf.shape(phases)[:-1], [2 * phases.shape[-1]]], 0)
+        return keras.ops.concatenate([sines, cosines], axis=-1)  # (..., dim)
+    pairs = keras.ops.stack([sines, cosines], axis=-1)  # (..., ceil(dim / 2), 2)
+    table = keras.ops.reshape(
+        pairs, keras.ops.shape(phases)[:-1] + (2 * phases.shape[-1],)
     )  # (..., 2 * ceil(dim / 2))
     return table[..., :dim]
 
@@ -123,13 +125,14 @@ def _sinusoidal_on_axes(positions, dim, max_wavelength, layout, num_axes):
             f"`dim` must be a multiple of {block} for num_axes={num_axes} "
             f"and layout={layout!r}. Received: dim={dim}"
         )
-    positions = tf.convert_to_tensor(positions)
-    if positions.shape.rank is None or positions.shape[-1] != num_axes:
+    positions = keras.ops.convert_to_tensor(positions)
+    if positions.ndim in (None, 0) or positions.shape[-1] != num_axes:
+        shape = positions.shape if positions.ndim is None else tuple(positions.shape)
         raise ValueError(
             f"`positions` must end in an axis of {num_axes} coordinates for "
-            f"num_axes={num_axes}. Received positions of shape {positions.shape}"
+            f"num_axes={num_axes}. Received positions of shape {shape}"
         )
-    return tf.concat(
+    return keras.ops.concatenate(
         [
             sinusoidal(positions[..., axis], dim // num_axes, max_wavelength, layout)
             for axis in range(num_axes)
@@ -158,9 +161,10 @@ def translation_matrix(shift, dim, max_wavelength=10000.0):
 
     Example:
 
-    >>> p = tf.constant([3.0, 7.0])
-    >>> shifted = sinusoidal(p, 8) @ translation_matrix(5, 8)
-    >>> bool(tf.reduce_all(tf.abs(shifted - sinusoidal(p + 5, 8)) < 1e-5))
+    >>> p = np.array([3.0, 7.0], "float32")
+    >>> shifted = keras.ops.matmul(sinusoidal(p, 8), translation_matrix(5, 8))
+    >>> error = keras.ops.abs(shifted - sinusoidal(p + 5, 8))
+    >>> bool(keras.ops.all(error < 1e-5))
     True
     """
     check_positive_int("dim", dim)
@@ -171,14 +175,18 @@ def translation_matrix(shift, dim, max_wavelength=10000.0):
     phases = angles(
         shift, inverse_frequencies(dim, max_wavelength)
     )  # (..., dim / 2)
-    cosines, sines = tf.cos(phases), tf.sin(phases)
-    blocks = tf.stack(
-        [tf.stack([cosines, -sines], -1), tf.stack([sines, cosines], -1)], -2
+    cosines, sines = keras.ops.cos(phases), keras.ops.sin(phases)
+    blocks = keras.ops.stack(
+        [
+            keras.ops.stack([cosines, -sines], -1),
+            keras.ops.stack([sines, cosines], -1),
+        ],
+        -2,
     )  # (..., dim / 2, 2, 2)
-    identity = tf.eye(dim // 2, dtype="float32")  # (dim / 2, dim / 2)
-    matrix = tf.einsum(
+    identity = keras.ops.eye(dim // 2, dtype="float32")  # (dim / 2, dim / 2)
+    matrix = keras.ops.einsum(
         "ij,...iab->...iajb", identity, blocks
     )  # (..., dim / 2, 2, dim / 2, 2)
-    return tf.reshape(
-        matrix, tf.concat([tf.shape(phases)[:-1], [dim, dim]], 0)
+    return keras.ops.reshape(
+        matrix, keras.ops.shape(phases)[:-1] + (dim, dim)
     )  # (..., dim, dim)
