@@ -13,7 +13,7 @@ The legacy rope type `"su"` (Phi-3 vision configs) is read as `"longrope"`.
 import math
 import numbers
 
-import tensorflow as tf
+import keras
 
 from keras_posenc import ops
 
@@ -59,13 +59,15 @@ _KEYS = {
 def _exponents(dim):
     """`2i / dim` for each feature pair, in float32."""
     ops.check_positive_int("dim", dim)
-    return tf.range(0, dim, 2, dtype="float32") / float(dim)  # (dim / 2,)
+    return keras.ops.arange(0, dim, 2, dtype="float32") / float(dim)  # (dim / 2,)
 
 
 def _base_frequencies(dim, base):
     # base ** -(2i / dim), written as keras-hub's RotaryEmbedding writes it so
     # that the two agree bit for bit.
-    return tf.pow(tf.cast(base, "float32"), -_exponents(dim))  # (dim / 2,)
+    return keras.ops.power(
+        keras.ops.cast(base, "float32"), -_exponents(dim)
+    )  # (dim / 2,)
 
 
 def default(dim, max_wavelength):
@@ -82,7 +84,7 @@ def default(dim, max_wavelength):
     Example:
 
     >>> frequencies, attention_factor = default(4, 10000.0)
-    >>> frequencies.numpy(), attention_factor
+    >>> keras.ops.convert_to_numpy(frequencies), attention_factor
     (array([1.  , 0.01], dtype=float32), 1.0)
     """
     ops.check_max_wavelength(max_wavelength)
@@ -108,7 +110,7 @@ def linear(dim, max_wavelength, factor):
     """
     _check_arguments("linear", {"factor": factor}, dim)
     frequencies, attention_factor = default(dim, max_wavelength)
-    return frequencies / tf.cast(factor, "float32"), attention_factor
+    return frequencies / keras.ops.cast(factor, "float32"), attention_factor
 
 
 def dynamic(
@@ -150,12 +152,12 @@ def dynamic(
     original = float(original_max_position_embeddings)
     if sequence_length is None:
         sequence_length = original
-    length = tf.maximum(tf.cast(sequence_length, "float32"), original)
+    length = keras.ops.maximum(keras.ops.cast(sequence_length, "float32"), original)
     # factor * L / original - (factor - 1), written so that it is exactly 1
     # at the trained length instead of cancelling in float32.
     stretch = 1.0 + factor * (length - original) / original  # scalar
-    base = float(max_wavelength) * tf.pow(stretch, dim / (dim - 2.0))
-    return tf.pow(base, -_exponents(dim)), 1.0
+    base = float(max_wavelength) * keras.ops.power(stretch, dim / (dim - 2.0))
+    return keras.ops.power(base, -_exponents(dim)), 1.0
 
 
 def _yarn_mscale(scale, mscale=1.0):
@@ -247,11 +249,11 @@ def yarn(
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # no empty ramp
-    ramp = tf.clip_by_value(
-        (tf.range(dim // 2, dtype="float32") - low) / (high - low), 0.0, 1.0
+    ramp = keras.ops.clip(
+        (keras.ops.arange(dim // 2, dtype="float32") - low) / (high - low), 0.0, 1.0
     )  # (dim / 2,)
-    wavelengths = tf.pow(
-        tf.cast(max_wavelength, "float32"), _exponents(dim)
+    wavelengths = keras.ops.power(
+        keras.ops.cast(max_wavelength, "float32"), _exponents(dim)
     )  # (dim / 2,)
     extrapolated = 1.0 / wavelengths
     interpolated = 1.0 / (factor * wavelengths)
@@ -304,13 +306,15 @@ def llama3(
     wavelengths = 2 * math.pi / frequencies  # (dim / 2,)
     long = wavelengths > original / low_freq_factor
     short = wavelengths < original / high_freq_factor
-    divided = tf.where(long, frequencies / factor, frequencies)
+    divided = keras.ops.where(long, frequencies / factor, frequencies)
     smooth = (original / wavelengths - low_freq_factor) / (
         high_freq_factor - low_freq_factor
     )
     blended = (1 - smooth) * divided / factor + smooth * divided
-    medium = tf.logical_not(long) & tf.logical_not(short)
-    return tf.where(medium, blended, divided), attention_factor
+    medium = keras.ops.logical_and(
+        keras.ops.logical_not(long), keras.ops.logical_not(short)
+    )
+    return keras.ops.where(medium, blended, divided), attention_factor
 
 
 def longrope(
@@ -367,16 +371,19 @@ def longrope(
             attention_factor = math.sqrt(
                 1 + math.log(factor) / math.log(original_max_position_embeddings)
             )
-    short = tf.constant(short_factor, "float32")  # (dim / 2,)
-    long = tf.constant(long_factor, "float32")
+    short = keras.ops.convert_to_tensor(short_factor, "float32")  # (dim / 2,)
+    long = keras.ops.convert_to_tensor(long_factor, "float32")
     if sequence_length is None:
         divisors = short
     else:
         past_training = (
-            tf.cast(sequence_length, "float32") > original_max_position_embeddings
+            keras.ops.cast(sequence_length, "float32")
+            > original_max_position_embeddings
         )
-        divisors = tf.where(past_training, long, short)
-    wavelengths = tf.pow(tf.cast(max_wavelength, "float32"), _exponents(dim))
+        divisors = keras.ops.where(past_training, long, short)
+    wavelengths = keras.ops.power(
+        keras.ops.cast(max_wavelength, "float32"), _exponents(dim)
+    )
     return 1.0 / (divisors * wavelengths), float(attention_factor)
 
 
@@ -408,7 +415,7 @@ def proportional(dim, max_wavelength, factor=1.0, partial_rotary_factor=1.0):
     >>> frequencies, attention_factor = proportional(
     ...     8, 10000.0, partial_rotary_factor=0.5
     ... )
-    >>> frequencies.numpy(), attention_factor
+    >>> keras.ops.convert_to_numpy(frequencies), attention_factor
     (array([1. , 0.1, 0. , 0. ], dtype=float32), 1.0)
     """
     ops.check_max_wavelength(max_wavelength)
@@ -420,9 +427,9 @@ def proportional(dim, max_wavelength, factor=1.0, partial_rotary_factor=1.0):
     # Written as Hugging Face writes it: (share * dim) // 2, then int.
     rotated_pairs = int(partial_rotary_factor * dim // 2)
     rotated = _base_frequencies(dim, max_wavelength)[:rotated_pairs]
-    still = tf.zeros([dim // 2 - rotated_pairs], "float32")
-    frequencies = tf.concat([rotated, still], 0)  # (dim / 2,)
-    return frequencies / tf.cast(factor, "float32"), 1.0
+    still = keras.ops.zeros((dim // 2 - rotated_pairs,), "float32")
+    frequencies = keras.ops.concatenate([rotated, still], 0)  # (dim / 2,)
+    return frequencies / keras.ops.cast(factor, "float32"), 1.0
 
 
 _SCHEDULES = {
@@ -590,7 +597,7 @@ def rope_parameters(scaling, dim, max_wavelength, sequence_length=None):
 
     >>> scaling = {"rope_type": "linear", "factor": 2.0}
     >>> frequencies, attention_factor = rope_parameters(scaling, 4, 10000.0)
-    >>> frequencies.numpy(), attention_factor
+    >>> keras.ops.convert_to_numpy(frequencies), attention_factor
     (array([0.5  , 0.005], dtype=float32), 1.0)
     """
     check_scaling(scaling)

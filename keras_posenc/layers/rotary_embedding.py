@@ -2,8 +2,8 @@ import copy
 import numbers
 
 import keras
-import tensorflow as tf
 
+from keras_posenc import hf_config
 from keras_posenc import ops
 from keras_posenc import rope_scaling
 from keras_posenc.layers._attention_position import AttentionPosition
@@ -145,8 +145,8 @@ class RotaryEmbedding(AttentionPosition):
 
     >>> queries = np.ones((2, 6, 4, 16), "float32")  # (batch, seq, heads, dim)
     >>> rotated = RotaryEmbedding()(queries)
-    >>> rotated.shape
-    TensorShape([2, 6, 4, 16])
+    >>> tuple(rotated.shape)
+    (2, 6, 4, 16)
     >>> llama_3_1 = RotaryEmbedding(
     ...     max_wavelength=500000.0,
     ...     scaling={
@@ -157,23 +157,23 @@ class RotaryEmbedding(AttentionPosition):
     ...         "original_max_position_embeddings": 8192,
     ...     },
     ... )
-    >>> llama_3_1(queries, start_index=100000).shape
-    TensorShape([2, 6, 4, 16])
+    >>> tuple(llama_3_1(queries, start_index=100000).shape)
+    (2, 6, 4, 16)
 
     On a 2 x 3 grid of image patches after a class token, axial RoPE:
 
     >>> patches = np.ones((2, 1 + 2 * 3, 4, 16), "float32")
     >>> axial = RotaryEmbedding(num_axes=2, num_prefix_tokens=1)
-    >>> axial(patches, grid_shape=(2, 3)).shape
-    TensorShape([2, 7, 4, 16])
+    >>> tuple(axial(patches, grid_shape=(2, 3)).shape)
+    (2, 7, 4, 16)
     >>> qwen2_vl = RotaryEmbedding(
     ...     max_wavelength=1e6, num_axes=3, axis_layout="sections",
     ...     axis_sections=[2, 3, 3],
     ... )
     >>> tokens = np.ones((1, 9, 2, 16), "float32")  # text, a 2 x 3 image, text
     >>> positions = ops.multimodal_positions([2, (1, 2, 3), 1])
-    >>> qwen2_vl(tokens, positions=positions).shape
-    TensorShape([1, 9, 2, 16])
+    >>> tuple(qwen2_vl(tokens, positions=positions).shape)
+    (1, 9, 2, 16)
 
     References:
         - [Su et al., 2021](https://arxiv.org/abs/2104.09864)
@@ -338,7 +338,7 @@ class RotaryEmbedding(AttentionPosition):
             return
 
         def axial(shape, dtype=None):
-            return tf.broadcast_to(self._fixed_frequency_matrix(rotated), shape)
+            return keras.ops.broadcast_to(self._fixed_frequency_matrix(rotated), shape)
 
         self.frequencies = self.add_weight(
             name="frequencies",
@@ -397,7 +397,7 @@ class RotaryEmbedding(AttentionPosition):
                 raise ValueError(
                     "Pass `positions` or `grid_shape`, not both. Received: "
                     f"grid_shape={grid_shape!r} and positions of shape "
-                    f"{tf.convert_to_tensor(positions).shape}"
+                    f"{tuple(keras.ops.convert_to_tensor(positions).shape)}"
                 )
             ops.check_grid_shape(grid_shape, num_axes=self.num_axes)
             positions = ops.grid_positions(grid_shape)  # (tokens, num_axes)
@@ -422,15 +422,15 @@ class RotaryEmbedding(AttentionPosition):
                 f"(batch, sequence, {self.num_axes}), a ({axes}) per token "
                 "(see keras_posenc.ops.grid_positions). Received neither"
             )
-        return ops.position_ids(
-            tf.shape(inputs)[sequence_axis] - self.num_prefix_tokens, start_index
-        )
+        if length is None:
+            length = keras.ops.shape(inputs)[sequence_axis] - self.num_prefix_tokens
+        return ops.position_ids(length, start_index)
 
     def call(self, inputs, start_index=0, positions=None, grid_shape=None):
         sequence_axis, feature_axis, rotated = self._axes(inputs.shape)
-        last = inputs.shape.rank - 1
+        last = len(inputs.shape) - 1
         if feature_axis != last:
-            inputs = tf.experimental.numpy.moveaxis(inputs, feature_axis, last)
+            inputs = keras.ops.moveaxis(inputs, feature_axis, last)
             if sequence_axis > feature_axis:
                 sequence_axis -= 1
         # Positions `start_index + 0, 1, ...`: the tables come from those of
@@ -448,7 +448,7 @@ class RotaryEmbedding(AttentionPosition):
             start_index if consecutive else None,
         )
         if feature_axis != last:
-            outputs = tf.experimental.numpy.moveaxis(outputs, last, feature_axis)
+            outputs = keras.ops.moveaxis(outputs, last, feature_axis)
         return outputs
 
     def _rotate_after_prefix(
@@ -459,12 +459,12 @@ class RotaryEmbedding(AttentionPosition):
             return self._rotate(
                 inputs, sequence_axis, rotated, positions, length, start_index
             )
-        prefix, tokens = tf.split(
-            inputs, [self.num_prefix_tokens, -1], axis=sequence_axis
-        )
-        return tf.concat(
+        before = (slice(None),) * sequence_axis
+        prefix = inputs[(*before, slice(None, self.num_prefix_tokens))]
+        tokens = inputs[(*before, slice(self.num_prefix_tokens, None))]
+        return keras.ops.concatenate(
             [
-                tf.cast(prefix, self.compute_dtype),
+                keras.ops.cast(prefix, self.compute_dtype),
                 self._rotate(
                     tokens, sequence_axis, rotated, positions, length, start_index
                 ),
@@ -477,8 +477,10 @@ class RotaryEmbedding(AttentionPosition):
         if not rope_scaling.depends_on_length(self.scaling):
             return None
         return (
-            tf.reduce_max(
-                [tf.reduce_max(tf.cast(p, "float32")) for p in positions]
+            keras.ops.max(
+                keras.ops.stack(
+                    [keras.ops.max(keras.ops.cast(p, "float32")) for p in positions]
+                )
             )
             + 1.0
         )
@@ -492,7 +494,7 @@ class RotaryEmbedding(AttentionPosition):
         the rotation reads tables of cos and sin made once
         (`ops.shifted_cos_sin`), not the angles.
         """
-        rank = inputs.shape.rank
+        rank = len(inputs.shape)
         last = rank - 1
         if self._on_grid:
             phases, batched = self._grid_phases(positions, rotated, rank)
@@ -506,10 +508,13 @@ class RotaryEmbedding(AttentionPosition):
                     positions, frequencies
                 )  # ([batch,] seq, rotated / 2)
             else:
+                length = inputs.shape[sequence_axis]
+                if length is None:
+                    length = keras.ops.shape(inputs)[sequence_axis]
                 phases = ops.shifted_cos_sin(
-                    tf.shape(inputs)[sequence_axis], start_index, frequencies
+                    length, start_index, frequencies
                 )  # cos and sin, (seq, rotated / 2) each
-            batched = start_index is None and phases.shape.rank == 3
+            batched = start_index is None and len(phases.shape) == 3
 
         def table_shape(table):
             # Size-1 axes wherever the table has none: heads (unless learned
@@ -519,10 +524,10 @@ class RotaryEmbedding(AttentionPosition):
                 table_axes.add(2)
             for axis in range(rank):
                 if axis not in table_axes:
-                    table = tf.expand_dims(table, axis)
+                    table = keras.ops.expand_dims(table, axis)
             return table  # (batch | 1, seq, 1, rotated / 2) for 4-D inputs
 
-        selected = tf.cast(inputs[..., :rotated], "float32")
+        selected = keras.ops.cast(inputs[..., :rotated], "float32")
         if start_index is None:
             turned = ops.rotate(selected, table_shape(phases), self.layout)
         else:
@@ -532,10 +537,11 @@ class RotaryEmbedding(AttentionPosition):
             )  # like inputs, rotated features only
         if attention_factor != 1.0:
             turned = turned * attention_factor  # scales cos and sin alike
-        outputs = tf.cast(turned, self.compute_dtype)
+        outputs = keras.ops.cast(turned, self.compute_dtype)
         if rotated < inputs.shape[-1]:
-            outputs = tf.concat(
-                [outputs, tf.cast(inputs[..., rotated:], self.compute_dtype)], -1
+            outputs = keras.ops.concatenate(
+                [outputs, keras.ops.cast(inputs[..., rotated:], self.compute_dtype)],
+                -1,
             )
         return outputs
 
@@ -545,10 +551,10 @@ class RotaryEmbedding(AttentionPosition):
         `phases` is `([batch,] seq, rotated / 2)`, or `([batch,] seq, heads,
         rotated / 2)` for learned frequencies and inputs with heads.
         """
-        positions = tf.convert_to_tensor(positions)
+        positions = keras.ops.convert_to_tensor(positions)
         if self.num_axes == 1:
-            positions = positions[..., tf.newaxis]  # ([batch,] seq, 1)
-        batched = positions.shape.rank == 3
+            positions = positions[..., None]  # ([batch,] seq, 1)
+        batched = len(positions.shape) == 3
         if self.learned_frequencies:
             phases = ops.grid_angles(
                 positions, self.frequencies
@@ -599,6 +605,12 @@ class RotaryEmbedding(AttentionPosition):
 
         Reads the config as Hugging Face transformers reads it:
 
+        - A composite model's config (Qwen2-VL, Qwen3-VL, Gemma 3, LLaVA)
+          is read where transformers' `get_text_config()` finds its text
+          model: the dict under `"text_config"` (or `"text_encoder"`,
+          `"decoder"`, `"generator"`), else the top level, as Qwen2-VL's
+          first configs keep their text fields
+          (`keras_posenc.hf_config.text_config`).
         - The schedule is `rope_scaling`, or else the newer
           `rope_parameters`, named by its `"rope_type"`; the legacy key
           `"type"` stands in when `"rope_type"` is missing and is dropped
@@ -733,99 +745,8 @@ class RotaryEmbedding(AttentionPosition):
         >>> qwen2_vl.num_axes, qwen2_vl.axis_layout, qwen2_vl.axis_sections
         (3, 'sections', [16, 24, 24])
         """
-        if not isinstance(config, dict):
-            raise ValueError(
-                "`config` must be a dict parsed from a Hugging Face config.json. "
-                f"Received: config={config!r}"
-            )
-        # Also what a multimodal config's wrapper fails on, before its lack
-        # of RoPE keys could read as the default RoPE.
-        head_dim = _head_dim(config)
-        parameters, base = _rope_entry(config, layer_type)
-        if "type" in parameters:
-            # transformers reads "rope_type" first; "type" is its older name.
-            legacy_type = parameters.pop("type")
-            parameters.setdefault("rope_type", legacy_type)
-        if parameters.get("rope_type") == "su":
-            parameters["rope_type"] = "longrope"
-        base = parameters.pop("rope_theta", base)
-        model_type = config.get("model_type")
-        if model_type == "pixtral":
-            # Rows and columns of patches, the whole head; "axial" names it.
-            return cls(
-                max_wavelength=base,
-                num_axes=2,
-                axis_layout="alternating",
-                **kwargs,
-            )
-        grid = _mrope_arguments(model_type, parameters)
-        rope_type = parameters.get("rope_type", "default")
-        # GPT-NeoX's config.json names the share rotary_pct.
-        partial = parameters.pop(
-            "partial_rotary_factor",
-            config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)),
-        )
-        layout, rotary_dim = "half", None
-        if model_type in _DEEPSEEK_MODEL_TYPES:
-            ops.check_positive_int(
-                "config['qk_rope_head_dim']", config.get("qk_rope_head_dim")
-            )
-            # V2 multiplies adjacent pairs as complex numbers; V3 does the
-            # same unless rope_interleave is false.
-            if model_type == "deepseek_v2" or config.get("rope_interleave", True):
-                layout = "interleaved"
-        elif "qk_rope_head_dim" in config:
-            raise ValueError(
-                "`config` gives `qk_rope_head_dim`, a separately rotated slice "
-                "of each head (multi-head latent attention), but its pairing is "
-                f"known only for model types {_DEEPSEEK_MODEL_TYPES}. Received: "
-                f"model_type={model_type!r}"
-            )
-        elif model_type == "gptj":
-            # GPT-J pairs features 2i and 2i + 1 and gives the rotated width.
-            layout = "interleaved"
-            rotary_dim = config.get("rotary_dim")
-        elif rope_type == "proportional":
-            # Spaced over the whole head, the share rotating: a schedule key.
-            parameters["partial_rotary_factor"] = partial
-        elif partial != 1.0:
-            rotary_dim = int(head_dim * partial)
-        scaling = None if rope_type == "default" else parameters
-        if rope_type == "dynamic":
-            if "max_position_embeddings" not in config:
-                raise ValueError(
-                    "`config` needs `max_position_embeddings`, the trained "
-                    "length of a 'dynamic' schedule. Received: config with "
-                    f"keys {sorted(config)}"
-                )
-            parameters["original_max_position_embeddings"] = config[
-                "max_position_embeddings"
-            ]
-        elif rope_type in ("yarn", "llama3", "longrope"):
-            original = parameters.setdefault(
-                "original_max_position_embeddings",
-                config.get(
-                    "original_max_position_embeddings",
-                    config.get("max_position_embeddings"),
-                ),
-            )
-            if (
-                rope_type in ("yarn", "longrope")
-                and "factor" not in parameters
-                and "max_position_embeddings" in config
-                and original
-            ):
-                parameters["factor"] = (
-                    config["max_position_embeddings"] / original
-                )
-        return cls(
-            max_wavelength=base,
-            layout=layout,
-            rotary_dim=rotary_dim,
-            scaling=scaling,
-            **grid,
-            **kwargs,
-        )
+        arguments = hf_config.rotary_embedding_arguments(config, layer_type)
+        return cls(**arguments, **kwargs)
 
     def get_config(self):
         config = super().get_config()
@@ -857,16 +778,6 @@ class RotaryEmbedding(AttentionPosition):
             },
             on_a_grid=self.num_axes > 1,
         )
-
-
-_DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
-# transformers' mrope_section when a Qwen-VL config gives none.
-_MROPE_SECTIONS = {
-    "qwen2_vl": [16, 24, 24],
-    "qwen2_5_vl": [16, 24, 24],
-    "qwen3_vl": [24, 20, 20],
-    "qwen3_vl_moe": [24, 20, 20],
-}
 
 
 def _check_grid_arguments(
@@ -913,105 +824,3 @@ def _check_grid_arguments(
             f"feature_axis=-1. Received: sequence_axis={sequence_axis}, "
             f"feature_axis={feature_axis}"
         )
-
-
-def _mrope_arguments(model_type, parameters):
-    """The grid arguments of a Qwen-VL config's M-RoPE, `{}` for other configs.
-
-    Takes `mrope_section` and `mrope_interleaved` out of `parameters` and
-    reads the `"mrope"` schedule as the default one, as transformers does.
-    """
-    base_type = (model_type or "").removesuffix("_text")
-    sections = parameters.pop("mrope_section", None)
-    interleaved = parameters.pop("mrope_interleaved", False)
-    if parameters.get("rope_type") == "mrope":
-        parameters["rope_type"] = "default"
-    if sections is None:
-        # The Qwen-VL text models apply M-RoPE whatever their config says.
-        sections = _MROPE_SECTIONS.get(base_type)
-    if sections is None:
-        return {}
-    # Qwen3-VL's text model interleaves whatever its config says.
-    if interleaved or base_type.startswith("qwen3_vl"):
-        axis_layout = "interleaved"
-    else:
-        axis_layout = "sections"
-    return {
-        "num_axes": len(sections),
-        "axis_layout": axis_layout,
-        "axis_sections": list(sections),
-    }
-
-
-def _rope_entry(config, layer_type):
-    """`(parameters, base)` for `layer_type` from a Hugging Face config dict.
-
-    `parameters` is a copy of the RoPE dict that serves `layer_type` (empty
-    for the default schedule), `base` the base to use if it names none.
-    """
-    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
-    rope = config.get(key) or {}
-    if not isinstance(rope, dict):
-        raise ValueError(
-            f"`config['{key}']` must be a dict or null. Received: {key}={rope!r}"
-        )
-    # GPT-NeoX's config.json names the base rotary_emb_base.
-    base = config.get("rope_theta", config.get("rotary_emb_base", 10000.0))
-    if rope and all(isinstance(entry, dict) for entry in rope.values()):
-        _check_layer_type(
-            layer_type, list(rope), f"`config['{key}']` holds one RoPE per layer type"
-        )
-        return dict(rope[layer_type]), base
-    if "rope_local_base_freq" in config:
-        # Gemma 3 before transformers 5: rope_theta and rope_scaling serve the
-        # full attention layers, rope_local_base_freq the sliding window ones.
-        _check_layer_type(
-            layer_type,
-            ["full_attention", "sliding_attention"],
-            "`config` gives `rope_local_base_freq` for its sliding window layers "
-            "and `rope_theta` and `rope_scaling` for the others, one RoPE per "
-            "layer type",
-        )
-        if layer_type == "sliding_attention":
-            return {}, config["rope_local_base_freq"]
-        return dict(rope), base
-    layer_types = config.get("layer_types") or []
-    if layer_type is not None and layer_type not in layer_types:
-        raise ValueError(
-            "`layer_type` picks one of the RoPEs of a config that gives one per "
-            "layer type, but this config gives one for all its layers, whose "
-            f"types are {sorted(set(layer_types))}. Received: "
-            f"layer_type={layer_type!r}"
-        )
-    return dict(rope), base
-
-
-def _check_layer_type(layer_type, layer_types, nesting):
-    """Raise a `ValueError` unless `layer_type` is one of `layer_types`."""
-    if layer_type not in layer_types:
-        raise ValueError(
-            f"{nesting}: {layer_types}. Pass `layer_type=` one of them to "
-            f"choose. Received: layer_type={layer_type!r}"
-        )
-
-
-def _head_dim(config):
-    """The head width a config gives: `head_dim`, or hidden size / heads."""
-    head_dim = config.get("head_dim")
-    if head_dim:
-        return head_dim
-    # GPT-2 style configs (GPT-J) name the widths n_embd and n_head.
-    hidden_size = config.get("hidden_size", config.get("n_embd"))
-    num_heads = config.get("num_attention_heads", config.get("n_head"))
-    if not (hidden_size and num_heads):
-        multimodal = (
-            " (for a multimodal model, pass its config's 'text_config')"
-            if "text_config" in config
-            else ""
-        )
-        raise ValueError(
-            "`config` must give `head_dim`, or `hidden_size` and "
-            f"`num_attention_heads`{multimodal}. Received: config with keys "
-            f"{sorted(config)}"
-        )
-    return hidden_size // num_heads

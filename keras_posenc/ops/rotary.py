@@ -1,6 +1,6 @@
 """Rotary embeddings: rotations, cos/sin tables, axes of grids."""
 
-import tensorflow as tf
+import keras
 
 from keras_posenc.ops._checks import (
     AXIS_LAYOUTS,
@@ -37,34 +37,41 @@ def rotate(inputs, phases, layout="half"):
 
     Example:
 
-    >>> x = tf.constant([[1.0, 0.0, 2.0, 0.0]])  # pairs (1, 0) and (2, 0)
-    >>> quarter_and_half_turn = tf.constant([[np.pi / 2, np.pi]])
+    >>> x = np.array([[1.0, 0.0, 2.0, 0.0]], "float32")  # pairs (1, 0), (2, 0)
+    >>> quarter_and_half_turn = np.array([[np.pi / 2, np.pi]], "float32")
     >>> turned = rotate(x, quarter_and_half_turn, "interleaved")
-    >>> np.round(turned.numpy(), 6) + 0.0
+    >>> np.round(keras.ops.convert_to_numpy(turned), 6) + 0.0
     array([[ 0.,  1., -2.,  0.]], dtype=float32)
     """
     check_rope_layout(layout)
     # The angles are laid out at full width before cos and sin, which lets
     # XLA fuse the whole rotation into one loop over the inputs.
-    phases = _full_width(phases, layout)  # (..., d)
-    return inputs * tf.cos(phases) + _turned(inputs, layout) * tf.sin(phases)
+    inputs = keras.ops.convert_to_tensor(inputs)
+    phases = _full_width(keras.ops.convert_to_tensor(phases), layout)  # (..., d)
+    return inputs * keras.ops.cos(phases) + _turned(inputs, layout) * keras.ops.sin(
+        phases
+    )
 
 
 def _full_width(pairs, layout):
     """One value per pair `(..., d / 2)` laid out per feature `(..., d)`."""
     if layout == "half":
-        return tf.concat([pairs, pairs], axis=-1)
-    return tf.repeat(pairs, 2, axis=-1)
+        return keras.ops.concatenate([pairs, pairs], axis=-1)
+    return keras.ops.repeat(pairs, 2, axis=-1)
 
 
 def _turned(inputs, layout):
     """Each pair `(a, b)` of `inputs` as `(-b, a)`: the quarter turn."""
     if layout == "half":
-        first, second = tf.split(inputs, 2, axis=-1)  # (..., d / 2) each
-        return tf.concat([-second, first], axis=-1)  # (..., d)
-    shape = tf.shape(inputs)
-    pairs = tf.reshape(inputs, tf.concat([shape[:-1], [-1, 2]], 0))  # (..., d / 2, 2)
-    return tf.reshape(tf.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape)
+        first, second = keras.ops.split(inputs, 2, axis=-1)  # (..., d / 2) each
+        return keras.ops.concatenate([-second, first], axis=-1)  # (..., d)
+    shape = keras.ops.shape(inputs)  # static sizes, tensors where unknown
+    pairs = keras.ops.reshape(
+        inputs, (*shape[:-1], inputs.shape[-1] // 2, 2)
+    )  # (..., d / 2, 2)
+    return keras.ops.reshape(
+        keras.ops.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape
+    )
 
 
 def rotate_by_tables(inputs, cos, sin, layout="half"):
@@ -82,6 +89,9 @@ def rotate_by_tables(inputs, cos, sin, layout="half"):
         A tensor of the shape and dtype of `inputs`.
     """
     check_rope_layout(layout)
+    inputs = keras.ops.convert_to_tensor(inputs)
+    cos = keras.ops.convert_to_tensor(cos)
+    sin = keras.ops.convert_to_tensor(sin)
     return inputs * _full_width(cos, layout) + _turned(inputs, layout) * _full_width(
         sin, layout
     )
@@ -114,20 +124,26 @@ def shifted_cos_sin(length, start_index, frequencies):
     Returns:
         `(cos, sin)`: float32 tensors of shape `(length, f)`.
     """
-    frequencies = tf.cast(frequencies, "float32")
-    steps = angles(tf.range(length), frequencies)  # (length, f): n w
-    table = tf.concat([tf.cos(steps), tf.sin(steps)], axis=-1)  # (length, 2f)
-    start = tf.cast(start_index, "float32") * frequencies  # (f,): s w
-    cos_start = tf.linalg.diag(tf.cos(start))  # (f, f): C
-    sin_start = tf.linalg.diag(tf.sin(start))  # (f, f): S
-    rotation = tf.concat(
+    frequencies = keras.ops.cast(frequencies, "float32")
+    steps = angles(
+        keras.ops.arange(length, dtype="int32"), frequencies
+    )  # (length, f): n w
+    table = keras.ops.concatenate(
+        [keras.ops.cos(steps), keras.ops.sin(steps)], axis=-1
+    )  # (length, 2f)
+    start = keras.ops.cast(start_index, "float32") * frequencies  # (f,): s w
+    cos_start = keras.ops.diag(keras.ops.cos(start))  # (f, f): C
+    sin_start = keras.ops.diag(keras.ops.sin(start))  # (f, f): S
+    rotation = keras.ops.concatenate(
         [
-            tf.concat([cos_start, sin_start], axis=1),
-            tf.concat([-sin_start, cos_start], axis=1),
+            keras.ops.concatenate([cos_start, sin_start], axis=1),
+            keras.ops.concatenate([-sin_start, cos_start], axis=1),
         ],
         axis=0,
     )  # (2f, 2f)
-    cos, sin = tf.split(tf.matmul(table, rotation), 2, axis=-1)  # (length, f) each
+    cos, sin = keras.ops.split(
+        keras.ops.matmul(table, rotation), 2, axis=-1
+    )  # (length, f) each
     return cos, sin
 
 
@@ -258,19 +274,22 @@ def rope_frequency_matrix(
     Example:
 
     >>> theta = rope_frequency_matrix(8, 2, "blocks", max_wavelength=100.0)
-    >>> theta.numpy().tolist()  # two blocks, each with the schedule of width 4
+    >>> # two blocks, each with the schedule of width 4
+    >>> keras.ops.convert_to_numpy(theta).tolist()
     [[1.0, 0.0], [0.10000000149011612, 0.0], [0.0, 1.0], [0.0, 0.10000000149011612]]
     """
     axes, places, widths = rope_pair_axes(
         rotary_dim // 2, num_axes, axis_layout, axis_sections
     )
-    frequencies = tf.stack(
+    frequencies = keras.ops.stack(
         [
             inverse_frequencies(width, max_wavelength)[place]
             for place, width in zip(places, widths)
         ]
     )  # (pairs,)
-    return tf.one_hot(axes, num_axes, dtype="float32") * frequencies[:, tf.newaxis]
+    return (
+        keras.ops.one_hot(axes, num_axes, dtype="float32") * frequencies[:, None]
+    )  # (pairs, num_axes)
 
 
 def grid_angles(positions, frequency_matrix):
@@ -291,14 +310,14 @@ def grid_angles(positions, frequency_matrix):
 
     Example:
 
-    >>> theta = tf.constant([[1.0, 0.0], [0.0, 0.5]])
-    >>> grid_angles(tf.constant([[2, 4]]), theta).numpy()
+    >>> theta = np.array([[1.0, 0.0], [0.0, 0.5]], "float32")
+    >>> keras.ops.convert_to_numpy(grid_angles(np.array([[2, 4]]), theta))
     array([[2., 2.]], dtype=float32)
     """
-    positions = tf.cast(positions, "float32")
-    frequency_matrix = tf.cast(frequency_matrix, "float32")
-    for _ in range(frequency_matrix.shape.rank - 1):
-        positions = positions[..., tf.newaxis, :]  # (..., [1,] 1, num_axes)
-    return tf.reduce_sum(
+    positions = keras.ops.cast(positions, "float32")
+    frequency_matrix = keras.ops.cast(frequency_matrix, "float32")
+    for _ in range(len(frequency_matrix.shape) - 1):
+        positions = keras.ops.expand_dims(positions, -2)  # (..., [1,] 1, num_axes)
+    return keras.ops.sum(
         positions * frequency_matrix, axis=-1
     )  # (..., [heads,] pairs)

@@ -1,0 +1,302 @@
+"""Hugging Face config.json -> layer arguments.
+
+A model's `config.json`, parsed into a dict, is read here as Hugging Face
+transformers reads it, and turned into the arguments of a layer's
+constructor; the layer's own classmethod (`RotaryEmbedding.from_hf_config`)
+builds the layer from them. Nothing here computes with tensors.
+"""
+
+from keras_posenc import ops
+
+# The keys under which transformers' `PretrainedConfig.get_text_config()`
+# looks for a composite model's text config, in its order: encoders', then
+# decoders'.
+TEXT_CONFIG_KEYS = ("text_encoder", "decoder", "generator", "text_config")
+
+_DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+# transformers' mrope_section when a Qwen-VL config gives none.
+_MROPE_SECTIONS = {
+    "qwen2_vl": [16, 24, 24],
+    "qwen2_5_vl": [16, 24, 24],
+    "qwen3_vl": [24, 20, 20],
+    "qwen3_vl_moe": [24, 20, 20],
+}
+
+
+def text_config(config):
+    """The config of a model's text part, as transformers' `get_text_config()`.
+
+    A composite model's config (Qwen2-VL, Qwen3-VL, Gemma 3, LLaVA) nests
+    its text model's config under one of `TEXT_CONFIG_KEYS`, most often
+    `"text_config"`; a config with none of them is its own text config (a
+    text-only model, or a multimodal one written flat, as Qwen2-VL's first
+    `config.json`: transformers then builds the text config from the
+    top-level keys). Like transformers, more than one is ambiguous. The
+    nested config's `model_type`, when it gives none, is the outer one's:
+    transformers picks the text config's class by the outer model.
+
+    Args:
+        config: dict. A parsed `config.json`.
+
+    Returns:
+        A tuple `(text, name)`: the text config, a dict, and how messages
+        name it (`"config"`, or `"config['text_config']"`).
+
+    Example:
+
+    >>> qwen3_vl = {
+    ...     "model_type": "qwen3_vl",
+    ...     "text_config": {"head_dim": 128, "rope_theta": 5000000},
+    ...     "vision_config": {"depth": 27},
+    ... }
+    >>> text, name = text_config(qwen3_vl)
+    >>> name, text["model_type"], text["rope_theta"]
+    ("config['text_config']", 'qwen3_vl', 5000000)
+    >>> text_config({"model_type": "llama", "head_dim": 128})[1]
+    'config'
+    """
+    nested = [
+        key for key in TEXT_CONFIG_KEYS if isinstance(config.get(key), dict)
+    ]
+    if len(nested) > 1:
+        raise ValueError(
+            f"`config` holds more than one text config, {nested}, so which "
+            "one serves the text is ambiguous (as transformers' "
+            "get_text_config() finds): pass the one to read. Received: config "
+            f"with keys {sorted(config)}"
+        )
+    if not nested:
+        return config, "config"
+    text = dict(config[nested[0]])
+    if "model_type" in config:
+        text.setdefault("model_type", config["model_type"])
+    return text, f"config[{nested[0]!r}]"
+
+
+def rotary_embedding_arguments(config, layer_type=None):
+    """`RotaryEmbedding`'s constructor arguments from a Hugging Face config.
+
+    See `RotaryEmbedding.from_hf_config`, which builds the layer from
+    them, for how each field is read.
+
+    Args:
+        config: dict. The parsed `config.json`; a composite model's text
+            config is read as `text_config` finds it.
+        layer_type: str or None. Which layer type's RoPE, for configs that
+            give one per layer type. Defaults to `None`.
+
+    Returns:
+        A dict of keyword arguments of `RotaryEmbedding`.
+
+    Example:
+
+    >>> rotary_embedding_arguments(
+    ...     {"head_dim": 64, "rope_theta": 500000.0, "partial_rotary_factor": 0.5}
+    ... )
+    {'max_wavelength': 500000.0, 'layout': 'half', 'rotary_dim': 32,
+     'scaling': None}
+    """
+    if not isinstance(config, dict):
+        raise ValueError(
+            "`config` must be a dict parsed from a Hugging Face config.json. "
+            f"Received: config={config!r}"
+        )
+    config, name = text_config(config)
+    # Also what a composite config's wrapper fails on, when its text config
+    # is under a name transformers does not look for, before its lack of
+    # RoPE keys could read as the default RoPE.
+    head_dim = _head_dim(config, name)
+    parameters, base = _rope_entry(config, layer_type, name)
+    if "type" in parameters:
+        # transformers reads "rope_type" first; "type" is its older name.
+        legacy_type = parameters.pop("type")
+        parameters.setdefault("rope_type", legacy_type)
+    if parameters.get("rope_type") == "su":
+        parameters["rope_type"] = "longrope"
+    base = parameters.pop("rope_theta", base)
+    model_type = config.get("model_type")
+    if model_type == "pixtral":
+        # Rows and columns of patches, the whole head; "axial" names it.
+        return {
+            "max_wavelength": base,
+            "num_axes": 2,
+            "axis_layout": "alternating",
+        }
+    grid = _mrope_arguments(model_type, parameters)
+    rope_type = parameters.get("rope_type", "default")
+    # GPT-NeoX's config.json names the share rotary_pct.
+    partial = parameters.pop(
+        "partial_rotary_factor",
+        config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)),
+    )
+    layout, rotary_dim = "half", None
+    if model_type in _DEEPSEEK_MODEL_TYPES:
+        ops.check_positive_int(
+            f"{name}['qk_rope_head_dim']", config.get("qk_rope_head_dim")
+        )
+        # V2 multiplies adjacent pairs as complex numbers; V3 does the
+        # same unless rope_interleave is false.
+        if model_type == "deepseek_v2" or config.get("rope_interleave", True):
+            layout = "interleaved"
+    elif "qk_rope_head_dim" in config:
+        raise ValueError(
+            f"`{name}` gives `qk_rope_head_dim`, a separately rotated slice "
+            "of each head (multi-head latent attention), but its pairing is "
+            f"known only for model types {_DEEPSEEK_MODEL_TYPES}. Received: "
+            f"model_type={model_type!r}"
+        )
+    elif model_type == "gptj":
+        # GPT-J pairs features 2i and 2i + 1 and gives the rotated width.
+        layout = "interleaved"
+        rotary_dim = config.get("rotary_dim")
+    elif rope_type == "proportional":
+        # Spaced over the whole head, the share rotating: a schedule key.
+        parameters["partial_rotary_factor"] = partial
+    elif partial != 1.0:
+        rotary_dim = int(head_dim * partial)
+    scaling = None if rope_type == "default" else parameters
+    if rope_type == "dynamic":
+        if "max_position_embeddings" not in config:
+            raise ValueError(
+                f"`{name}` needs `max_position_embeddings`, the trained "
+                "length of a 'dynamic' schedule. Received: config with "
+                f"keys {sorted(config)}"
+            )
+        parameters["original_max_position_embeddings"] = config[
+            "max_position_embeddings"
+        ]
+    elif rope_type in ("yarn", "llama3", "longrope"):
+        original = parameters.setdefault(
+            "original_max_position_embeddings",
+            config.get(
+                "original_max_position_embeddings",
+                config.get("max_position_embeddings"),
+            ),
+        )
+        if (
+            rope_type in ("yarn", "longrope")
+            and "factor" not in parameters
+            and "max_position_embeddings" in config
+            and original
+        ):
+            parameters["factor"] = config["max_position_embeddings"] / original
+    return {
+        "max_wavelength": base,
+        "layout": layout,
+        "rotary_dim": rotary_dim,
+        "scaling": scaling,
+        **grid,
+    }
+
+
+def _mrope_arguments(model_type, parameters):
+    """The grid arguments of a Qwen-VL config's M-RoPE, `{}` for other configs.
+
+    Takes `mrope_section` and `mrope_interleaved` out of `parameters` and
+    reads the `"mrope"` schedule as the default one, as transformers does.
+    """
+    base_type = (model_type or "").removesuffix("_text")
+    sections = parameters.pop("mrope_section", None)
+    interleaved = parameters.pop("mrope_interleaved", False)
+    if parameters.get("rope_type") == "mrope":
+        parameters["rope_type"] = "default"
+    if sections is None:
+        # The Qwen-VL text models apply M-RoPE whatever their config says.
+        sections = _MROPE_SECTIONS.get(base_type)
+    if sections is None:
+        return {}
+    # Qwen3-VL's text model interleaves whatever its config says.
+    if interleaved or base_type.startswith("qwen3_vl"):
+        axis_layout = "interleaved"
+    else:
+        axis_layout = "sections"
+    return {
+        "num_axes": len(sections),
+        "axis_layout": axis_layout,
+        "axis_sections": list(sections),
+    }
+
+
+def _rope_entry(config, layer_type, name="config"):
+    """`(parameters, base)` for `layer_type` from a Hugging Face config dict.
+
+    `parameters` is a copy of the RoPE dict that serves `layer_type` (empty
+    for the default schedule), `base` the base to use if it names none.
+    `name` is how messages name `config`.
+    """
+    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    rope = config.get(key) or {}
+    if not isinstance(rope, dict):
+        raise ValueError(
+            f"`{name}['{key}']` must be a dict or null. Received: {key}={rope!r}"
+        )
+    # GPT-NeoX's config.json names the base rotary_emb_base.
+    base = config.get("rope_theta", config.get("rotary_emb_base", 10000.0))
+    if rope and all(isinstance(entry, dict) for entry in rope.values()):
+        _check_layer_type(
+            layer_type,
+            list(rope),
+            f"`{name}['{key}']` holds one RoPE per layer type",
+        )
+        return dict(rope[layer_type]), base
+    if "rope_local_base_freq" in config:
+        # Gemma 3 before transformers 5: rope_theta and rope_scaling serve the
+        # full attention layers, rope_local_base_freq the sliding window ones.
+        _check_layer_type(
+            layer_type,
+            ["full_attention", "sliding_attention"],
+            f"`{name}` gives `rope_local_base_freq` for its sliding window "
+            "layers and `rope_theta` and `rope_scaling` for the others, one "
+            "RoPE per layer type",
+        )
+        if layer_type == "sliding_attention":
+            return {}, config["rope_local_base_freq"]
+        return dict(rope), base
+    layer_types = config.get("layer_types") or []
+    if layer_type is not None and layer_type not in layer_types:
+        raise ValueError(
+            "`layer_type` picks one of the RoPEs of a config that gives one per "
+            "layer type, but this config gives one for all its layers, whose "
+            f"types are {sorted(set(layer_types))}. Received: "
+            f"layer_type={layer_type!r}"
+        )
+    return dict(rope), base
+
+
+def _check_layer_type(layer_type, layer_types, nesting):
+    """Raise a `ValueError` unless `layer_type` is one of `layer_types`."""
+    if layer_type not in layer_types:
+        raise ValueError(
+            f"{nesting}: {layer_types}. Pass `layer_type=` one of them to "
+            f"choose. Received: layer_type={layer_type!r}"
+        )
+
+
+def _head_dim(config, name="config"):
+    """The head width a config gives: `head_dim`, or hidden size / heads."""
+    head_dim = config.get("head_dim")
+    if head_dim:
+        return head_dim
+    # GPT-2 style configs (GPT-J) name the widths n_embd and n_head.
+    hidden_size = config.get("hidden_size", config.get("n_embd"))
+    num_heads = config.get("num_attention_heads", config.get("n_head"))
+    if not (hidden_size and num_heads):
+        # A composite model whose text config has a name of its own
+        # ("language_config", "llm_config", "thinker_config").
+        nested = sorted(
+            key
+            for key, value in config.items()
+            if key.endswith("_config") and isinstance(value, dict)
+        )
+        multimodal = (
+            f" (for a multimodal model, pass its text model's config, one of "
+            f"{nested})"
+            if nested
+            else ""
+        )
+        raise ValueError(
+            f"`{name}` must give `head_dim`, or `hidden_size` and "
+            f"`num_attention_heads`{multimodal}. Received: config with keys "
+            f"{sorted(config)}"
+        )
+    return hidden_size // num_heads
