@@ -7,7 +7,7 @@ once.
 """
 
 import keras
-import tensorflow as tf
+from keras.src.backend.common.masking import get_keras_mask
 
 from keras_posenc import ops
 from keras_posenc.layers._absolute import check_merge
@@ -19,11 +19,12 @@ def _keras_mask(inputs):
 
     Keras fills a call's `mask` from its first tensor only when the call takes
     one tensor; these take two, the nodes and the adjacency, so the nodes'
-    mask is read here, from `_keras_mask`: the attribute where Keras'
-    TensorFlow backend keeps a tensor's mask (every Keras from 3.8 to 3.15,
+    mask is read here, by Keras' private `get_keras_mask`: the tensor's
+    `_keras_mask` attribute, or on backends whose tensors take no attribute
+    (JAX) Keras' table of them (every Keras from 3.8 to 3.15,
     `keras/src/backend/common/masking.py`). Nothing else here reads it.
     """
-    return getattr(inputs, "_keras_mask", None)
+    return get_keras_mask(inputs)
 
 
 class GraphEncoding(keras.layers.Layer):
@@ -97,18 +98,20 @@ class GraphEncoding(keras.layers.Layer):
             node_mask=mask,
         )  # (batch, nodes, nodes), padded nodes without edges
         encoding = self._encode(adjacency, mask, training)  # (batch, nodes, width)
-        encoding = tf.cast(encoding, self.compute_dtype)
+        encoding = keras.ops.cast(encoding, self.compute_dtype)
         if self.projection is not None:
             encoding = self.projection(encoding)  # (batch, nodes, projected)
         if mask is not None:
             # Padded nodes get no encoding, projected or not.
-            encoding = encoding * tf.cast(mask, encoding.dtype)[:, :, tf.newaxis]
-        inputs = tf.cast(inputs, self.compute_dtype)
+            encoding = encoding * keras.ops.cast(mask, encoding.dtype)[:, :, None]
+        inputs = keras.ops.cast(inputs, self.compute_dtype)
         if self.merge_mode == "add":
             return inputs + encoding
         if self.merge_mode is None:
             return encoding
-        return tf.concat([inputs, encoding], axis=-1)  # (batch, nodes, features + width)
+        return keras.ops.concatenate(
+            [inputs, encoding], axis=-1
+        )  # (batch, nodes, features + width)
 
     def compute_output_shape(self, inputs_shape, adjacency_shape=None):
         self._check_shapes(inputs_shape, adjacency_shape)

@@ -63,10 +63,11 @@ class RandomWalkPositionEncoding(GraphEncoding):
     >>> triangle = np.ones((1, 3, 3)) - np.eye(3)
     >>> nodes = np.zeros((1, 3, 4), "float32")
     >>> rwse = RandomWalkPositionEncoding(steps=3, merge_mode=None)
-    >>> rwse(nodes, triangle).numpy()[0, 0].tolist()  # back in 2 or 3 steps
+    >>> encoding = keras.ops.convert_to_numpy(rwse(nodes, triangle))
+    >>> encoding[0, 0].tolist()  # back in 2 or 3 steps
     [0.0, 0.5, 0.25]
-    >>> RandomWalkPositionEncoding(steps=3)(nodes, triangle).shape
-    TensorShape([1, 3, 4])
+    >>> tuple(RandomWalkPositionEncoding(steps=3)(nodes, triangle).shape)
+    (1, 3, 4)
 
     References:
         - [Dwivedi et al., 2022](https://arxiv.org/abs/2110.07875)

@@ -1,5 +1,4 @@
 import keras
-import tensorflow as tf
 
 from keras_posenc import ops
 from keras_posenc.layers._attention_position import HeadBias
@@ -16,7 +15,7 @@ class ShortestPathBias(HeadBias):
     `phi` the number of edges on a shortest path between them. Hop counts
     from `max_distance` on share one entry, and pairs with no path between
     them (in different components of the graph, or padding) have their
-    own. The hop counts are computed from the adjacency in TensorFlow, by
+    own. The hop counts are computed from the adjacency in the model, by
     boolean matrix products (see `keras_posenc.ops.hop_counts`).
 
     Give it as the `position` of `PositionalMultiHeadAttention`, whose
@@ -53,9 +52,10 @@ class ShortestPathBias(HeadBias):
     >>> path = path[np.newaxis]
     >>> spatial = ShortestPathBias(num_heads=2, max_distance=3)
     >>> bias = spatial(path)
-    >>> bias.shape
-    TensorShape([1, 2, 5, 5])
-    >>> table = spatial.embeddings.numpy()
+    >>> tuple(bias.shape)
+    (1, 2, 5, 5)
+    >>> bias = keras.ops.convert_to_numpy(bias)
+    >>> table = keras.ops.convert_to_numpy(spatial.embeddings)
     >>> bool(bias[0, 0, 0, 2] == table[2, 0])  # two hops
     True
     >>> bool(bias[0, 0, 0, 4] == table[3, 0])  # four hops: clipped to 3
@@ -64,8 +64,8 @@ class ShortestPathBias(HeadBias):
     ...     num_heads=2, key_dim=8, position=spatial
     ... )
     >>> nodes = np.random.default_rng(0).normal(size=(1, 5, 16))
-    >>> attention(nodes, nodes, adjacency=path).shape
-    TensorShape([1, 5, 16])
+    >>> tuple(attention(nodes, nodes, adjacency=path).shape)
+    (1, 5, 16)
 
     References:
         - [Ying et al., 2021](https://arxiv.org/abs/2106.05234)
@@ -109,10 +109,11 @@ class ShortestPathBias(HeadBias):
         hops = ops.hop_counts(
             ops.read_adjacency(query_positions), self.max_distance
         )  # (batch, nodes, nodes)
-        bias = tf.gather(
-            tf.cast(self.embeddings, "float32"), hops
+        bias = keras.ops.take(
+            keras.ops.cast(self.embeddings, "float32"), hops, axis=0
         )  # (batch, nodes, nodes, heads)
-        return tf.transpose(bias, [0, 3, 1, 2])  # (batch, heads, nodes, nodes)
+        # (batch, heads, nodes, nodes)
+        return keras.ops.transpose(bias, (0, 3, 1, 2))
 
     def call(self, adjacency):
         return self.logits_bias(None, adjacency, adjacency)

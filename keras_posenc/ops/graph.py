@@ -1,9 +1,9 @@
 """Graphs: adjacencies, Laplacians, random walks, hop counts."""
 
-import math
+import keras
+import numpy as np
 
-import tensorflow as tf
-
+from keras_posenc.ops import _backend
 from keras_posenc.ops._checks import (
     check_adjacency_shape,
     check_laplacian_normalization,
@@ -13,8 +13,6 @@ from keras_posenc.ops._checks import (
 
 def _first_bad_entry(adjacency, symmetric):
     """Why a NumPy adjacency is refused, or None: the first bad entry named."""
-    import numpy as np
-
     for condition, what in (
         (~np.isfinite(adjacency), "finite"),
         (adjacency < 0, "non-negative"),
@@ -57,52 +55,66 @@ def read_adjacency(adjacency, symmetric=True, num_nodes=None, node_mask=None):
     Returns:
         A float32 tensor of shape `(batch, nodes, nodes)`.
     """
-    adjacency = tf.convert_to_tensor(adjacency)
+    adjacency = keras.ops.convert_to_tensor(adjacency)
     check_adjacency_shape(adjacency.shape, num_nodes)
-    adjacency = tf.cast(adjacency, "float32")
-    static = tf.get_static_value(adjacency)
+    adjacency = keras.ops.cast(adjacency, "float32")
+    static = _backend.static_value(adjacency)
     if static is not None:
         problem = _first_bad_entry(static, symmetric)
         if problem is not None:
             raise ValueError(f"`adjacency` is not a graph's: {problem}")
     else:
-        # One assertion for all (XLA, which drops them, logs a line for
-        # each), its message static (XLA has no strings at run time).
-        square = tf.equal(tf.shape(adjacency)[1], tf.shape(adjacency)[2])
+        # One check for all (XLA, which drops them, logs a line for each),
+        # its message static (XLA has no strings at run time).
+        rows, columns = keras.ops.shape(adjacency)[1:]
+        square = rows == columns  # a bool, or a bool tensor where unknown
         problems = {
-            "square": tf.logical_not(square),
-            "finite": tf.logical_not(tf.reduce_all(tf.math.is_finite(adjacency))),
-            "non-negative": tf.reduce_any(adjacency < 0),
+            "square": keras.ops.logical_not(square),
+            "finite": keras.ops.logical_not(
+                keras.ops.all(keras.ops.isfinite(adjacency))
+            ),
+            "non-negative": keras.ops.any(adjacency < 0),
         }
         requirements = "square, (batch, nodes, nodes), with finite, non-negative entries"
         if symmetric:
-            problems["symmetric"] = tf.cond(
-                square,
-                lambda: tf.reduce_any(
-                    adjacency != tf.linalg.matrix_transpose(adjacency)
-                ),
-                lambda: tf.constant(False),
-            )
+
+            def asymmetric():
+                return keras.ops.any(adjacency != keras.ops.swapaxes(adjacency, -1, -2))
+
+            if isinstance(square, bool):  # known, so square: the shape is checked
+                problems["symmetric"] = asymmetric()
+            else:  # not square: no transpose to compare with (the check fails)
+                problems["symmetric"] = keras.ops.cond(
+                    square, asymmetric, lambda: keras.ops.convert_to_tensor(False)
+                )
             requirements += ", and symmetric (an undirected graph)"
-        failed = tf.stack(list(problems.values()))
-        checks = [
-            tf.debugging.Assert(
-                tf.logical_not(tf.reduce_any(failed)),
-                [
-                    f"`adjacency` must be {requirements}. Failed, of "
-                    f"({', '.join(problems)}):",
-                    failed,
-                ],
-                summarize=len(problems),
-            )
-        ]
-        with tf.control_dependencies(checks):
-            adjacency = tf.identity(adjacency)
+        failed = keras.ops.stack(
+            [keras.ops.convert_to_tensor(problem) for problem in problems.values()]
+        )
+        adjacency = _backend.checked(
+            adjacency,
+            keras.ops.logical_not(keras.ops.any(failed)),
+            f"`adjacency` must be {requirements}. Failed, of "
+            f"({', '.join(problems)}):",
+            summary=(failed,),
+            summarize=len(problems),
+        )
     if node_mask is not None:
-        node_mask = tf.cast(node_mask, "float32")  # (batch, nodes)
-        adjacency = adjacency * node_mask[:, :, tf.newaxis] * node_mask[:, tf.newaxis]
+        node_mask = keras.ops.cast(node_mask, "float32")  # (batch, nodes)
+        adjacency = adjacency * node_mask[:, :, None] * node_mask[:, None]
     # An encoding of the graph, the model's input: nothing to differentiate.
-    return tf.stop_gradient(adjacency)  # (batch, nodes, nodes)
+    return keras.ops.stop_gradient(adjacency)  # (batch, nodes, nodes)
+
+
+def _nodes(adjacency):
+    """The number of nodes: an int where known, else a scalar tensor."""
+    nodes = adjacency.shape[-1]
+    return keras.ops.shape(adjacency)[-1] if nodes is None else nodes
+
+
+def _diagonal_mask(adjacency):
+    """A bool `(nodes, nodes)` tensor, True on the diagonal."""
+    return keras.ops.cast(keras.ops.eye(_nodes(adjacency), dtype="int32"), "bool")
 
 
 def laplacian(adjacency, normalization="sym"):
@@ -124,22 +136,21 @@ def laplacian(adjacency, normalization="sym"):
     Example:
 
     >>> path = [[[0, 1, 0], [1, 0, 1], [0, 1, 0]]]  # 0 - 1 - 2
-    >>> laplacian(path, normalization=None).numpy()[0]
+    >>> keras.ops.convert_to_numpy(laplacian(path, normalization=None))[0]
     array([[ 1., -1.,  0.],
            [-1.,  2., -1.],
            [ 0., -1.,  1.]], dtype=float32)
     """
     check_laplacian_normalization(normalization)
-    adjacency = tf.linalg.set_diag(
-        tf.cast(adjacency, "float32"),
-        tf.zeros(tf.shape(adjacency)[:-1], "float32"),
-    )  # (batch, nodes, nodes), no self loops
-    degree = tf.reduce_sum(adjacency, axis=-1)  # (batch, nodes)
+    adjacency = keras.ops.cast(adjacency, "float32")
+    diagonal = _diagonal_mask(adjacency)  # (nodes, nodes)
+    adjacency = keras.ops.where(diagonal, 0.0, adjacency)  # no self loops
+    degree = keras.ops.sum(adjacency, axis=-1)  # (batch, nodes)
     if normalization is None:
-        return tf.linalg.diag(degree) - adjacency
-    scale = tf.math.divide_no_nan(1.0, tf.sqrt(degree))  # (batch, nodes)
-    normalized = adjacency * scale[:, :, tf.newaxis] * scale[:, tf.newaxis]
-    return tf.eye(tf.shape(adjacency)[-1], dtype="float32") - normalized
+        return keras.ops.where(diagonal, degree[:, :, None], 0.0) - adjacency
+    scale = keras.ops.divide_no_nan(1.0, keras.ops.sqrt(degree))  # (batch, nodes)
+    normalized = adjacency * scale[:, :, None] * scale[:, None]
+    return keras.ops.eye(_nodes(adjacency), dtype="float32") - normalized
 
 
 def laplacian_eigenvectors(adjacency, k, normalization="sym", node_mask=None):
@@ -149,7 +160,7 @@ def laplacian_eigenvectors(adjacency, k, normalization="sym", node_mask=None):
     the eigenvectors sorted by eigenvalue, the first (the constant one, on
     a connected graph) left out, the next `k` kept. A graph of `n` nodes has
     `n - 1` of them: the columns from `n - 1` on are zero, as are padded
-    nodes' rows. Computed by `tf.linalg.eigh` in float32, on every device.
+    nodes' rows. Computed by `keras.ops.eigh` in float32, on every device.
     An eigenvector's sign is arbitrary; here its entry of largest magnitude
     is made positive (the first of equal ones), so that a graph gets one
     encoding.
@@ -171,60 +182,61 @@ def laplacian_eigenvectors(adjacency, k, normalization="sym", node_mask=None):
 
     >>> path = [[[0, 1, 0], [1, 0, 1], [0, 1, 0]]]  # 0 - 1 - 2
     >>> values, vectors = laplacian_eigenvectors(path, k=3)
-    >>> np.round(values.numpy(), 4).tolist()  # the third column: no such
+    >>> values = keras.ops.convert_to_numpy(values)
+    >>> vectors = keras.ops.convert_to_numpy(vectors)
+    >>> np.round(values, 4).tolist()  # the third column: no such
     [[1.0, 2.0, 0.0]]
-    >>> (np.round(vectors.numpy()[0, :, 0] ** 2, 4) + 0.0).tolist()  # squares
+    >>> (np.round(vectors[0, :, 0] ** 2, 4) + 0.0).tolist()  # squares
     [0.5, 0.0, 0.5]
     >>> bool(vectors[0, 0, 0] > 0)  # the sign: the largest entry positive
     True
     """
     check_positive_int("k", k)
-    adjacency = tf.cast(adjacency, "float32")
-    nodes = tf.shape(adjacency)[-1]
+    adjacency = keras.ops.cast(adjacency, "float32")
     if node_mask is None:
-        node_mask = tf.ones(tf.shape(adjacency)[:-1], "bool")
-    node_mask = tf.cast(node_mask, "bool")  # (batch, nodes)
-    real = tf.cast(node_mask, "float32")
-    adjacency = adjacency * real[:, :, tf.newaxis] * real[:, tf.newaxis]
+        node_mask = keras.ops.ones(keras.ops.shape(adjacency)[:-1], "bool")
+    node_mask = keras.ops.cast(node_mask, "bool")  # (batch, nodes)
+    real = keras.ops.cast(node_mask, "float32")
+    adjacency = adjacency * real[:, :, None] * real[:, None]
     matrix = laplacian(adjacency, normalization)  # (batch, nodes, nodes)
     # Padded nodes, without edges, are moved past every real eigenvalue (at
     # most 2, or twice the largest degree for D - A): the real eigenvectors,
     # zero on padded nodes, then come first in their order.
     if normalization is None:
-        bound = 2.0 * tf.reduce_max(
-            tf.reduce_sum(adjacency, axis=-1), axis=-1, keepdims=True
+        bound = 2.0 * keras.ops.max(
+            keras.ops.sum(adjacency, axis=-1), axis=-1, keepdims=True
         )  # (batch, 1)
     else:
-        bound = tf.fill([tf.shape(adjacency)[0], 1], 2.0)
-    matrix = tf.linalg.set_diag(
-        matrix, tf.where(node_mask, tf.linalg.diag_part(matrix), bound + 1.0)
-    )
-    eigenvalues, eigenvectors = tf.linalg.eigh(matrix)  # ascending
-    # Columns 1 .. k; a graph of fewer than k + 1 nodes has fewer.
-    take = tf.clip_by_value(nodes - 1, 0, k)
-    eigenvalues = eigenvalues[:, 1 : 1 + take]  # (batch, take)
-    eigenvectors = eigenvectors[:, :, 1 : 1 + take] * real[
-        :, :, tf.newaxis
-    ]  # (batch, nodes, take)
-    columns = tf.range(take)  # (take,)
-    exists = columns[tf.newaxis] < tf.reduce_sum(
-        tf.cast(node_mask, "int32"), axis=-1, keepdims=True
-    ) - 1  # (batch, take)
-    largest = tf.gather(
+        bound = 2.0
+    diagonal = _diagonal_mask(matrix)  # (nodes, nodes)
+    padded_diagonal = keras.ops.where(
+        node_mask, keras.ops.diagonal(matrix, axis1=-2, axis2=-1), bound + 1.0
+    )  # (batch, nodes)
+    matrix = keras.ops.where(diagonal, padded_diagonal[:, :, None], matrix)
+    eigenvalues, eigenvectors = keras.ops.eigh(matrix)  # ascending
+    # Columns 1 .. k; a graph of fewer than k + 1 nodes has fewer: k zero
+    # columns are appended first, so that the k taken exist at any size.
+    eigenvalues = keras.ops.pad(eigenvalues, [[0, 0], [0, k]])[:, 1 : 1 + k]
+    eigenvectors = keras.ops.pad(eigenvectors, [[0, 0], [0, 0], [0, k]])[
+        :, :, 1 : 1 + k
+    ] * real[:, :, None]  # (batch, nodes, k)
+    exists = keras.ops.arange(k)[None] < keras.ops.sum(
+        keras.ops.cast(node_mask, "int32"), axis=-1, keepdims=True
+    ) - 1  # (batch, k)
+    largest = keras.ops.take_along_axis(
         eigenvectors,
-        tf.argmax(tf.abs(eigenvectors), axis=1, output_type="int32"),
+        keras.ops.argmax(keras.ops.abs(eigenvectors), axis=1)[:, None],
         axis=1,
-        batch_dims=1,
-    )  # (batch, take, take): entry [b, c, c] is column c's largest
-    sign = tf.where(tf.linalg.diag_part(largest) < 0, -1.0, 1.0)  # (batch, take)
-    sign = tf.where(exists, sign, 0.0)
-    eigenvalues = tf.where(exists, eigenvalues, 0.0)
-    eigenvectors = eigenvectors * sign[:, tf.newaxis]
-    padding = [[0, 0], [0, k - take]]
-    eigenvalues = tf.pad(eigenvalues, padding)  # (batch, k)
-    eigenvectors = tf.pad(eigenvectors, [[0, 0]] + padding)  # (batch, nodes, k)
-    eigenvalues.set_shape(adjacency.shape[:1] + [k])
-    eigenvectors.set_shape(adjacency.shape[:2] + [k])
+    )[:, 0]  # (batch, k): each column's entry of largest magnitude
+    sign = keras.ops.where(largest < 0, -1.0, 1.0)  # (batch, k)
+    sign = keras.ops.where(exists, sign, 0.0)
+    eigenvalues = keras.ops.where(exists, eigenvalues, 0.0)  # (batch, k)
+    eigenvectors = eigenvectors * sign[:, None]  # (batch, nodes, k)
+    if eigenvectors.shape[-1] is None:
+        # A TensorFlow graph of unknown size: the slices' width is k.
+        batch, nodes = keras.ops.shape(eigenvectors)[:2]
+        eigenvalues = keras.ops.reshape(eigenvalues, (batch, k))
+        eigenvectors = keras.ops.reshape(eigenvectors, (batch, nodes, k))
     return eigenvalues, eigenvectors
 
 
@@ -251,20 +263,21 @@ def random_walk_probabilities(adjacency, steps):
     Example:
 
     >>> triangle = [[[0, 1, 1], [1, 0, 1], [1, 1, 0]]]
-    >>> random_walk_probabilities(triangle, steps=3).numpy()[0, 0].tolist()
+    >>> walks = random_walk_probabilities(triangle, steps=3)
+    >>> keras.ops.convert_to_numpy(walks)[0, 0].tolist()
     [0.0, 0.5, 0.25]
     """
     check_positive_int("steps", steps)
-    adjacency = tf.cast(adjacency, "float32")
-    transition = tf.math.divide_no_nan(
-        adjacency, tf.reduce_sum(adjacency, axis=-1, keepdims=True)
+    adjacency = keras.ops.cast(adjacency, "float32")
+    transition = keras.ops.divide_no_nan(
+        adjacency, keras.ops.sum(adjacency, axis=-1, keepdims=True)
     )  # (batch, nodes, nodes): P
     walks = transition  # P^s
-    diagonals = [tf.linalg.diag_part(walks)]  # (batch, nodes) each
+    diagonals = [keras.ops.diagonal(walks, axis1=-2, axis2=-1)]  # (batch, nodes) each
     for _ in range(steps - 1):
-        walks = tf.matmul(walks, transition)
-        diagonals.append(tf.linalg.diag_part(walks))
-    return tf.stack(diagonals, axis=-1)  # (batch, nodes, steps)
+        walks = keras.ops.matmul(walks, transition)
+        diagonals.append(keras.ops.diagonal(walks, axis1=-2, axis2=-1))
+    return keras.ops.stack(diagonals, axis=-1)  # (batch, nodes, steps)
 
 
 def hop_counts(adjacency, max_distance):
@@ -290,31 +303,40 @@ def hop_counts(adjacency, max_distance):
     Example:
 
     >>> path = [[[0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]]]
-    >>> hop_counts(path, max_distance=1).numpy()[0]  # 0 - 1 - 2, and 3
+    >>> keras.ops.convert_to_numpy(hop_counts(path, max_distance=1))[0]  # 0-1-2, 3
     array([[0, 1, 1, 2],
            [1, 0, 1, 2],
            [1, 1, 0, 2],
            [2, 2, 2, 0]], dtype=int32)
     """
     check_positive_int("max_distance", max_distance)
-    adjacency = tf.cast(adjacency, "float32")
-    identity = tf.eye(tf.shape(adjacency)[-1], dtype="float32")
+    adjacency = keras.ops.cast(adjacency, "float32")
+    identity = keras.ops.eye(_nodes(adjacency), dtype="float32")
     # One step, or staying: 0/1 entries, so products count paths exactly.
-    step = tf.cast(tf.logical_or(adjacency != 0, identity > 0), "float32")
-    within = tf.broadcast_to(identity, tf.shape(adjacency))  # within 0 hops
+    step = keras.ops.cast(
+        keras.ops.logical_or(adjacency != 0, identity > 0), "float32"
+    )  # (batch, nodes, nodes)
+    within = keras.ops.broadcast_to(
+        identity, keras.ops.shape(adjacency)
+    )  # within 0 hops
     # hops = the number of d in 0 .. max_distance - 1 with j not within d.
-    hops = tf.zeros(tf.shape(adjacency), "int32")
+    hops = keras.ops.zeros(keras.ops.shape(adjacency), "int32")
     for _ in range(max_distance):
-        hops += tf.cast(within == 0, "int32")
-        within = tf.cast(tf.matmul(within, step) > 0, "float32")
+        hops += keras.ops.cast(within == 0, "int32")
+        within = keras.ops.cast(keras.ops.matmul(within, step) > 0, "float32")
 
     def growing(reachable, previous):
-        return tf.reduce_any(reachable != previous)
+        return keras.ops.any(reachable != previous)
 
     def square(reachable, previous):
-        return tf.cast(tf.matmul(reachable, reachable) > 0, "float32"), reachable
+        return (
+            keras.ops.cast(keras.ops.matmul(reachable, reachable) > 0, "float32"),
+            reachable,
+        )
 
-    reachable, _ = tf.while_loop(
-        growing, square, (tf.cast(tf.matmul(within, step) > 0, "float32"), within)
+    reachable, _ = keras.ops.while_loop(
+        growing,
+        square,
+        (keras.ops.cast(keras.ops.matmul(within, step) > 0, "float32"), within),
     )  # (batch, nodes, nodes): 1 where a path leads from i to j
-    return tf.where(reachable > 0, hops, max_distance + 1)
+    return keras.ops.where(reachable > 0, hops, max_distance + 1)
