@@ -72,3 +72,30 @@ def gradients(function, *arguments):
 def numpy(value):
     """A tensor of any backend as a NumPy array."""
     return keras.ops.convert_to_numpy(value)
+
+
+def graph_function(function, input_signature=None, jit_compile=True):
+    """`function` traced once into a program, as `tf.function` traces it.
+
+    TensorFlow: `tf.function(function, input_signature=..., jit_compile=...)`,
+    each `(shape, dtype)` of `input_signature` a `tf.TensorSpec`: a `None`
+    size stays unknown in the graph (the dynamic shapes of a TensorFlow
+    model), and `jit_compile=False` runs the graph without XLA. JAX: `jax.jit`
+    (every size known, traced again for each shape), or eager without
+    `jit_compile`. PyTorch runs it eagerly.
+    """
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        if input_signature is not None:
+            input_signature = [
+                tf.TensorSpec(shape, dtype) for shape, dtype in input_signature
+            ]
+        return tf.function(
+            function, input_signature=input_signature, jit_compile=jit_compile
+        )
+    if BACKEND == "jax" and jit_compile:
+        import jax
+
+        return jax.jit(function)
+    return function
