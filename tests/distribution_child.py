@@ -36,11 +36,11 @@ EPOCHS = 4
 
 
 def build_model():
-    """Every position table of the package in one model.
+    """Every attention scheme and position table of the package in one model.
 
-    Learned positions (TokenAndPositionEmbedding), T5's buckets, Shaw's
-    relative embeddings, Swin's grid bias and Graphormer's shortest-path
-    bias: the tables `ModelParallel` shards.
+    Learned positions (TokenAndPositionEmbedding), RoPE, ALiBi, and the
+    tables `ModelParallel` shards: T5's buckets, Shaw's relative
+    embeddings, Swin's grid bias and Graphormer's shortest-path bias.
     """
     ids = keras.Input(shape=(TOKENS,), dtype="int32")
     adjacency = keras.Input(shape=(TOKENS, TOKENS))
@@ -48,15 +48,24 @@ def build_model():
         VOCABULARY, WIDTH, sequence_length=TOKENS, position="learned"
     )(ids)
     schemes = [
+        keras_posenc.RotaryEmbedding(),
+        keras_posenc.AlibiBias(num_heads=HEADS),
         keras_posenc.RelativePositionBias(num_heads=HEADS, num_buckets=8, max_distance=16),
         keras_posenc.RelativePositionEmbedding(max_distance=3),
         keras_posenc.GridRelativePositionBias(num_heads=HEADS, grid_shape=GRID),
     ]
+    # The grid's positions, a constant of the model (a NumPy array, which
+    # the functional model's config holds).
+    grid = np.stack(np.meshgrid(*map(np.arange, GRID), indexing="ij"), -1)
+    grid = grid.reshape(-1, len(GRID)).astype("int32")  # (tokens, 2)
     for scheme in schemes:
         attention = keras_posenc.PositionalMultiHeadAttention(
             num_heads=HEADS, key_dim=WIDTH // HEADS, position=scheme
         )
-        x = keras.layers.LayerNormalization()(x + attention(x, x))
+        positions = {}
+        if scheme.num_axes > 1:
+            positions = {"query_positions": grid, "key_positions": grid}
+        x = keras.layers.LayerNormalization()(x + attention(x, x, **positions))
     graph = keras_posenc.PositionalMultiHeadAttention(
         num_heads=HEADS,
         key_dim=WIDTH // HEADS,

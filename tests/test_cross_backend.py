@@ -42,9 +42,15 @@ NODES = 5
 
 def _attention(position, causal=True):
     embeddings = keras.Input(shape=(None, WIDTH))
+    positions = {}
+    if position.num_axes > 1:
+        # The grid's positions, row-major: a constant the model's config holds.
+        grid = np.stack(np.meshgrid(*map(np.arange, GRID), indexing="ij"), -1)
+        grid = grid.reshape(-1, len(GRID)).astype("int32")  # (tokens, 2)
+        positions = {"query_positions": grid, "key_positions": grid}
     attended = keras_posenc.PositionalMultiHeadAttention(
         num_heads=HEADS, key_dim=4, position=position
-    )(embeddings, embeddings, use_causal_mask=causal)
+    )(embeddings, embeddings, use_causal_mask=causal, **positions)
     return keras.Model(embeddings, keras.layers.Dense(4)(attended))
 
 
