@@ -2,9 +2,9 @@ import math
 import numbers
 
 import keras
-import tensorflow as tf
 
 from keras_posenc import ops
+from keras_posenc.ops import _backend
 from keras_posenc.layers._attention_position import HeadBias
 from keras_posenc.layers._attention_position import read_embeddings_initializer
 
@@ -81,13 +81,13 @@ class GridRelativePositionBias(HeadBias):
 
     >>> swin = GridRelativePositionBias(num_heads=2, grid_shape=(3, 3))
     >>> positions = ops.grid_positions((3, 3))
-    >>> swin(positions, positions).shape
-    TensorShape([1, 2, 9, 9])
+    >>> tuple(swin(positions, positions).shape)
+    (1, 2, 9, 9)
     >>> tuple(swin.embeddings.shape)  # (2 * 3 - 1) ** 2 offsets
     (25, 2)
     >>> beit = GridRelativePositionBias(2, (3, 3), num_prefix_tokens=1)
-    >>> beit(positions, positions).shape  # a class token first
-    TensorShape([1, 2, 10, 10])
+    >>> tuple(beit(positions, positions).shape)  # a class token first
+    (1, 2, 10, 10)
 
     Fine-tuning at a larger window, from the trained table:
 
@@ -158,7 +158,9 @@ class GridRelativePositionBias(HeadBias):
             query_positions, key_positions, self.num_axes
         )  # (batch or 1, query, key[, num_axes]): key - query
         if self.num_axes == 1:
-            distance = tf.expand_dims(distance, -1)  # (batch or 1, query, key, 1)
+            distance = keras.ops.expand_dims(
+                distance, -1
+            )  # (batch or 1, query, key, 1)
         rows = ops.grid_relative_position_index(
             distance, self.grid_shape
         )  # (batch or 1, query, key)
@@ -167,30 +169,37 @@ class GridRelativePositionBias(HeadBias):
         # One scalar per (head, query, key) from the flattened (heads, rows)
         # table, laid out as the logits it joins (as T5's bias).
         entries = self.embeddings.shape[0]
-        table = tf.reshape(tf.transpose(self.embeddings), [-1])  # (heads * rows,)
+        table = keras.ops.reshape(
+            keras.ops.transpose(self.embeddings), (-1,)
+        )  # (heads * rows,)
         head_offsets = (
-            tf.range(self.num_heads)[:, tf.newaxis, tf.newaxis] * entries
+            keras.ops.arange(self.num_heads, dtype="int32")[:, None, None] * entries
         )  # (heads, 1, 1)
-        return tf.cast(
-            tf.gather(table, rows[:, tf.newaxis] + head_offsets), "float32"
+        return keras.ops.cast(
+            _backend.take_in_range(table, rows[:, None] + head_offsets), "float32"
         )  # (batch or 1, heads, query, key)
 
     def _with_prefix_rows(self, rows):
         """Grid rows `(b, q, k)` with BEiT's rows for the prefix tokens first."""
         prefix = self.num_prefix_tokens
         first = self._grid_entries
-        rows = tf.pad(rows, [[0, 0], [prefix, 0], [prefix, 0]])  # (b, P + q, P + k)
+        rows = keras.ops.pad(
+            rows, [[0, 0], [prefix, 0], [prefix, 0]]
+        )  # (b, P + q, P + k)
+        _, queries, keys = keras.ops.shape(rows)
         prefix_query = (
-            tf.range(tf.shape(rows)[1])[:, tf.newaxis] < prefix
+            keras.ops.arange(queries, dtype="int32")[:, None] < prefix
         )  # (P + q, 1)
-        prefix_key = tf.range(tf.shape(rows)[2])[tf.newaxis] < prefix  # (1, P + k)
-        return tf.where(
+        prefix_key = (
+            keras.ops.arange(keys, dtype="int32")[None] < prefix
+        )  # (1, P + k)
+        return keras.ops.where(
             prefix_query & prefix_key,
             first + _PREFIX_TO_PREFIX,
-            tf.where(
+            keras.ops.where(
                 prefix_query,
                 first + _PREFIX_TO_GRID,
-                tf.where(prefix_key, first + _GRID_TO_PREFIX, rows),
+                keras.ops.where(prefix_key, first + _GRID_TO_PREFIX, rows),
             ),
         )  # (b, P + q, P + k)
 
@@ -239,7 +248,7 @@ class GridRelativePositionBias(HeadBias):
             interpolation,
             antialias,
         )  # (prod(new_offsets), heads)
-        return tf.concat(
+        return keras.ops.concatenate(
             [resized, self.embeddings[self._grid_entries :]], axis=0
         )  # (new rows, heads)
 
@@ -261,7 +270,7 @@ class GridRelativePositionBias(HeadBias):
 def _check_window(grid_shape, name, num_axes=None):
     """A window's sizes: Python ints, as a config holds them."""
     ops.check_grid_shape(grid_shape, name, num_axes)
-    if any(tf.is_tensor(size) for size in grid_shape):
+    if any(keras.ops.is_tensor(size) for size in grid_shape):
         raise ValueError(
             f"`{name}` must be a list or tuple of positive integers, not "
             f"tensors. Received: {name}={grid_shape!r}"

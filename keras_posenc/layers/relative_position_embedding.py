@@ -1,7 +1,7 @@
 import keras
-import tensorflow as tf
 
 from keras_posenc import ops
+from keras_posenc.ops import _backend
 from keras_posenc.layers._attention_position import AttentionPosition
 from keras_posenc.layers._attention_position import largest_divisor
 from keras_posenc.layers._attention_position import read_embeddings_initializer
@@ -36,11 +36,21 @@ def _read_by_distance(per_distance, rows):
     Returns:
         A tensor of shape `(batch, heads, query, key)`.
     """
+    batch_size, queries, distances, heads = keras.ops.shape(per_distance)
+    # Each (batch, query) pair's 2k + 1 rows, one after another: the rows'
+    # indices into the flattened table, a plain gather on every backend.
+    starts = keras.ops.reshape(
+        keras.ops.arange(batch_size * queries, dtype="int32") * distances,
+        (batch_size, queries, 1),
+    )  # (batch, query, 1)
     # Heads last, so the gather reads contiguous rows and XLA fuses it, and
     # the transpose after it, into the tensor's consumer.
-    return tf.transpose(
-        tf.gather(per_distance, rows, axis=2, batch_dims=2), [0, 3, 1, 2]
-    )
+    return keras.ops.transpose(
+        _backend.take_in_range(
+            keras.ops.reshape(per_distance, (-1, heads)), starts + rows
+        ),
+        [0, 3, 1, 2],
+    )  # (batch, heads, query, key)
 
 
 def _sum_by_band(values, max_distance, block):
@@ -63,46 +73,54 @@ def _sum_by_band(values, max_distance, block):
         A float32 tensor of shape `(batch, heads, query, 2k + 1)`.
     """
     k = max_distance
-    shape = tf.shape(values)
-    batch_size, heads, queries = shape[0], shape[1], shape[2]
+    batch_size, heads, queries, _ = keras.ops.shape(values)
     keys = values.shape[3]
 
     def take(entries, indices):
         # Each query's entries `indices`, (query, n), of `entries`, (batch,
         # heads, query, any): (batch, heads, query, n).
-        indices = tf.broadcast_to(
-            indices, [batch_size, heads, queries, tf.shape(indices)[1]]
-        )
-        return tf.gather(entries, indices, axis=3, batch_dims=3)
+        return keras.ops.take_along_axis(entries, indices[None, None], axis=3)
 
-    query_index = tf.range(queries)[:, tf.newaxis]  # (query, 1)
-    near = query_index + tf.range(1 - k, k)  # (query, 2k - 1): key i + d
-    band = tf.where(
+    query_index = keras.ops.arange(queries, dtype="int32")[:, None]  # (query, 1)
+    near = query_index + keras.ops.arange(
+        1 - k, k, dtype="int32"
+    )  # (query, 2k - 1): key i + d
+    band = keras.ops.where(
         (near >= 0) & (near < keys),
-        take(values, tf.clip_by_value(near, 0, keys - 1)),
+        take(values, keras.ops.clip(near, 0, keys - 1)),
         0.0,
     )  # (batch, heads, query, 2k - 1)
     blocks = keys // block
-    block_sums = tf.reduce_sum(
-        tf.reshape(values, [batch_size, heads, queries, blocks, block]), axis=-1
+    block_sums = keras.ops.sum(
+        keras.ops.reshape(values, (batch_size, heads, queries, blocks, block)),
+        axis=-1,
     )  # (batch, heads, query, blocks)
     last = query_index - k  # (query, 1): the last key at -k or less
-    last_block = tf.clip_by_value(
-        tf.math.floordiv(last, block), 0, blocks - 1
+    last_block = keras.ops.clip(
+        keras.ops.floor_divide(last, block), 0, blocks - 1
     )  # (query, 1)
-    before = take(tf.cumsum(block_sums, axis=-1, exclusive=True), last_block)[
+    # The sums of the blocks before each: a cumulative sum from a zero.
+    exclusive_sums = keras.ops.cumsum(
+        keras.ops.pad(block_sums, [[0, 0], [0, 0], [0, 0], [1, 0]])[..., :-1],
+        axis=-1,
+    )  # (batch, heads, query, blocks)
+    before = take(exclusive_sums, last_block)[
         ..., 0
     ]  # (batch, heads, query): the blocks before `last_block`
-    in_block = last_block * block + tf.range(block)  # (query, block)
-    part = tf.reduce_sum(
-        tf.where(in_block <= last, take(values, in_block), 0.0), axis=-1
+    in_block = last_block * block + keras.ops.arange(
+        block, dtype="int32"
+    )  # (query, block)
+    part = keras.ops.sum(
+        keras.ops.where(in_block <= last, take(values, in_block), 0.0), axis=-1
     )  # (batch, heads, query)
-    far_before = tf.where(last[:, 0] >= 0, before + part, 0.0)
+    far_before = keras.ops.where(last[:, 0] >= 0, before + part, 0.0)
     far_after = (
-        tf.reduce_sum(block_sums, axis=-1) - far_before - tf.reduce_sum(band, axis=-1)
+        keras.ops.sum(block_sums, axis=-1)
+        - far_before
+        - keras.ops.sum(band, axis=-1)
     )  # (batch, heads, query)
-    return tf.concat(
-        [far_before[..., tf.newaxis], band, far_after[..., tf.newaxis]], axis=-1
+    return keras.ops.concatenate(
+        [far_before[..., None], band, far_after[..., None]], axis=-1
     )  # (batch, heads, query, 2k + 1)
 
 
@@ -127,26 +145,28 @@ def _by_band(query_positions, key_positions, max_distance, block):
         heads, query, key)` to `(batch, query, 2k + 1, heads)`.
     """
 
-    @tf.custom_gradient
+    # The gradients take `upstream` as PyTorch's backend passes it, after
+    # the function's arguments; TensorFlow and JAX pass it alone.
+    @keras.ops.custom_gradient
     def read(per_distance):
-        def gradient(upstream):
-            return total(upstream)
+        def gradient(*arguments, upstream=None):
+            return total(arguments[-1] if upstream is None else upstream)
 
         rows = ops.clipped_distance_rows(
             query_positions,
             key_positions,
             max_distance,
-            tf.shape(per_distance)[0],
+            keras.ops.shape(per_distance)[0],
         )  # (batch, query, key)
         return _read_by_distance(per_distance, rows), gradient
 
-    @tf.custom_gradient
+    @keras.ops.custom_gradient
     def total(values):
-        def gradient(upstream):
-            return read(upstream)
+        def gradient(*arguments, upstream=None):
+            return read(arguments[-1] if upstream is None else upstream)
 
         sums = _sum_by_band(values, max_distance, block)
-        return tf.transpose(sums, [0, 2, 3, 1]), gradient
+        return keras.ops.transpose(sums, [0, 2, 3, 1]), gradient
 
     return read, total
 
@@ -219,15 +239,15 @@ class RelativePositionEmbedding(AttentionPosition):
     ...     num_heads=2, key_dim=8, position=shaw
     ... )
     >>> tokens = np.random.default_rng(0).normal(size=(1, 5, 16))
-    >>> attention(tokens, tokens).shape
-    TensorShape([1, 5, 16])
+    >>> tuple(attention(tokens, tokens).shape)
+    (1, 5, 16)
     >>> tuple(shaw.key_embeddings.shape), tuple(shaw.value_embeddings.shape)
     ((33, 8), (33, 8))
     >>> alone = RelativePositionEmbedding(max_distance=2)
     >>> alone.build_for_attention(num_heads=2, key_dim=4, value_dim=4)
     >>> queries = np.ones((1, 1, 2, 4), "float32")  # one query, 2 heads
-    >>> alone(queries, np.array([10]), np.arange(11)).shape  # keys 0 to 10
-    TensorShape([1, 2, 1, 11])
+    >>> tuple(alone(queries, np.array([10]), np.arange(11)).shape)  # keys 0 to 10
+    (1, 2, 1, 11)
 
     References:
         - [Shaw et al., 2018](https://arxiv.org/abs/1803.02155)
@@ -311,13 +331,13 @@ class RelativePositionEmbedding(AttentionPosition):
 
     def logits_bias(self, query, query_positions, key_positions, consecutive=False):
         # Section 3.3's second term for every distance at once.
-        relative_logits = tf.einsum(
-            "btnd,rd->btrn", tf.cast(query, "float32"), self.key_embeddings
+        relative_logits = keras.ops.einsum(
+            "btnd,rd->btrn", keras.ops.cast(query, "float32"), self.key_embeddings
         )  # (batch, query, 2k + 1, heads)
         block = _block_size(key_positions.shape[-1]) if consecutive else None
         if block is None:
             rows = self._table_rows(
-                query_positions, key_positions, tf.shape(query)[0]
+                query_positions, key_positions, keras.ops.shape(query)[0]
             )  # (batch, query, key)
             return _read_by_distance(relative_logits, rows)
         read, _ = _by_band(query_positions, key_positions, self.max_distance, block)
@@ -326,11 +346,11 @@ class RelativePositionEmbedding(AttentionPosition):
     def value_term(
         self, attention_weights, query_positions, key_positions, consecutive=False
     ):
-        weights = tf.cast(attention_weights, "float32")
+        weights = keras.ops.cast(attention_weights, "float32")
         block = _block_size(weights.shape[3]) if consecutive else None
         if block is None:
             rows = self._table_rows(
-                query_positions, key_positions, tf.shape(weights)[0]
+                query_positions, key_positions, keras.ops.shape(weights)[0]
             )  # (batch, query, key)
             summed = self._sum_by_segments(weights, rows)
         else:
@@ -338,7 +358,7 @@ class RelativePositionEmbedding(AttentionPosition):
                 query_positions, key_positions, self.max_distance, block
             )
             summed = total(weights)  # (batch, query, 2k + 1, heads)
-        return tf.einsum(
+        return keras.ops.einsum(
             "btrn,rd->btnd", summed, self.value_embeddings
         )  # (batch, query, heads, value_dim)
 
@@ -352,32 +372,36 @@ class RelativePositionEmbedding(AttentionPosition):
         Returns:
             A float32 tensor of shape `(batch, query, 2k + 1, heads)`.
         """
-        shape = tf.shape(weights)
-        batch_size, heads, queries = shape[0], shape[1], shape[2]
+        batch_size, heads, queries, _ = keras.ops.shape(weights)
         distances = 2 * self.max_distance + 1
         # One segment per batch element, query and distance. Segment sums
-        # run over leading axes, so heads go last: the transpose costs one
-        # copy of the weights, where a one-hot product would need a
+        # run over the leading axis, so heads go last: the transpose costs
+        # one copy of the weights, where a one-hot product would need a
         # (query, key, 2k + 1) tensor.
         segments = (
-            tf.reshape(tf.range(batch_size * queries), [batch_size, queries, 1])
+            keras.ops.reshape(
+                keras.ops.arange(batch_size * queries, dtype="int32"),
+                (batch_size, queries, 1),
+            )
             * distances
             + rows
         )  # (batch, query, key)
-        summed = tf.math.unsorted_segment_sum(
-            tf.transpose(weights, [0, 2, 3, 1]),
-            segments,
-            batch_size * queries * distances,
+        summed = keras.ops.segment_sum(
+            keras.ops.reshape(
+                keras.ops.transpose(weights, [0, 2, 3, 1]), (-1, heads)
+            ),
+            keras.ops.reshape(segments, (-1,)),
+            num_segments=batch_size * queries * distances,
         )  # (batch * query * (2k + 1), heads)
         # Heads given, not inferred: with no queries there is nothing to
         # infer them from.
-        return tf.reshape(
-            summed, [batch_size, queries, distances, heads]
+        return keras.ops.reshape(
+            summed, (batch_size, queries, distances, heads)
         )  # (batch, query, 2k + 1, heads)
 
     def call(self, query, query_positions, key_positions):
         key_dim = self._attention_sizes[1]
-        if query.shape.rank != 4 or query.shape[-1] != key_dim:
+        if len(query.shape) != 4 or query.shape[-1] != key_dim:
             raise ValueError(
                 "RelativePositionEmbedding takes queries of shape (batch, "
                 f"query, heads, key_dim) with key_dim={key_dim}, the size it "

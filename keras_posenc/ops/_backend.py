@@ -151,3 +151,29 @@ def float32_matmul_is_exact():
             and torch.get_float32_matmul_precision() != "highest"
         )
     return True
+
+
+def take_in_range(x, indices):
+    """`keras.ops.take(x, indices, axis=0)`, for indices known in range.
+
+    `keras.ops.take` on TensorFlow first maps negative indices up, a compare,
+    an add and a select per index that XLA keeps inside the fused gather
+    (it cannot tell the indices are never negative). Indices from a clipped
+    distance never are: on TensorFlow this is `tf.gather` alone, as the
+    layers were written; elsewhere `keras.ops.take`.
+
+    Args:
+        x: tensor. The rows to read, along its first axis.
+        indices: integer tensor, every entry in `[0, x.shape[0])`.
+
+    Returns:
+        A tensor of shape `indices.shape + x.shape[1:]`.
+    """
+    symbolic = isinstance(x, keras.KerasTensor) or isinstance(
+        indices, keras.KerasTensor
+    )
+    if backend() == "tensorflow" and not symbolic:
+        import tensorflow as tf
+
+        return tf.gather(x, indices)
+    return keras.ops.take(x, indices, axis=0)

@@ -2,8 +2,9 @@
 
 import math
 
-import tensorflow as tf
+import keras
 
+from keras_posenc.ops import _backend
 from keras_posenc.ops._checks import (
     check_grid_shape,
     check_num_axes,
@@ -47,7 +48,9 @@ def alibi_slopes(num_heads):
     exponents += [
         -8.0 * h / (2 * closest) for h in range(1, 2 * (num_heads - closest), 2)
     ]
-    return tf.constant([2.0**exponent for exponent in exponents], "float32")
+    return keras.ops.convert_to_tensor(
+        [2.0**exponent for exponent in exponents], "float32"
+    )
 
 
 def relative_distance_shape(query_shape, key_shape, num_axes=1):
@@ -99,12 +102,14 @@ def relative_distance(query_positions, key_positions, num_axes=1):
 
     Example:
 
-    >>> relative_distance([[10]], [[0, 1, 9, 10]]).numpy()  # cached decoding
+    >>> keras.ops.convert_to_numpy(
+    ...     relative_distance([[10]], [[0, 1, 9, 10]])
+    ... )  # cached decoding
     array([[[-10,  -9,  -1,   0]]], dtype=int32)
-    >>> relative_distance(tf.range(3), tf.range(2)).shape
-    TensorShape([1, 3, 2])
+    >>> tuple(relative_distance(np.arange(3), np.arange(2)).shape)
+    (1, 3, 2)
     >>> on_grid = relative_distance(grid_positions((2, 2)), [[1, 1]], num_axes=2)
-    >>> on_grid[0, :, 0].numpy().tolist()  # key (1, 1) from each query
+    >>> keras.ops.convert_to_numpy(on_grid[0, :, 0]).tolist()  # key (1, 1)
     [[1, 1], [1, 0], [0, 1], [0, 0]]
     """
     check_num_axes(num_axes)
@@ -116,9 +121,9 @@ def relative_distance(query_positions, key_positions, num_axes=1):
         positions = read_positions(
             positions, num_axes, name=name, integer=True
         )  # ([batch,] sequence[, num_axes])
-        if positions.shape.rank == (1 if num_axes == 1 else 2):
-            positions = positions[tf.newaxis]  # (1, sequence[, num_axes])
-        checked.append(tf.cast(positions, "int32"))
+        if len(positions.shape) == (1 if num_axes == 1 else 2):
+            positions = positions[None]  # (1, sequence[, num_axes])
+        checked.append(keras.ops.cast(positions, "int32"))
     query_positions, key_positions = checked
     query_batch, key_batch = query_positions.shape[0], key_positions.shape[0]
     if (
@@ -133,7 +138,7 @@ def relative_distance(query_positions, key_positions, num_axes=1):
             f"{key_positions.shape}"
         )
     return (
-        key_positions[:, tf.newaxis, :] - query_positions[:, :, tf.newaxis]
+        key_positions[:, None, :] - query_positions[:, :, None]
     )  # (batch or 1, query, key[, num_axes])
 
 
@@ -157,11 +162,13 @@ def clipped_distance_rows(query_positions, key_positions, max_distance, batch_si
 
     Example:
 
-    >>> clipped_distance_rows([[10]], [[0, 8, 10, 11, 20]], 2).numpy()
+    >>> keras.ops.convert_to_numpy(
+    ...     clipped_distance_rows([[10]], [[0, 8, 10, 11, 20]], 2)
+    ... )
     array([[[0, 0, 2, 3, 4]]], dtype=int32)
     """
     rows = (
-        tf.clip_by_value(
+        keras.ops.clip(
             relative_distance(query_positions, key_positions),
             -max_distance,
             max_distance,
@@ -170,8 +177,8 @@ def clipped_distance_rows(query_positions, key_positions, max_distance, batch_si
     )  # (batch or 1, query, key)
     if batch_size is None:
         return rows
-    shape = tf.shape(rows)
-    return tf.broadcast_to(rows, [batch_size, shape[1], shape[2]])
+    _, queries, keys = keras.ops.shape(rows)
+    return keras.ops.broadcast_to(rows, (batch_size, queries, keys))
 
 
 def _log_bucket_starts(num_buckets, max_exact, max_distance):
@@ -252,34 +259,41 @@ def relative_position_bucket(
 
     Example:
 
-    >>> relative_position_bucket(tf.constant([-200, -20, -1, 0, 1, 20, 200])).numpy()
+    >>> keras.ops.convert_to_numpy(
+    ...     relative_position_bucket(np.array([-200, -20, -1, 0, 1, 20, 200]))
+    ... )
     array([15, 10,  1,  0, 17, 26, 31], dtype=int32)
-    >>> relative_position_bucket(
-    ...     tf.constant([-20, -1, 0, 1, 20]), bidirectional=False
-    ... ).numpy()
+    >>> keras.ops.convert_to_numpy(
+    ...     relative_position_bucket(np.array([-20, -1, 0, 1, 20]), bidirectional=False)
+    ... )
     array([17,  1,  0,  0,  0], dtype=int32)
     """
     check_relative_position_buckets(num_buckets, max_distance, bidirectional)
-    relative_position = tf.convert_to_tensor(relative_position)
-    if not relative_position.dtype.is_integer:
+    # The dtype as given: JAX's default converts float64 to float32.
+    given_dtype = getattr(relative_position, "dtype", None)
+    relative_position = keras.ops.convert_to_tensor(relative_position)
+    if not _backend.is_integer(relative_position):
+        dtype = keras.backend.standardize_dtype(
+            relative_position.dtype if given_dtype is None else given_dtype
+        )
         raise ValueError(
             "`relative_position` must be an integer tensor. Received: "
-            f"relative_position of dtype {relative_position.dtype.name}"
+            f"relative_position of dtype {dtype}"
         )
-    relative_position = tf.cast(relative_position, "int32")
+    relative_position = keras.ops.cast(relative_position, "int32")
     if bidirectional:
         num_buckets //= 2
         # Keys after the query take the upper half of the buckets.
-        offset = tf.cast(relative_position > 0, "int32") * num_buckets
-        distance = tf.abs(relative_position)
+        offset = keras.ops.cast(relative_position > 0, "int32") * num_buckets
+        distance = keras.ops.abs(relative_position)
     else:
         offset = 0
-        distance = -tf.minimum(relative_position, 0)  # later keys: 0
+        distance = -keras.ops.minimum(relative_position, 0)  # later keys: 0
     max_exact = num_buckets // 2
-    log_bucket = tf.fill(tf.shape(distance), max_exact)
+    log_bucket = keras.ops.full_like(distance, max_exact)
     for start in _log_bucket_starts(num_buckets, max_exact, max_distance):
-        log_bucket += tf.cast(distance >= start, "int32")
-    return offset + tf.where(distance < max_exact, distance, log_bucket)
+        log_bucket += keras.ops.cast(distance >= start, "int32")
+    return offset + keras.ops.where(distance < max_exact, distance, log_bucket)
 
 
 def grid_relative_position_index(relative_position, grid_shape):
@@ -305,17 +319,19 @@ def grid_relative_position_index(relative_position, grid_shape):
 
     Example:
 
-    >>> grid_relative_position_index(
+    >>> keras.ops.convert_to_numpy(grid_relative_position_index(
     ...     [[0, 0], [1, 0], [-1, 0], [0, -1], [5, 5]], (2, 2)
-    ... ).numpy().tolist()
+    ... )).tolist()
     [4, 1, 7, 5, 0]
     """
     check_grid_shape(grid_shape)
-    relative_position = tf.cast(relative_position, "int32")  # (..., num_axes)
-    index = tf.zeros(tf.shape(relative_position)[:-1], "int32")  # (...)
+    relative_position = keras.ops.cast(
+        relative_position, "int32"
+    )  # (..., num_axes)
+    index = keras.ops.zeros_like(relative_position[..., 0])  # (...)
     for axis, size in enumerate(grid_shape):
         # Swin's `coords_q - coords_k`, shifted to start from 0.
-        shifted = tf.clip_by_value(
+        shifted = keras.ops.clip(
             -relative_position[..., axis], 1 - size, size - 1
         ) + (size - 1)  # (...)
         stride = math.prod(2 * later - 1 for later in grid_shape[axis + 1 :])
