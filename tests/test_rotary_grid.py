@@ -13,7 +13,6 @@ import os
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -21,6 +20,10 @@ from hypothesis import strategies as st
 from keras_posenc import RotaryEmbedding
 from keras_posenc import ops
 from tests import references
+from tests.backend import compiled
+from tests.backend import gradients
+from tests.backend import numpy
+from tests.backend import tensorflow_only
 from tests.test_case import TestCase
 
 FIXTURE = os.path.join(
@@ -103,12 +106,12 @@ def test_shared_float_positions_and_features_without_heads():
 def test_one_axis_is_todays_schedule_bit_for_bit(axis_layout):
     theta = ops.rope_frequency_matrix(12, 1, axis_layout, max_wavelength=BASE)
     np.testing.assert_array_equal(
-        theta[:, 0].numpy(), ops.inverse_frequencies(12, BASE).numpy()
+        numpy(theta[:, 0]), numpy(ops.inverse_frequencies(12, BASE))
     )
     inputs = random_inputs((2, 5, 2, 12))
     np.testing.assert_array_equal(
-        RotaryEmbedding(axis_layout=axis_layout)(inputs, start_index=3).numpy(),
-        RotaryEmbedding()(inputs, start_index=3).numpy(),
+        numpy(RotaryEmbedding(axis_layout=axis_layout)(inputs, start_index=3)),
+        numpy(RotaryEmbedding()(inputs, start_index=3)),
     )
 
 
@@ -116,8 +119,8 @@ def test_qwen3_vl_and_pixtral_differ_by_a_permutation_of_pairs():
     # Both give rows w_0, w_2, ... and columns w_1, w_3, ...; interleaved
     # puts them in pairs 0, 2, ... and 1, 3, ..., alternating in the first
     # and second half of the pairs.
-    interleaved = ops.rope_frequency_matrix(16, 2, "interleaved").numpy()
-    alternating = ops.rope_frequency_matrix(16, 2, "alternating").numpy()
+    interleaved = numpy(ops.rope_frequency_matrix(16, 2, "interleaved"))
+    alternating = numpy(ops.rope_frequency_matrix(16, 2, "alternating"))
     order = [0, 2, 4, 6, 1, 3, 5, 7]
     np.testing.assert_array_equal(alternating, interleaved[order])
     assert not np.array_equal(alternating, interleaved)
@@ -194,12 +197,28 @@ def test_grid_shape_is_the_grid_positions(grid_shape):
     inputs = random_inputs((2, 1 + int(np.prod(grid_shape)), 12))
     layer = RotaryEmbedding(num_axes=num_axes, num_prefix_tokens=1)
     np.testing.assert_array_equal(
-        layer(inputs, grid_shape=grid_shape).numpy(),
-        layer(inputs, positions=ops.grid_positions(grid_shape)).numpy(),
+        numpy(layer(inputs, grid_shape=grid_shape)),
+        numpy(layer(inputs, positions=ops.grid_positions(grid_shape))),
     )
 
 
+def test_compiled_at_two_grid_sizes():
+    layer = RotaryEmbedding(num_axes=2, num_prefix_tokens=1)
+    for rows in (2, 4):
+        inputs = random_inputs((2, 1 + rows * 3, 2, 8), rows)
+        rotate_grid = compiled(lambda inputs: layer(inputs, grid_shape=(rows, 3)))
+        np.testing.assert_allclose(
+            numpy(rotate_grid(inputs)),
+            numpy(layer(inputs, grid_shape=(rows, 3))),
+            rtol=1e-6,
+            atol=1e-6,
+        )
+
+
+@tensorflow_only  # one trace for every grid size: TensorFlow's dynamic shapes
 def test_xla_with_unknown_lengths_at_two_grid_sizes():
+    import tensorflow as tf
+
     layer = RotaryEmbedding(num_axes=2, num_prefix_tokens=1)
 
     @tf.function(
@@ -213,8 +232,8 @@ def test_xla_with_unknown_lengths_at_two_grid_sizes():
     for rows in (2, 4):
         inputs = random_inputs((2, 1 + rows * 3, 2, 8), rows)
         np.testing.assert_allclose(
-            rotate_grid(inputs).numpy(),
-            layer(inputs, grid_shape=(rows, 3)).numpy(),
+            numpy(rotate_grid(inputs)),
+            numpy(layer(inputs, grid_shape=(rows, 3))),
             rtol=1e-6,
             atol=1e-6,
         )
@@ -228,7 +247,7 @@ def test_mixed_bfloat16_keeps_float32_angles_at_coordinates_up_to_1024():
     for kwargs in ({}, {"learned_frequencies": True}):
         layer = RotaryEmbedding(num_axes=2, dtype="mixed_bfloat16", **kwargs)
         outputs = layer(inputs, positions=positions)
-        assert outputs.dtype == tf.bfloat16
+        assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"
         if layer.frequencies is not None:
             assert layer.frequencies.dtype == "float32"
         expected = references.grid_rotary(
@@ -237,7 +256,7 @@ def test_mixed_bfloat16_keeps_float32_angles_at_coordinates_up_to_1024():
         # A bfloat16 angle at 1024 would be off by up to 4 radians; the
         # float32 one leaves only the rounding of the output to bfloat16:
         # half an ulp, at most 2**-8 of it (7 bits of mantissa).
-        error = np.abs(tf.cast(outputs, "float32").numpy() - expected)
+        error = np.abs(numpy(keras.ops.cast(outputs, "float32")) - expected)
         assert np.all(error <= 2.0**-8 * np.abs(expected) + 1e-5), error.max()
 
 
@@ -247,8 +266,8 @@ def test_learned_frequencies_start_axial_and_are_per_head():
     learned = RotaryEmbedding(max_wavelength=BASE, num_axes=2, learned_frequencies=True)
     fixed = RotaryEmbedding(max_wavelength=BASE, num_axes=2)
     np.testing.assert_array_equal(
-        learned(inputs, positions=positions).numpy(),
-        fixed(inputs, positions=positions).numpy(),
+        numpy(learned(inputs, positions=positions)),
+        numpy(fixed(inputs, positions=positions)),
     )
     assert [weight.shape for weight in learned.trainable_weights] == [(3, 8, 2)]
     theta = random_inputs((3, 8, 2), 5)  # every pair reads both axes
@@ -316,10 +335,32 @@ class RotaryGridLayerTest(TestCase):
             )
 
 
-def test_xla_training_of_learned_frequencies_at_two_grid_sizes():
+def test_learned_frequencies_have_gradients_at_two_grid_sizes():
     layer = RotaryEmbedding(num_axes=2, learned_frequencies=True)
     layer.build((None, None, 2, 4))
-    initial = layer.frequencies.numpy()
+    initial = numpy(layer.frequencies.value)
+    for rows, columns in ((2, 3), (3, 4)):
+        inputs = random_inputs((4, rows * columns, 2, 4), rows)
+        positions = ops.grid_positions((rows, columns))
+
+        def squared_error(frequencies):
+            outputs, _ = layer.stateless_call(
+                [frequencies], [], inputs, positions=positions
+            )
+            return keras.ops.square(outputs - inputs)
+
+        (gradient,) = gradients(squared_error, initial)
+        assert gradient.shape == initial.shape
+        assert np.all(np.isfinite(gradient)) and np.any(gradient != 0)
+
+
+@tensorflow_only  # one trace for every grid size: TensorFlow's dynamic shapes
+def test_xla_training_of_learned_frequencies_at_two_grid_sizes():
+    import tensorflow as tf
+
+    layer = RotaryEmbedding(num_axes=2, learned_frequencies=True)
+    layer.build((None, None, 2, 4))
+    initial = numpy(layer.frequencies.value)
 
     # One compiled step for every grid size: unknown batch and length.
     @tf.function(
@@ -343,9 +384,9 @@ def test_xla_training_of_learned_frequencies_at_two_grid_sizes():
             random_inputs((4, rows * columns, 2, 4), rows),
             ops.grid_positions((rows, columns)),
         )
-        assert np.isfinite(loss.numpy())
+        assert np.isfinite(numpy(loss))
     assert train_step.experimental_get_tracing_count() == 1
-    assert not np.array_equal(layer.frequencies.numpy(), initial)
+    assert not np.array_equal(numpy(layer.frequencies.value), initial)
 
 
 @pytest.mark.parametrize(
@@ -578,16 +619,16 @@ def test_multimodal_positions_match_transformers_get_rope_index():
     for name in ("mixed", "vision_first"):
         segments = json.loads(str(fixture[f"{name}_segments"]))
         positions = ops.multimodal_positions(segments, spatial_merge_size=2)
-        assert positions.dtype == tf.int32
+        assert keras.backend.standardize_dtype(positions.dtype) == "int32"
         np.testing.assert_array_equal(
-            positions.numpy(), fixture[f"{name}_positions"], err_msg=name
+            numpy(positions), fixture[f"{name}_positions"], err_msg=name
         )
 
 
 def test_multimodal_positions_after_a_long_video_continue_past_its_frames():
     # Eight frames of a 2 x 2 grid: the text after it starts at 8, the
     # largest position (7) plus one.
-    positions = ops.multimodal_positions([(8, 2, 2), 1]).numpy()
+    positions = numpy(ops.multimodal_positions([(8, 2, 2), 1]))
     assert positions[-1].tolist() == [8, 8, 8]
 
 
