@@ -2,11 +2,26 @@ import keras
 import keras_hub
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_posenc import SinusoidalPositionEncoding
 from tests import references
+from tests.backend import BACKEND
+from tests.backend import graph_function
+from tests.backend import numpy
 from tests.test_case import TestCase
+
+# TensorFlow's and PyTorch's int64; JAX has int32 only (x64 disabled).
+WIDE_INT = "int32" if BACKEND == "jax" else "int64"
+
+
+def dtype_of(tensor):
+    """A tensor's dtype as Keras names it: "float32", "bfloat16"..."""
+    return keras.backend.standardize_dtype(tensor.dtype)
+
+
+def as_float64(tensor):
+    """A float tensor's values in float64 (through float32, exactly)."""
+    return numpy(keras.ops.cast(tensor, "float32")).astype("float64")
 
 
 class SinusoidalPositionEncodingLayerTest(TestCase):
@@ -42,7 +57,7 @@ def test_adds_the_paper_encoding(layout, dim):
     expected = embeddings + references.sinusoidal(
         np.arange(40), dim, 1000.0, layout
     )
-    np.testing.assert_allclose(outputs.numpy(), expected, atol=1e-5)
+    np.testing.assert_allclose(numpy(outputs), expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("dim", [16, 17])
@@ -50,7 +65,7 @@ def test_equals_keras_hub_sine_position_encoding_plus_input(dim):
     embeddings = random_embeddings((2, 300, dim))
     outputs = SinusoidalPositionEncoding()(embeddings)
     expected = embeddings + keras_hub.layers.SinePositionEncoding()(embeddings)
-    np.testing.assert_array_equal(outputs.numpy(), expected.numpy())
+    np.testing.assert_array_equal(numpy(outputs), numpy(expected))
 
 
 def test_merge_modes():
@@ -59,27 +74,32 @@ def test_merge_modes():
     concatenated = SinusoidalPositionEncoding(
         merge_mode="concat", output_dim=6
     )(embeddings)
-    np.testing.assert_array_equal(concatenated[..., :4].numpy(), embeddings)
+    np.testing.assert_array_equal(numpy(concatenated)[..., :4], embeddings)
     np.testing.assert_allclose(
-        concatenated[..., 4:].numpy(), np.broadcast_to(table, (2, 7, 6)), atol=1e-6
+        numpy(concatenated)[..., 4:], np.broadcast_to(table, (2, 7, 6)), atol=1e-6
     )
     alone = SinusoidalPositionEncoding(merge_mode=None, output_dim=6)(embeddings)
     np.testing.assert_allclose(
-        alone.numpy(), np.broadcast_to(table, (2, 7, 6)), atol=1e-6
+        numpy(alone), np.broadcast_to(table, (2, 7, 6)), atol=1e-6
     )
     alone_input_width = SinusoidalPositionEncoding(merge_mode=None)(embeddings)
-    assert alone_input_width.shape == (2, 7, 4)
+    assert tuple(alone_input_width.shape) == (2, 7, 4)
 
 
 def test_start_index_equals_slicing_a_longer_call():
     layer = SinusoidalPositionEncoding(merge_mode=None)
-    full = layer(np.zeros((2, 30, 10), "float32")).numpy()
-    for start_index in (0, 7, tf.constant(12), tf.constant(29, "int64")):
+    full = numpy(layer(np.zeros((2, 30, 10), "float32")))
+    for start_index in (
+        0,
+        7,
+        keras.ops.convert_to_tensor(12),
+        keras.ops.convert_to_tensor(29, WIDE_INT),
+    ):
         part = layer(np.zeros((2, 1, 10), "float32"), start_index=start_index)
         index = int(start_index)
-        np.testing.assert_array_equal(part.numpy(), full[:, index : index + 1])
+        np.testing.assert_array_equal(numpy(part), full[:, index : index + 1])
     chunk = layer(np.zeros((2, 5, 10), "float32"), start_index=20)
-    np.testing.assert_array_equal(chunk.numpy(), full[:, 20:25])
+    np.testing.assert_array_equal(numpy(chunk), full[:, 20:25])
 
 
 def test_explicit_positions_per_sequence_and_per_batch():
@@ -87,14 +107,14 @@ def test_explicit_positions_per_sequence_and_per_batch():
     layer = SinusoidalPositionEncoding()
     shared = np.array([3, 1, 4, 1])
     np.testing.assert_allclose(
-        layer(embeddings, positions=shared).numpy(),
+        numpy(layer(embeddings, positions=shared)),
         embeddings + references.sinusoidal(shared, 6),
         atol=1e-6,
     )
     # Left padding: each row counts from its own first real token.
     per_batch = np.array([[0, 0, 0, 1], [0, 1, 2, 3]])
     np.testing.assert_allclose(
-        layer(embeddings, positions=per_batch).numpy(),
+        numpy(layer(embeddings, positions=per_batch)),
         embeddings + references.sinusoidal(per_batch, 6),
         atol=1e-6,
     )
@@ -106,7 +126,7 @@ def test_float_positions():
         np.zeros((1, 4, 8), "float32"), positions=timestamps
     )
     np.testing.assert_allclose(
-        outputs[0].numpy(), references.sinusoidal(timestamps, 8), atol=1e-4
+        numpy(outputs[0]), references.sinusoidal(timestamps, 8), atol=1e-4
     )
 
 
@@ -114,9 +134,9 @@ def test_mixed_bfloat16_is_right_at_long_positions():
     keras.config.set_dtype_policy("mixed_bfloat16")
     layer = SinusoidalPositionEncoding(merge_mode=None)
     outputs = layer(np.zeros((1, 4096, 64), "float32"))
-    assert outputs.dtype == tf.bfloat16
+    assert dtype_of(outputs) == "bfloat16"
     expected = references.sinusoidal(np.arange(4096), 64)
-    error = np.abs(tf.cast(outputs[0], "float64").numpy() - expected)
+    error = np.abs(as_float64(outputs[0]) - expected)
     assert error.max() <= 8e-3, error.max()
 
 
@@ -127,18 +147,15 @@ def test_mixed_bfloat16_keeps_float_positions_in_float32():
     outputs = SinusoidalPositionEncoding(merge_mode=None)(
         np.zeros((1, 3, 8), "float32"), positions=timestamps
     )
-    assert outputs.dtype == tf.bfloat16
-    error = np.abs(
-        tf.cast(outputs[0], "float64").numpy()
-        - references.sinusoidal(timestamps, 8)
-    )
+    assert dtype_of(outputs) == "bfloat16"
+    error = np.abs(as_float64(outputs[0]) - references.sinusoidal(timestamps, 8))
     assert error.max() <= 8e-3, error.max()
 
 
 def test_float32_inputs_are_cast_under_mixed_precision():
     keras.config.set_dtype_policy("mixed_bfloat16")
     outputs = SinusoidalPositionEncoding()(np.ones((1, 3, 8), "float32"))
-    assert outputs.dtype == tf.bfloat16
+    assert dtype_of(outputs) == "bfloat16"
 
 
 def test_positions_for_another_batch_size_are_refused():
@@ -151,17 +168,14 @@ def test_positions_for_another_batch_size_are_refused():
 def test_unknown_length_and_xla():
     layer = SinusoidalPositionEncoding()
 
-    @tf.function(
-        jit_compile=True,
-        input_signature=[tf.TensorSpec([None, None, 8], tf.float32)],
-    )
     def encode(embeddings):
         return layer(embeddings)
 
+    encode = graph_function(encode, [((None, None, 8), "float32")])
     for length in (3, 11):
         embeddings = random_embeddings((2, length, 8))
         np.testing.assert_allclose(
-            encode(embeddings).numpy(),
+            numpy(encode(embeddings)),
             embeddings + references.sinusoidal(np.arange(length), 8),
             atol=1e-5,
         )
