@@ -7,20 +7,25 @@ adjacency checks; what each computes is checked in its own test file.
 """
 
 import keras
+import ml_dtypes
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests import test_laplacian_position_encoding
 from tests import test_random_walk_position_encoding
 from tests.graph_encoding_contract import COMPLAINTS
 from tests.graph_encoding_contract import FEATURES
+from tests.backend import compiled
+from tests.backend import numpy
+from tests.backend import tensorflow_only
 from tests.graph_encoding_contract import assert_adjacency_refused
+from tests.graph_encoding_contract import assert_adjacency_refused_in_a_graph
 from tests.graph_encoding_contract import bad_adjacencies
 from tests.graph_encoding_contract import functional_model
 from tests.graph_encoding_contract import padded_inputs
 from tests.graph_encoding_contract import projection_weights
 from tests.test_graph_ops import cycle
+from tests.test_graph_ops import dtype_of
 from tests.test_graph_ops import erdos_renyi
 from tests.test_graph_ops import path
 from tests.test_graph_ops import serve_with_tensorflow_alone
@@ -64,7 +69,7 @@ def test_symbolic_call_build_and_one_fit_step(case, merge):
     model = keras.Model([features, adjacency_input], keras.layers.Dense(2)(encoded))
     inputs, adjacency, _ = padded_inputs(case.graphs)
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    before = [weight.numpy().copy() for weight in model.trainable_weights]
+    before = [numpy(weight).copy() for weight in model.trainable_weights]
     model.fit(
         [inputs, adjacency],
         np.ones(inputs.shape[:2] + (2,), "float32"),
@@ -73,7 +78,7 @@ def test_symbolic_call_build_and_one_fit_step(case, merge):
         verbose=0,
     )
     for weight, start in zip(model.trainable_weights, before):
-        assert not np.array_equal(weight.numpy(), start)
+        assert not np.array_equal(numpy(weight), start)
 
 
 @each_layer
@@ -83,7 +88,7 @@ def test_merge_modes(case):
     real = node_mask[..., None]
 
     added = case.make(merge_mode="add")
-    outputs = added(inputs, adjacency, mask=node_mask).numpy()
+    outputs = numpy(added(inputs, adjacency, mask=node_mask))
     kernel, bias = projection_weights(added)
     assert kernel.shape == (case.width, FEATURES)
     expected = inputs + (encoding @ kernel + bias) * real
@@ -91,13 +96,13 @@ def test_merge_modes(case):
     # Padded nodes: the projection's bias is not added either.
     np.testing.assert_array_equal(outputs[~node_mask], inputs[~node_mask])
 
-    concatenated = case.make(merge_mode="concat")(
-        inputs, adjacency, mask=node_mask
-    ).numpy()
+    concatenated = numpy(
+        case.make(merge_mode="concat")(inputs, adjacency, mask=node_mask)
+    )
     np.testing.assert_array_equal(concatenated, np.concatenate([inputs, encoding], -1))
 
     projected = case.make(merge_mode="concat", output_dim=4)
-    outputs = projected(inputs, adjacency, mask=node_mask).numpy()
+    outputs = numpy(projected(inputs, adjacency, mask=node_mask))
     kernel, bias = projection_weights(projected)
     assert kernel.shape == (case.width, 4)
     np.testing.assert_array_equal(outputs[..., :FEATURES], inputs)
@@ -107,7 +112,7 @@ def test_merge_modes(case):
     np.testing.assert_array_equal(outputs[~node_mask][:, FEATURES:], 0.0)
 
     alone = case.make(merge_mode=None, output_dim=2)
-    outputs = alone(inputs, adjacency, mask=node_mask).numpy()
+    outputs = numpy(alone(inputs, adjacency, mask=node_mask))
     kernel, bias = projection_weights(alone)
     np.testing.assert_allclose(
         outputs, (encoding @ kernel + bias) * real, rtol=0, atol=1e-5
@@ -124,8 +129,8 @@ def test_keras_mask_of_the_features_is_the_node_mask(case):
         layer = case.make(**merge)
         model = keras.Model([features, adjacency_input], layer(masked, adjacency_input))
         np.testing.assert_array_equal(
-            model([inputs, adjacency]).numpy(),
-            layer(inputs, adjacency, mask=node_mask).numpy(),
+            numpy(model([inputs, adjacency])),
+            numpy(layer(inputs, adjacency, mask=node_mask)),
         )
         # The mask passes on, as through the absolute layers.
         assert layer.supports_masking
@@ -147,6 +152,7 @@ def test_keras_file_round_trip_is_bit_identical(case, tmp_path):
     )
 
 
+@tensorflow_only
 @each_layer
 def test_export_serves_with_tensorflow_alone(case, tmp_path):
     keras.utils.set_random_seed(0)
@@ -168,27 +174,28 @@ def test_export_serves_with_tensorflow_alone(case, tmp_path):
 @each_layer
 def test_xla_at_several_graph_sizes(case):
     layer = case.make(merge_mode=None)
-    compiled = tf.function(layer, jit_compile=True)
+    compiled_layer = compiled(layer)
     for graphs in (
         [cycle(5), path(4)],
         [erdos_renyi(9, 0.5, seed=3), star(7)],
         [erdos_renyi(11, 0.4, seed=6), star(7)],
     ):
         inputs, adjacency, node_mask = padded_inputs(graphs)
-        case.assert_encoding(compiled(inputs, adjacency, mask=node_mask), graphs)
+        case.assert_encoding(compiled_layer(inputs, adjacency, mask=node_mask), graphs)
 
 
 @each_layer
 def test_mixed_bfloat16_computes_in_float32_and_casts(case):
     inputs, adjacency, node_mask = padded_inputs(case.graphs)
-    expected = case.make(merge_mode="concat")(inputs, adjacency, mask=node_mask).numpy()
+    in_float32 = case.make(merge_mode="concat")
+    expected = numpy(in_float32(inputs, adjacency, mask=node_mask))
     keras.config.set_dtype_policy("mixed_bfloat16")
     layer = case.make(merge_mode="concat")
     outputs = layer(inputs, adjacency, mask=node_mask)
-    assert outputs.dtype == tf.bfloat16
+    assert dtype_of(outputs) == "bfloat16"
     np.testing.assert_array_equal(
-        outputs.numpy().astype("float32"),
-        expected.astype(tf.bfloat16.as_numpy_dtype).astype("float32"),
+        numpy(outputs).astype("float32"),
+        expected.astype(ml_dtypes.bfloat16).astype("float32"),
     )
 
 
@@ -226,8 +233,30 @@ def test_negative_or_not_finite_adjacency_is_refused(case, kind):
     )
 
 
+@tensorflow_only
+@pytest.mark.parametrize("kind", ["negative", "nan", "inf"])
+@each_layer
+def test_negative_or_not_finite_adjacency_is_refused_in_a_graph(case, kind):
+    assert_adjacency_refused_in_a_graph(
+        case.make(), bad_adjacencies()[kind][None], COMPLAINTS[kind]
+    )
+
+
+def directed_adjacencies():
+    one_way_cycle = np.roll(np.eye(4, dtype="float32"), 1, axis=1)
+    return (bad_adjacencies()["directed"], one_way_cycle)
+
+
 @each_layer
 def test_directed_adjacency_is_refused(case):
-    one_way_cycle = np.roll(np.eye(4, dtype="float32"), 1, axis=1)
-    for directed in (bad_adjacencies()["directed"], one_way_cycle):
+    for directed in directed_adjacencies():
         assert_adjacency_refused(case.make(), directed[None], COMPLAINTS["directed"])
+
+
+@tensorflow_only
+@each_layer
+def test_directed_adjacency_is_refused_in_a_graph(case):
+    for directed in directed_adjacencies():
+        assert_adjacency_refused_in_a_graph(
+            case.make(), directed[None], COMPLAINTS["directed"]
+        )

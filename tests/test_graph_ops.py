@@ -23,15 +23,16 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
 from keras_posenc import ops
 from tests import references
+from tests.backend import numpy
 
 # Eigenvalues closer than this in float64 are one eigenspace: float32
 # eigenvectors of eigenvalues this close are mixed beyond any tolerance.
@@ -41,6 +42,11 @@ EIGENVALUE_ATOL = 1e-5
 # float32 products of a few probabilities.
 RANDOM_WALK_RTOL = 1e-5
 RANDOM_WALK_ATOL = 1e-7
+
+
+def dtype_of(tensor):
+    """A tensor's dtype by Keras' name for it ("float32"), on any backend."""
+    return keras.backend.standardize_dtype(tensor.dtype)
 
 
 # Graphs: float32 `(n, n)` adjacency matrices, 0/1 unless weighted.
@@ -243,21 +249,21 @@ def assert_batch_eigenvectors(adjacency, node_mask, k, normalization="sym"):
     values, vectors = ops.laplacian_eigenvectors(
         adjacency, k, normalization=normalization, node_mask=node_mask
     )
-    assert values.dtype == vectors.dtype == tf.float32
+    assert dtype_of(values) == dtype_of(vectors) == "float32"
     assert tuple(values.shape) == (len(adjacency), k)
     assert tuple(vectors.shape) == adjacency.shape[:2] + (k,)
     for b in range(len(adjacency)):
         n = int(node_mask[b].sum())
         assert_laplacian_eigenvectors(
-            values[b].numpy(),
-            vectors[b, :n].numpy(),
+            numpy(values[b]),
+            numpy(vectors[b, :n]),
             adjacency[b, :n, :n],
             k,
             normalization,
         )
-        np.testing.assert_array_equal(vectors[b, n:].numpy(), 0.0)
-        assert_largest_entry_positive(vectors[b].numpy())
-    return values.numpy(), vectors.numpy()
+        np.testing.assert_array_equal(numpy(vectors[b, n:]), 0.0)
+        assert_largest_entry_positive(numpy(vectors[b]))
+    return numpy(values), numpy(vectors)
 
 
 # ops.laplacian
@@ -268,11 +274,11 @@ def assert_batch_eigenvectors(adjacency, node_mask, k, normalization="sym"):
 def test_laplacian_is_pyg_get_laplacian(family, normalization):
     adjacency, _ = family_batch(family)
     laplacian = ops.laplacian(adjacency, normalization=normalization)
-    assert laplacian.dtype == tf.float32
+    assert dtype_of(laplacian) == "float32"
     expected = np.stack(
         [references.laplacian(graph, normalization) for graph in adjacency]
     )
-    np.testing.assert_allclose(laplacian.numpy(), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(numpy(laplacian), expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("normalization", ["sym", None])
@@ -288,16 +294,16 @@ def test_laplacian_of_weighted_graphs_with_self_loops(normalization):
     expected = np.stack(
         [references.laplacian(graph, normalization) for graph in looped]
     )
-    np.testing.assert_allclose(laplacian.numpy(), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(numpy(laplacian), expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(
-        ops.laplacian(adjacency, normalization=normalization).numpy(),
-        laplacian.numpy(),
+        numpy(ops.laplacian(adjacency, normalization=normalization)),
+        numpy(laplacian),
         rtol=1e-6,
         atol=1e-6,
     )
     if normalization == "sym":
         # The isolated nodes of the second graph: a 1 on the diagonal, as PyG.
-        np.testing.assert_array_equal(np.diag(laplacian[1].numpy())[5:], 1.0)
+        np.testing.assert_array_equal(np.diag(numpy(laplacian[1]))[5:], 1.0)
 
 
 # ops.laplacian_eigenvectors
@@ -390,20 +396,20 @@ def test_padded_batch_equals_each_graph_alone():
                 graph[None], 4, normalization=normalization
             )
             np.testing.assert_allclose(
-                values[b].numpy(), alone_values[0].numpy(), atol=EIGENVALUE_ATOL
+                numpy(values[b]), numpy(alone_values[0]), atol=EIGENVALUE_ATOL
             )
             # Both against the reference: padding changes no eigenspace.
             assert_laplacian_eigenvectors(
-                values[b].numpy(), vectors[b, :n].numpy(), graph, 4, normalization
+                numpy(values[b]), numpy(vectors[b, :n]), graph, 4, normalization
             )
             assert_laplacian_eigenvectors(
-                alone_values[0].numpy(),
-                alone_vectors[0].numpy(),
+                numpy(alone_values[0]),
+                numpy(alone_vectors[0]),
                 graph,
                 4,
                 normalization,
             )
-            np.testing.assert_array_equal(vectors[b, n:].numpy(), 0.0)
+            np.testing.assert_array_equal(numpy(vectors[b, n:]), 0.0)
 
 
 def test_edges_of_padded_nodes_are_ignored():
@@ -419,17 +425,17 @@ def test_edges_of_padded_nodes_are_ignored():
         values, vectors = ops.laplacian_eigenvectors(
             noisy, 3, normalization=normalization, node_mask=node_mask
         )
-        np.testing.assert_array_equal(values.numpy(), clean_values.numpy())
-        np.testing.assert_array_equal(vectors.numpy(), clean_vectors.numpy())
+        np.testing.assert_array_equal(numpy(values), numpy(clean_values))
+        np.testing.assert_array_equal(numpy(vectors), numpy(clean_vectors))
 
 
 def test_graph_with_no_real_node_is_all_zeros():
     adjacency, node_mask = pad_batch([cycle(4), np.zeros((4, 4), "float32")])
     node_mask[1] = False
     values, vectors = ops.laplacian_eigenvectors(adjacency, 2, node_mask=node_mask)
-    np.testing.assert_array_equal(values[1].numpy(), 0.0)
-    np.testing.assert_array_equal(vectors[1].numpy(), 0.0)
-    assert np.all(np.isfinite(vectors.numpy()))
+    np.testing.assert_array_equal(numpy(values[1]), 0.0)
+    np.testing.assert_array_equal(numpy(vectors[1]), 0.0)
+    assert np.all(np.isfinite(numpy(vectors)))
 
 
 def test_sign_is_fixed_by_the_largest_entry():
@@ -451,7 +457,7 @@ def test_sign_is_fixed_by_the_largest_entry():
             assert len(determined) >= 2
             for column, expected in determined.items():
                 np.testing.assert_allclose(
-                    vectors[b, : len(graph), column].numpy(), expected, atol=1e-4
+                    numpy(vectors[b, : len(graph), column]), expected, atol=1e-4
                 )
 
 
@@ -461,17 +467,17 @@ def test_adjacency_of_any_dtype_reads_as_float():
     for dtype in ("bool", "int32", "float64"):
         adjacency = graph[None].astype(dtype)
         values, vectors = ops.laplacian_eigenvectors(adjacency, 3)
-        np.testing.assert_array_equal(values.numpy(), expected_values.numpy())
-        np.testing.assert_array_equal(vectors.numpy(), expected_vectors.numpy())
+        np.testing.assert_array_equal(numpy(values), numpy(expected_values))
+        np.testing.assert_array_equal(numpy(vectors), numpy(expected_vectors))
         np.testing.assert_array_equal(
-            ops.random_walk_probabilities(adjacency, 3).numpy(),
-            ops.random_walk_probabilities(graph[None], 3).numpy(),
+            numpy(ops.random_walk_probabilities(adjacency, 3)),
+            numpy(ops.random_walk_probabilities(graph[None], 3)),
         )
         np.testing.assert_array_equal(
-            ops.hop_counts(adjacency, 4).numpy(), ops.hop_counts(graph[None], 4).numpy()
+            numpy(ops.hop_counts(adjacency, 4)), numpy(ops.hop_counts(graph[None], 4))
         )
         np.testing.assert_array_equal(
-            ops.laplacian(adjacency).numpy(), ops.laplacian(graph[None]).numpy()
+            numpy(ops.laplacian(adjacency)), numpy(ops.laplacian(graph[None]))
         )
 
 
@@ -502,19 +508,19 @@ def test_permuting_nodes_permutes_the_eigenvectors(graph_and_order, normalizatio
         np.stack([graph, permuted]), k, normalization=normalization
     )
     np.testing.assert_allclose(
-        values[1].numpy(), values[0].numpy(), atol=EIGENVALUE_ATOL * len(graph)
+        numpy(values[1]), numpy(values[0]), atol=EIGENVALUE_ATOL * len(graph)
     )
     # The permuted graph's eigenvectors are the permuted rows of the
     # original's eigenspaces: check against the reference of the original,
     # its rows permuted.
     assert_laplacian_eigenvectors(
-        values[1].numpy(),
-        vectors[1].numpy()[np.argsort(permutation)],
+        numpy(values[1]),
+        numpy(vectors[1])[np.argsort(permutation)],
         graph,
         k,
         normalization,
     )
-    assert_largest_entry_positive(vectors[1].numpy())
+    assert_largest_entry_positive(numpy(vectors[1]))
 
 
 # ops.random_walk_probabilities
@@ -528,13 +534,13 @@ def assert_random_walk(adjacency, steps, reference=references.random_walk_pe):
     0/1 adjacency).
     """
     probabilities = ops.random_walk_probabilities(adjacency, steps)
-    assert probabilities.dtype == tf.float32
+    assert dtype_of(probabilities) == "float32"
     assert tuple(probabilities.shape) == adjacency.shape[:2] + (steps,)
     expected = np.stack([reference(graph, steps) for graph in adjacency])
     np.testing.assert_allclose(
-        probabilities.numpy(), expected, rtol=RANDOM_WALK_RTOL, atol=RANDOM_WALK_ATOL
+        numpy(probabilities), expected, rtol=RANDOM_WALK_RTOL, atol=RANDOM_WALK_ATOL
     )
-    return probabilities.numpy()
+    return numpy(probabilities)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -589,7 +595,7 @@ def test_random_walk_small_cases_by_hand():
     # A path of two returns at even steps only; a triangle's return
     # probabilities are 0, 1/2, 1/4, 3/8; an isolated node gets zeros.
     adjacency, _ = pad_batch([path(2), complete(3), np.zeros((1, 1), "float32")])
-    probabilities = ops.random_walk_probabilities(adjacency, 4).numpy()
+    probabilities = numpy(ops.random_walk_probabilities(adjacency, 4))
     np.testing.assert_allclose(probabilities[0, :2], [[0, 1, 0, 1]] * 2, atol=1e-7)
     np.testing.assert_allclose(
         probabilities[1], [[0, 0.5, 0.25, 0.375]] * 3, rtol=1e-6, atol=1e-7
@@ -600,9 +606,9 @@ def test_random_walk_small_cases_by_hand():
 def test_random_walk_padded_batch_equals_each_graph_alone():
     graphs = [erdos_renyi(8, 0.4, seed=12), cycle(5), star(3)]
     adjacency, _ = pad_batch(graphs)
-    probabilities = ops.random_walk_probabilities(adjacency, 5).numpy()
+    probabilities = numpy(ops.random_walk_probabilities(adjacency, 5))
     for b, graph in enumerate(graphs):
-        alone = ops.random_walk_probabilities(graph[None], 5).numpy()[0]
+        alone = numpy(ops.random_walk_probabilities(graph[None], 5))[0]
         np.testing.assert_allclose(
             probabilities[b, : len(graph)], alone, rtol=1e-6, atol=1e-7
         )
@@ -613,9 +619,11 @@ def test_random_walk_padded_batch_equals_each_graph_alone():
 @given(graph_and_permutation(), st.integers(1, 6))
 def test_random_walk_permutes_with_the_nodes(graph_and_order, steps):
     graph, permutation = graph_and_order
-    probabilities = ops.random_walk_probabilities(
-        np.stack([graph, permute(graph, np.asarray(permutation))]), steps
-    ).numpy()
+    probabilities = numpy(
+        ops.random_walk_probabilities(
+            np.stack([graph, permute(graph, np.asarray(permutation))]), steps
+        )
+    )
     np.testing.assert_allclose(
         probabilities[1], probabilities[0][list(permutation)], rtol=1e-6, atol=1e-7
     )
@@ -650,13 +658,13 @@ def test_random_walk_values_are_probabilities(adjacency, steps):
 
 def assert_hop_counts(adjacency, max_distance):
     hops = ops.hop_counts(adjacency, max_distance)
-    assert hops.dtype == tf.int32
+    assert dtype_of(hops) == "int32"
     assert tuple(hops.shape) == adjacency.shape
     expected = np.stack(
         [references.hop_counts(graph, max_distance) for graph in adjacency]
     )
-    np.testing.assert_array_equal(hops.numpy(), expected)
-    return hops.numpy()
+    np.testing.assert_array_equal(numpy(hops), expected)
+    return numpy(hops)
 
 
 @pytest.mark.parametrize("max_distance", [1, 3, 20])
@@ -678,7 +686,7 @@ def test_hop_counts_of_directed_weighted_graphs():
 
 
 def test_hop_counts_clip_and_mark_the_unreachable():
-    hops = ops.hop_counts(disjoint(path(6), path(2))[None], 3).numpy()[0]
+    hops = numpy(ops.hop_counts(disjoint(path(6), path(2))[None], 3))[0]
     np.testing.assert_array_equal(hops[0], [0, 1, 2, 3, 3, 3, 4, 4])
     np.testing.assert_array_equal(hops[7], [4, 4, 4, 4, 4, 4, 1, 0])
 
@@ -686,11 +694,11 @@ def test_hop_counts_clip_and_mark_the_unreachable():
 def test_hop_counts_padded_batch_equals_each_graph_alone():
     graphs = [erdos_renyi(9, 0.3, seed=14), path(4), complete(1)]
     adjacency, _ = pad_batch(graphs)
-    hops = ops.hop_counts(adjacency, 5).numpy()
+    hops = numpy(ops.hop_counts(adjacency, 5))
     for b, graph in enumerate(graphs):
         n = len(graph)
         np.testing.assert_array_equal(
-            hops[b, :n, :n], ops.hop_counts(graph[None], 5).numpy()[0]
+            hops[b, :n, :n], numpy(ops.hop_counts(graph[None], 5))[0]
         )
 
 

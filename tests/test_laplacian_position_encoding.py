@@ -11,13 +11,15 @@ import functools
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
 from keras_posenc import LaplacianPositionEncoding
 from keras_posenc import ops
+from tests import references
+from tests.backend import compiled
+from tests.backend import numpy
 from tests.graph_encoding_contract import FEATURES
 from tests.graph_encoding_contract import GraphEncodingCase
 from tests.graph_encoding_contract import padded_inputs
@@ -30,10 +32,12 @@ from tests.test_graph_ops import complete
 from tests.test_graph_ops import cycle
 from tests.test_graph_ops import determined_columns
 from tests.test_graph_ops import disjoint
+from tests.test_graph_ops import dtype_of
 from tests.test_graph_ops import erdos_renyi
 from tests.test_graph_ops import path
 from tests.test_graph_ops import permute
 from tests.test_graph_ops import star
+from tests.test_graph_ops import weighted
 
 # Graphs of 9, 6, 4 (a path of 3 and an isolated node) and 2 nodes, padded
 # to 9: the last has fewer than k + 1 nodes for any k > 1.
@@ -53,7 +57,7 @@ def eigenvectors(adjacency, node_mask, k, normalization="sym"):
     _, vectors = ops.laplacian_eigenvectors(
         adjacency, k, normalization=normalization, node_mask=node_mask
     )
-    return vectors.numpy()
+    return numpy(vectors)
 
 
 def contract_encoding(inputs, adjacency, node_mask):
@@ -67,7 +71,7 @@ def assert_eigenvectors_of_each_graph(encoding, graphs):
     Compared with the float64 reference, not the op: XLA's eigh is another
     algorithm.
     """
-    encoding = encoding.numpy()
+    encoding = numpy(encoding)
     for b, graph in enumerate(graphs):
         n = len(graph)
         assert_laplacian_eigenvectors(None, encoding[b, :n], graph, CONTRACT_K)
@@ -119,22 +123,22 @@ def test_inference_encoding_is_the_ops_eigenvectors():
             4, normalization=normalization, merge_mode=None
         )
         encoding = layer(inputs, adjacency, mask=node_mask)
-        assert encoding.dtype == tf.float32
+        assert dtype_of(encoding) == "float32"
         values, vectors = ops.laplacian_eigenvectors(
             adjacency, 4, normalization=normalization, node_mask=node_mask
         )
-        np.testing.assert_array_equal(encoding.numpy(), vectors.numpy())
+        np.testing.assert_array_equal(numpy(encoding), numpy(vectors))
         for b, graph in enumerate(GRAPHS):
             n = len(graph)
             assert_laplacian_eigenvectors(
-                values[b].numpy(), encoding[b, :n].numpy(), graph, 4, normalization
+                numpy(values[b]), numpy(encoding[b, :n]), graph, 4, normalization
             )
-            np.testing.assert_array_equal(encoding[b, n:].numpy(), 0.0)
-        assert_largest_entry_positive(encoding[0].numpy())
+            np.testing.assert_array_equal(numpy(encoding[b, n:]), 0.0)
+        assert_largest_entry_positive(numpy(encoding[0]))
         # Deterministic: again, and with training=False, the same.
         np.testing.assert_array_equal(
-            layer(inputs, adjacency, mask=node_mask, training=False).numpy(),
-            encoding.numpy(),
+            numpy(layer(inputs, adjacency, mask=node_mask, training=False)),
+            numpy(encoding),
         )
 
 
@@ -142,8 +146,8 @@ def test_training_flips_the_sign_of_each_eigenvector_at_random():
     graphs = [erdos_renyi(n, 0.5, seed=n) for n in range(5, 13)] * 2 + [path(2)]
     inputs, adjacency, node_mask = padded_inputs(graphs)
     layer = LaplacianPositionEncoding(4, merge_mode=None, seed=3)
-    inference = layer(inputs, adjacency, mask=node_mask).numpy()
-    flipped = layer(inputs, adjacency, mask=node_mask, training=True).numpy()
+    inference = numpy(layer(inputs, adjacency, mask=node_mask))
+    flipped = numpy(layer(inputs, adjacency, mask=node_mask, training=True))
     signs = []
     for b in range(len(graphs)):
         for column in range(4):
@@ -156,25 +160,25 @@ def test_training_flips_the_sign_of_each_eigenvector_at_random():
             signs.append(sign)
     assert 0.2 < np.mean(np.array(signs) > 0) < 0.8
     # The generator moves on: the next training call flips others.
-    again = layer(inputs, adjacency, mask=node_mask, training=True).numpy()
+    again = numpy(layer(inputs, adjacency, mask=node_mask, training=True))
     assert not np.array_equal(again, flipped)
     # The same seed gives the same flips; inference never flips.
     twin = LaplacianPositionEncoding(4, merge_mode=None, seed=3)
     np.testing.assert_array_equal(
-        twin(inputs, adjacency, mask=node_mask, training=True).numpy(), flipped
+        numpy(twin(inputs, adjacency, mask=node_mask, training=True)), flipped
     )
     np.testing.assert_array_equal(
-        layer(inputs, adjacency, mask=node_mask).numpy(), inference
+        numpy(layer(inputs, adjacency, mask=node_mask)), inference
     )
 
 
 def test_training_flips_before_the_projection():
     inputs, adjacency, node_mask = padded_inputs(GRAPHS)
     layer = LaplacianPositionEncoding(3, merge_mode=None, output_dim=2, seed=5)
-    inference = layer(inputs, adjacency, mask=node_mask).numpy()
+    inference = numpy(layer(inputs, adjacency, mask=node_mask))
     kernel, bias = projection_weights(layer)
     vectors = eigenvectors(adjacency, node_mask, 3)
-    outputs = layer(inputs, adjacency, mask=node_mask, training=True).numpy()
+    outputs = numpy(layer(inputs, adjacency, mask=node_mask, training=True))
     # Some signs of each graph's columns reproduce the training output.
     for b in range(len(GRAPHS)):
         matches = [
@@ -193,9 +197,9 @@ def test_fewer_nodes_than_k_plus_one_gives_zero_columns():
     inputs, adjacency, node_mask = padded_inputs(
         [complete(1), path(2), star(4), cycle(8)]
     )
-    encoding = LaplacianPositionEncoding(5, merge_mode=None)(
-        inputs, adjacency, mask=node_mask
-    ).numpy()
+    encoding = numpy(
+        LaplacianPositionEncoding(5, merge_mode=None)(inputs, adjacency, mask=node_mask)
+    )
     for b, columns in enumerate([0, 1, 3, 5]):
         np.testing.assert_array_equal(encoding[b, :, columns:], 0.0)
         assert np.all(np.abs(encoding[b, :, :columns]).max(axis=0) > 0.1)
@@ -205,15 +209,15 @@ def test_fewer_nodes_than_k_plus_one_gives_zero_columns():
 def test_padded_batch_equals_each_graph_alone():
     inputs, adjacency, node_mask = padded_inputs(GRAPHS)
     layer = LaplacianPositionEncoding(4, merge_mode=None)
-    encoding = layer(inputs, adjacency, mask=node_mask).numpy()
+    encoding = numpy(layer(inputs, adjacency, mask=node_mask))
     for b, graph in enumerate(GRAPHS):
         n = len(graph)
-        alone = layer(inputs[b : b + 1, :n], graph[None]).numpy()[0]
+        alone = numpy(layer(inputs[b : b + 1, :n], graph[None]))[0]
         values, _ = ops.laplacian_eigenvectors(graph[None], 4)
         # Both the same eigenspaces; and where an eigenvector is determined,
         # the same vector (eigh of another size rounds differently).
-        assert_laplacian_eigenvectors(values[0].numpy(), encoding[b, :n], graph, 4)
-        assert_laplacian_eigenvectors(values[0].numpy(), alone, graph, 4)
+        assert_laplacian_eigenvectors(numpy(values[0]), encoding[b, :n], graph, 4)
+        assert_laplacian_eigenvectors(numpy(values[0]), alone, graph, 4)
         for column in determined_columns(graph, 4):
             np.testing.assert_allclose(
                 encoding[b, :n, column], alone[:, column], rtol=0, atol=1e-4
@@ -231,8 +235,49 @@ def test_permuting_nodes_permutes_the_outputs():
     inputs = random_features((1, 8, FEATURES))
     inputs = np.concatenate([inputs, inputs[:, permutation]])
     layer = LaplacianPositionEncoding(7, merge_mode="add")
-    outputs = layer(inputs, adjacency).numpy()
+    outputs = numpy(layer(inputs, adjacency))
     np.testing.assert_allclose(outputs[1], outputs[0][permutation], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("normalization", ["sym", None])
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_encoding_is_the_float64_reference_on_every_backend(normalization, compile):
+    # A model saved under one backend predicts the same under another: each
+    # backend's eigh (eager or XLA's) gives the eigenvectors of the float64
+    # reference, numpy.linalg.eigh's, with the same signs. Where the sign is
+    # determined (a simple eigenvalue, one largest entry), the very vector;
+    # where the largest entries tie (a path's mirror image, the ring's
+    # alternating vector) float32 rounding picks one, and degenerate
+    # eigenvalues (the ring's pairs) have no unique basis: by projector.
+    graphs = [path(7), cycle(8), weighted(erdos_renyi(8, 0.5, seed=4), seed=4)]
+    k = 5
+    inputs, adjacency, node_mask = padded_inputs(graphs)
+    layer = LaplacianPositionEncoding(k, normalization=normalization, merge_mode=None)
+    call = compiled(layer) if compile else layer
+    encoding = numpy(call(inputs, adjacency, mask=node_mask))
+    determined_counts = []
+    for b, graph in enumerate(graphs):
+        n = len(graph)
+        assert_laplacian_eigenvectors(None, encoding[b, :n], graph, k, normalization)
+        assert_largest_entry_positive(encoding[b])
+        reference_values, _ = references.laplacian_spectrum(graph, normalization)
+        determined = determined_columns(graph, k, normalization)
+        for column, expected in determined.items():
+            # Davis-Kahan, as assert_laplacian_eigenvectors: float32 rounding
+            # over the eigenvalue's gap to the others.
+            others = np.delete(reference_values, column + 1)
+            gap = np.abs(others - reference_values[column + 1]).min()
+            scale = max(1.0, np.abs(reference_values).max())
+            np.testing.assert_allclose(
+                encoding[b, :n, column],
+                expected,
+                rtol=0,
+                atol=2e-5 + 1e-6 * n * scale / gap,
+            )
+        determined_counts.append(len(determined))
+    # The path's two columns with a largest entry in the middle; none of the
+    # ring's; every column of the weighted graph.
+    assert determined_counts == [2, 0, k]
 
 
 @settings(deadline=None, max_examples=15)
@@ -243,10 +288,10 @@ def test_permuting_nodes_permutes_the_eigenspaces(n, p, seed, random):
     random.shuffle(permutation)
     layer = LaplacianPositionEncoding(3, merge_mode=None)
     adjacency = np.stack([graph, permute(graph, permutation)])
-    encoding = layer(np.zeros((2, n, 1), "float32"), adjacency).numpy()
+    encoding = numpy(layer(np.zeros((2, n, 1), "float32"), adjacency))
     values, _ = ops.laplacian_eigenvectors(adjacency, 3)
     for b, rows in ((0, np.arange(n)), (1, np.argsort(permutation))):
-        assert_laplacian_eigenvectors(values[b].numpy(), encoding[b][rows], graph, 3)
+        assert_laplacian_eigenvectors(numpy(values[b]), encoding[b][rows], graph, 3)
 
 
 @pytest.mark.parametrize(

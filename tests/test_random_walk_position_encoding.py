@@ -12,17 +12,21 @@ import functools
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
 from keras_posenc import RandomWalkPositionEncoding
 from tests import references
+from tests.backend import RUN_TIME_ERRORS
+from tests.backend import graph_function
+from tests.backend import numpy
+from tests.backend import tensorflow_only
 from tests.graph_encoding_contract import COMPLAINTS
 from tests.graph_encoding_contract import FEATURES
 from tests.graph_encoding_contract import GraphEncodingCase
 from tests.graph_encoding_contract import assert_adjacency_refused
+from tests.graph_encoding_contract import assert_adjacency_refused_in_a_graph
 from tests.graph_encoding_contract import bad_adjacencies
 from tests.graph_encoding_contract import padded_inputs
 from tests.graph_encoding_contract import random_features
@@ -32,6 +36,7 @@ from tests.test_graph_ops import RANDOM_WALK_RTOL
 from tests.test_graph_ops import complete
 from tests.test_graph_ops import cycle
 from tests.test_graph_ops import disjoint
+from tests.test_graph_ops import dtype_of
 from tests.test_graph_ops import erdos_renyi
 from tests.test_graph_ops import pad_batch
 from tests.test_graph_ops import path
@@ -61,17 +66,16 @@ def reference_encoding(adjacency, node_mask, steps=STEPS):
 
 def assert_close_to_reference(encoding, expected):
     """A float32 encoding tensor is the float64 `expected`, to the ops' tolerance."""
-    assert encoding.dtype == tf.float32
+    assert dtype_of(encoding) == "float32"
     np.testing.assert_allclose(
-        encoding.numpy(), expected, rtol=RANDOM_WALK_RTOL, atol=RANDOM_WALK_ATOL
+        numpy(encoding), expected, rtol=RANDOM_WALK_RTOL, atol=RANDOM_WALK_ATOL
     )
 
 
 def unprojected_encoding(inputs, adjacency, node_mask):
     """The encoding the contract's layer merges: the layer's, merge_mode=None."""
-    return RandomWalkPositionEncoding(STEPS, merge_mode=None)(
-        inputs, adjacency, mask=node_mask
-    ).numpy()
+    layer = RandomWalkPositionEncoding(STEPS, merge_mode=None)
+    return numpy(layer(inputs, adjacency, mask=node_mask))
 
 
 def assert_reference_of_each_graph(encoding, graphs):
@@ -116,11 +120,11 @@ def test_encoding_is_pyg_add_random_walk_pe():
     layer = RandomWalkPositionEncoding(STEPS, merge_mode=None)
     encoding = layer(inputs, adjacency, mask=node_mask)
     assert_close_to_reference(encoding, reference_encoding(adjacency, node_mask))
-    np.testing.assert_array_equal(encoding.numpy()[~node_mask], 0.0)
+    np.testing.assert_array_equal(numpy(encoding)[~node_mask], 0.0)
     # Nothing random: training changes nothing.
     np.testing.assert_array_equal(
-        layer(inputs, adjacency, mask=node_mask, training=True).numpy(),
-        encoding.numpy(),
+        numpy(layer(inputs, adjacency, mask=node_mask, training=True)),
+        numpy(encoding),
     )
 
 
@@ -150,20 +154,18 @@ def test_directed_graphs_need_symmetric_false():
     assert_close_to_reference(encoding, reference_encoding(adjacency, node_mask))
     # Around a one-way cycle of 6, a walk is back after 6 steps, surely.
     np.testing.assert_allclose(
-        encoding.numpy()[1, :6], [[0, 0, 0, 0, 0, 1]] * 6, atol=1e-7
+        numpy(encoding)[1, :6], [[0, 0, 0, 0, 0, 1]] * 6, atol=1e-7
     )
-    with pytest.raises(
-        (ValueError, tf.errors.InvalidArgumentError), match="`adjacency`.*symmetric"
-    ):
+    with pytest.raises(RUN_TIME_ERRORS, match="`adjacency`.*symmetric"):
         RandomWalkPositionEncoding(STEPS)(inputs, adjacency, mask=node_mask)
-    # symmetric=False takes one in a graph too: around a one-way cycle of 4,
-    # back after 4 steps, not 1 to 3.
+    # symmetric=False takes one in a graph too (TensorFlow's, with its
+    # run-time checks): around a one-way cycle of 4, back after 4 steps, not
+    # 1 to 3.
     one_way_cycle = np.roll(np.eye(4, dtype="float32"), 1, axis=1)[None]
     directed = RandomWalkPositionEncoding(3, symmetric=False, merge_mode=None)
+    traced = graph_function(directed, jit_compile=False)
     np.testing.assert_allclose(
-        tf.function(directed)(
-            np.zeros((1, 4, FEATURES), "float32"), one_way_cycle
-        ).numpy(),
+        numpy(traced(np.zeros((1, 4, FEATURES), "float32"), one_way_cycle)),
         [[[0, 0, 0]] * 4],
         atol=1e-7,
     )
@@ -172,10 +174,10 @@ def test_directed_graphs_need_symmetric_false():
 def test_padded_batch_equals_each_graph_alone():
     inputs, adjacency, node_mask = padded_inputs(GRAPHS)
     layer = RandomWalkPositionEncoding(STEPS, merge_mode="add")
-    outputs = layer(inputs, adjacency, mask=node_mask).numpy()
+    outputs = numpy(layer(inputs, adjacency, mask=node_mask))
     for b, graph in enumerate(GRAPHS):
         n = len(graph)
-        alone = layer(inputs[b : b + 1, :n], graph[None]).numpy()[0]
+        alone = numpy(layer(inputs[b : b + 1, :n], graph[None]))[0]
         np.testing.assert_allclose(outputs[b, :n], alone, rtol=1e-6, atol=1e-6)
 
 
@@ -188,7 +190,7 @@ def test_permuting_nodes_permutes_the_outputs(n, p, seed, random):
     inputs = random_features((1, n, FEATURES), seed)
     inputs = np.concatenate([inputs, inputs[:, permutation]])
     layer = RandomWalkPositionEncoding(4, merge_mode="concat")
-    outputs = layer(inputs, np.stack([graph, permute(graph, permutation)])).numpy()
+    outputs = numpy(layer(inputs, np.stack([graph, permute(graph, permutation)])))
     # The same sums of products in another order: float32 rounding apart.
     np.testing.assert_allclose(
         outputs[1], outputs[0][permutation], rtol=1e-6, atol=1e-7
@@ -219,4 +221,15 @@ def test_negative_or_not_finite_adjacency_is_refused_when_not_symmetric(kind):
     # symmetric=True is the contract's layer, in test_graph_encoding_contract.
     layer = RandomWalkPositionEncoding(3, symmetric=False)
     assert_adjacency_refused(layer, bad_adjacencies()[kind][None], COMPLAINTS[kind])
+
+
+@tensorflow_only
+@pytest.mark.parametrize("kind", ["negative", "nan", "inf"])
+def test_negative_or_not_finite_adjacency_is_refused_in_a_graph_when_not_symmetric(
+    kind,
+):
+    layer = RandomWalkPositionEncoding(3, symmetric=False)
+    assert_adjacency_refused_in_a_graph(
+        layer, bad_adjacencies()[kind][None], COMPLAINTS[kind]
+    )
 
