@@ -3,13 +3,15 @@ import re
 
 import numpy as np
 import pytest
-import tensorflow as tf
+import keras
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
 from keras_posenc import rope_scaling
 from tests import references
+from tests.backend import compiled
+from tests.backend import numpy
 
 # A float32 frequency is a handful of float32 roundings of exact inputs (the
 # base, the exponent 2i / dim, which is exact for power-of-two dims, the power,
@@ -110,10 +112,10 @@ def assert_matches_reference(result, dim, base, scaling, sequence_length=None):
     expected, expected_attention = references.rope_inverse_frequencies(
         dim, base, scaling, sequence_length
     )
-    assert inverse_frequencies.dtype == tf.float32
+    assert keras.backend.standardize_dtype(inverse_frequencies.dtype) == "float32"
     assert inverse_frequencies.shape == (dim // 2,)
     rtol = reference_rtol(dim, base, scaling, sequence_length, expected)
-    assert_close(inverse_frequencies.numpy(), expected, rtol)
+    assert_close(numpy(inverse_frequencies), expected, rtol)
     assert isinstance(attention_factor, float)
     assert attention_factor == pytest.approx(expected_attention, rel=ATTENTION_RTOL)
 
@@ -238,7 +240,12 @@ def test_dynamic_scalar_tensor_sequence_length(dtype, sequence_length):
         "original_max_position_embeddings": 4096,
     }
     result = rope_scaling.dynamic(
-        64, 10000.0, 2.0, 4096, sequence_length=tf.constant(sequence_length, dtype)
+        64,
+        10000.0,
+        2.0,
+        4096,
+        # int64 is int32 on JAX without x64.
+        sequence_length=keras.ops.convert_to_tensor(np.array(sequence_length, dtype)),
     )
     assert_matches_reference(result, 64, 10000.0, scaling, sequence_length)
 
@@ -251,7 +258,7 @@ def test_dynamic_and_longrope_follow_a_symbolic_length_under_xla():
     }
     longrope = longrope_scaling(64)
 
-    @tf.function(jit_compile=True, input_signature=[tf.TensorSpec([], tf.int32)])
+    @compiled
     def frequencies(sequence_length):
         return (
             rope_scaling.rope_parameters(dynamic, 64, 10000.0, sequence_length)[0],
@@ -260,7 +267,7 @@ def test_dynamic_and_longrope_follow_a_symbolic_length_under_xla():
 
     for sequence_length in (7, 2048, 4096, 4097, 30000):
         dynamic_frequencies, longrope_frequencies = frequencies(
-            tf.constant(sequence_length)
+            keras.ops.convert_to_tensor(sequence_length, "int32")
         )
         for scaling, result in [
             (dynamic, dynamic_frequencies),
@@ -270,7 +277,7 @@ def test_dynamic_and_longrope_follow_a_symbolic_length_under_xla():
                 64, 10000.0, scaling, sequence_length
             )
             rtol = reference_rtol(64, 10000.0, scaling, sequence_length, expected)
-            assert_close(result.numpy(), expected, rtol)
+            assert_close(numpy(result), expected, rtol)
 
 
 YARN_CASES = {
@@ -346,7 +353,7 @@ def test_llama_3_1():
     # Wavelength 2 pi 500000^(i/64) is below 8192/4 for i <= 28 and above 8192
     # for i >= 35: those pairs are kept and divided by 8, the six between blend.
     default = references.rope_inverse_frequencies(128, 500000.0)[0]
-    frequencies = frequencies.numpy()
+    frequencies = numpy(frequencies)
     np.testing.assert_allclose(frequencies[:29], default[:29], rtol=FREQUENCY_RTOL)
     np.testing.assert_allclose(
         frequencies[35:], default[35:] / 8.0, rtol=FREQUENCY_RTOL
@@ -391,10 +398,10 @@ def test_longrope_switches_to_long_factors_past_the_trained_length():
     long, long_attention = direct_call(scaling, 64, 10000.0, 4097)
     default = references.rope_inverse_frequencies(64, 10000.0)[0]
     np.testing.assert_allclose(
-        short.numpy(), default / np.array(scaling["short_factor"]), rtol=FREQUENCY_RTOL
+        numpy(short), default / np.array(scaling["short_factor"]), rtol=FREQUENCY_RTOL
     )
     np.testing.assert_allclose(
-        long.numpy(), default / np.array(scaling["long_factor"]), rtol=FREQUENCY_RTOL
+        numpy(long), default / np.array(scaling["long_factor"]), rtol=FREQUENCY_RTOL
     )
     # The attention factor depends on `factor` alone, not on the length.
     expected_attention = math.sqrt(1.0 + math.log(32.0) / math.log(4096))
@@ -405,7 +412,9 @@ def test_longrope_switches_to_long_factors_past_the_trained_length():
 @pytest.mark.parametrize("sequence_length", [4096, 4097])
 def test_longrope_scalar_tensor_sequence_length(sequence_length):
     scaling = longrope_scaling(64, factor=32.0)
-    result = direct_call(scaling, 64, 10000.0, tf.constant(sequence_length))
+    result = direct_call(
+        scaling, 64, 10000.0, keras.ops.convert_to_tensor(sequence_length)
+    )
     assert_matches_reference(result, 64, 10000.0, scaling, sequence_length)
 
 
@@ -431,23 +440,23 @@ def test_proportional(dim, base, partial_rotary_factor, factor):
     expected = references.proportional_inverse_frequencies(
         dim, base, partial_rotary_factor, factor
     )
-    assert frequencies.dtype == tf.float32
+    assert keras.backend.standardize_dtype(frequencies.dtype) == "float32"
     assert frequencies.shape == (dim // 2,)
     rotated = expected > 0
     assert_close(
-        frequencies.numpy()[rotated], expected[rotated], frequency_rtol(dim, base)
+        numpy(frequencies)[rotated], expected[rotated], frequency_rtol(dim, base)
     )
     # Pairs past the share do not turn at all.
-    assert np.all(frequencies.numpy()[~rotated] == 0.0)
+    assert np.all(numpy(frequencies)[~rotated] == 0.0)
     assert attention_factor == 1.0
 
 
 def test_proportional_spaces_frequencies_over_the_whole_width():
     # Width 512, a quarter: pairs 0..63 turn at base^(-2i / 512), not at
     # base^(-2i / 128) as partial rotary of 128 features would.
-    frequencies = rope_scaling.proportional(
-        512, 1e6, partial_rotary_factor=0.25
-    )[0].numpy()
+    frequencies = numpy(
+        rope_scaling.proportional(512, 1e6, partial_rotary_factor=0.25)[0]
+    )
     assert np.count_nonzero(frequencies) == 64
     assert frequencies[63] == pytest.approx(1e6 ** (-126 / 512), rel=FREQUENCY_RTOL)
     assert frequencies[63] > 1e6 ** (-126 / 128) * 1000
@@ -455,8 +464,8 @@ def test_proportional_spaces_frequencies_over_the_whole_width():
     assert np.count_nonzero(rope_scaling.proportional(80, 1e4, 1.0, 0.3)[0]) == 12
     # All of it is the default schedule, divided by factor.
     np.testing.assert_array_equal(
-        rope_scaling.proportional(64, 1e4)[0].numpy(),
-        rope_scaling.default(64, 1e4)[0].numpy(),
+        numpy(rope_scaling.proportional(64, 1e4)[0]),
+        numpy(rope_scaling.default(64, 1e4)[0]),
     )
 
 
@@ -471,7 +480,7 @@ def test_su_is_longrope(sequence_length):
         su, 96, 10000.0, sequence_length
     )
     direct = direct_call(longrope, 96, 10000.0, sequence_length)
-    np.testing.assert_array_equal(frequencies.numpy(), direct[0].numpy())
+    np.testing.assert_array_equal(numpy(frequencies), numpy(direct[0]))
     assert attention_factor == direct[1]
     assert_matches_reference(
         (frequencies, attention_factor), 96, 10000.0, longrope, sequence_length
@@ -486,8 +495,8 @@ def test_proportional_through_rope_parameters():
         scaling, 512, 1e6, sequence_length=100000
     )
     np.testing.assert_array_equal(
-        frequencies.numpy(),
-        rope_scaling.proportional(512, 1e6, partial_rotary_factor=0.25)[0].numpy(),
+        numpy(frequencies),
+        numpy(rope_scaling.proportional(512, 1e6, partial_rotary_factor=0.25)[0]),
     )
     assert attention_factor == 1.0
     # A null share (null in a config.json) is the whole width.
@@ -495,7 +504,7 @@ def test_proportional_through_rope_parameters():
         {"rope_type": "proportional", "partial_rotary_factor": None}, 64, 1e4
     )
     np.testing.assert_array_equal(
-        frequencies.numpy(), rope_scaling.default(64, 1e4)[0].numpy()
+        numpy(frequencies), numpy(rope_scaling.default(64, 1e4)[0])
     )
 
 
@@ -527,7 +536,7 @@ def test_rope_parameters_dispatches_to_the_schedule(scaling, sequence_length):
         direct = direct_call(scaling, dim, 500000.0)
     else:
         direct = direct_call(scaling, dim, 500000.0, sequence_length)
-    np.testing.assert_array_equal(inverse_frequencies.numpy(), direct[0].numpy())
+    np.testing.assert_array_equal(numpy(inverse_frequencies), numpy(direct[0]))
     assert attention_factor == direct[1]
     assert_matches_reference(
         (inverse_frequencies, attention_factor), dim, 500000.0, scaling, sequence_length
@@ -707,7 +716,7 @@ def test_null_optional_keys_take_their_defaults():
     expected, expected_attention = references.rope_inverse_frequencies(
         64, 10000.0, {k: v for k, v in spelled_out.items() if v is not None}
     )
-    np.testing.assert_allclose(frequencies.numpy(), expected, rtol=1e-5)
+    np.testing.assert_allclose(numpy(frequencies), expected, rtol=1e-5)
     assert attention_factor == pytest.approx(0.1 * math.log(4.0) + 1.0)
     assert expected_attention == pytest.approx(attention_factor)
 
@@ -724,7 +733,7 @@ def test_linear_is_default_over_factor(half_dim, base, factor):
     linear, attention_factor = rope_scaling.linear(dim, base, factor)
     # Two float32 roundings apart at most: the factor's and the quotient's.
     np.testing.assert_allclose(
-        linear.numpy(), default.numpy().astype("float64") / factor, rtol=3e-7
+        numpy(linear), numpy(default).astype("float64") / factor, rtol=3e-7
     )
     assert attention_factor == 1.0
 
@@ -746,9 +755,9 @@ def test_dynamic_is_default_up_to_the_trained_length(
     below, attention_factor = rope_scaling.dynamic(
         dim, base, factor, original, sequence_length=sequence_length
     )
-    np.testing.assert_array_equal(below.numpy(), at_trained_length.numpy())
+    np.testing.assert_array_equal(numpy(below), numpy(at_trained_length))
     np.testing.assert_allclose(
-        below.numpy(), rope_scaling.default(dim, base)[0].numpy(), rtol=FREQUENCY_RTOL
+        numpy(below), numpy(rope_scaling.default(dim, base)[0]), rtol=FREQUENCY_RTOL
     )
     assert attention_factor == 1.0
     # Past it, the base grows with the length (factor * (L / orig - 1) + 1 > 1):
@@ -756,8 +765,8 @@ def test_dynamic_is_default_up_to_the_trained_length(
     longer, _ = rope_scaling.dynamic(
         dim, base, factor, original, sequence_length=original * 3 + 1
     )
-    assert longer.numpy()[0] == 1.0
-    assert np.all(longer.numpy()[1:] < below.numpy()[1:])
+    assert numpy(longer)[0] == 1.0
+    assert np.all(numpy(longer)[1:] < numpy(below)[1:])
 
 
 @settings(deadline=None, max_examples=40)
@@ -777,8 +786,8 @@ def test_llama3_keeps_high_and_divides_low_frequencies(
     frequencies, attention_factor = rope_scaling.llama3(
         dim, base, factor, low_freq_factor, high_freq_factor, original
     )
-    frequencies = frequencies.numpy()
-    default = rope_scaling.default(dim, base)[0].numpy().astype("float64")
+    frequencies = numpy(frequencies)
+    default = numpy(rope_scaling.default(dim, base)[0]).astype("float64")
     wavelength = 2 * math.pi / references.rope_inverse_frequencies(dim, base)[0]
     high = wavelength < original / high_freq_factor
     low = wavelength > original / low_freq_factor
@@ -818,7 +827,7 @@ def test_yarn_matches_reference_and_blends_default_and_linear(
     frequencies, attention_factor = rope_scaling.yarn(dim, base, **keys)
     scaling = {"rope_type": "yarn", **keys}
     assert_matches_reference((frequencies, attention_factor), dim, base, scaling)
-    frequencies = frequencies.numpy()
+    frequencies = numpy(frequencies)
     assert attention_factor == pytest.approx(0.1 * math.log(factor) + 1.0, rel=1e-12)
     # Each pair lies between the extrapolated (default) and interpolated
     # (default / factor) frequency, moving towards the second as pairs slow.
@@ -847,7 +856,7 @@ def test_longrope_divides_default_by_its_factors(half_dim, base, data, sequence_
     )
     rescale = long_factor if sequence_length > 8192 else short_factor
     np.testing.assert_allclose(
-        frequencies.numpy() * np.array(rescale),
+        numpy(frequencies) * np.array(rescale),
         references.rope_inverse_frequencies(dim, base)[0],
         rtol=frequency_rtol(dim, base),
     )
