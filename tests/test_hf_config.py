@@ -1,0 +1,225 @@
+"""Hugging Face configs read as transformers reads them: composite models."""
+
+import pytest
+
+from keras_posenc import RotaryEmbedding
+from keras_posenc import hf_config
+
+QWEN2_VL_VISION = {"depth": 32, "embed_dim": 1280, "num_heads": 16}
+# Qwen/Qwen2-VL-2B-Instruct's config.json as first published: the text
+# model's fields at the top level, M-RoPE in rope_scaling under "type".
+QWEN2_VL_FLAT = {
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "model_type": "qwen2_vl",
+    "hidden_size": 1536,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    "vision_config": QWEN2_VL_VISION,
+}
+# ... as transformers 4.5x saves it again: the text model's fields in
+# text_config ("type" and "rope_type" both), the wrapper's at the top.
+QWEN2_VL_NESTED = {
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "model_type": "qwen2_vl",
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "text_config": {
+        "model_type": "qwen2_vl_text",
+        "hidden_size": 1536,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rope_scaling": {
+            "type": "mrope",
+            "rope_type": "default",
+            "mrope_section": [16, 24, 24],
+        },
+    },
+    "vision_config": QWEN2_VL_VISION,
+}
+# ... and as transformers 5 writes it: the base inside rope_parameters.
+QWEN2_VL_NESTED_5 = {
+    "model_type": "qwen2_vl",
+    "text_config": {
+        "model_type": "qwen2_vl_text",
+        "hidden_size": 1536,
+        "num_attention_heads": 12,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {
+            "rope_type": "default",
+            "mrope_section": [16, 24, 24],
+            "rope_theta": 1000000.0,
+        },
+    },
+    "vision_config": QWEN2_VL_VISION,
+}
+# Qwen/Qwen3-VL-8B-Instruct's config.json: the text model only in
+# text_config.
+QWEN3_VL = {
+    "architectures": ["Qwen3VLForConditionalGeneration"],
+    "model_type": "qwen3_vl",
+    "image_token_id": 151655,
+    "text_config": {
+        "model_type": "qwen3_vl_text",
+        "head_dim": 128,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 262144,
+        "rope_scaling": {
+            "mrope_interleaved": True,
+            "mrope_section": [24, 20, 20],
+            "rope_type": "default",
+        },
+        "rope_theta": 5000000,
+    },
+    "vision_config": {"model_type": "qwen3_vl", "depth": 27, "hidden_size": 1152},
+}
+QWEN2_VL_ARGUMENTS = {
+    "max_wavelength": 1000000.0,
+    "layout": "half",
+    "rotary_dim": None,
+    "scaling": None,
+    "num_axes": 3,
+    "axis_layout": "sections",
+    "axis_sections": [16, 24, 24],
+}
+QWEN3_VL_ARGUMENTS = {
+    "max_wavelength": 5000000,
+    "layout": "half",
+    "rotary_dim": None,
+    "scaling": None,
+    "num_axes": 3,
+    "axis_layout": "interleaved",
+    "axis_sections": [24, 20, 20],
+}
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        (QWEN2_VL_FLAT, QWEN2_VL_ARGUMENTS),
+        (QWEN2_VL_NESTED, QWEN2_VL_ARGUMENTS),
+        (QWEN2_VL_NESTED_5, QWEN2_VL_ARGUMENTS),
+        (QWEN3_VL, QWEN3_VL_ARGUMENTS),
+    ],
+    ids=["qwen2-vl-flat", "qwen2-vl-nested", "qwen2-vl-transformers-5", "qwen3-vl"],
+)
+def test_multimodal_configs_as_published(config, expected):
+    assert hf_config.rotary_embedding_arguments(config) == expected
+    layer = RotaryEmbedding.from_hf_config(config, name="text_rope")
+    assert layer.name == "text_rope"
+    assert {key: getattr(layer, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize(
+    "config",
+    [QWEN2_VL_NESTED, QWEN2_VL_NESTED_5, QWEN3_VL],
+    ids=["qwen2-vl-nested", "qwen2-vl-transformers-5", "qwen3-vl"],
+)
+def test_a_wrapper_reads_as_its_text_config(config):
+    wrapped = RotaryEmbedding.from_hf_config(config, name="rope")
+    alone = RotaryEmbedding.from_hf_config(config["text_config"], name="rope")
+    assert wrapped.get_config() == alone.get_config()
+
+
+def test_text_config_finds_the_nested_config_as_transformers():
+    text, name = hf_config.text_config(QWEN3_VL)
+    assert name == "config['text_config']"
+    assert text == QWEN3_VL["text_config"]
+    # A text config never changes the config it came from.
+    text["rope_theta"] = 1.0
+    assert QWEN3_VL["text_config"]["rope_theta"] == 5000000
+    # Flat configs, and a null text_config, are their own text config.
+    assert hf_config.text_config(QWEN2_VL_FLAT) == (QWEN2_VL_FLAT, "config")
+    flat_with_null = {**QWEN2_VL_FLAT, "text_config": None}
+    assert hf_config.text_config(flat_with_null) == (flat_with_null, "config")
+    assert (
+        hf_config.rotary_embedding_arguments(flat_with_null) == QWEN2_VL_ARGUMENTS
+    )
+    # transformers' other names: an encoder's text_encoder, a decoder.
+    for key in ("text_encoder", "decoder", "generator"):
+        config = {"model_type": "composite", key: {"head_dim": 64}}
+        assert hf_config.text_config(config)[1] == f"config[{key!r}]"
+
+
+def test_a_nested_config_without_a_model_type_takes_the_wrappers():
+    # transformers picks the text config's class by the wrapper: Qwen3-VL's
+    # text model interleaves whatever its rope_scaling says.
+    text = dict(QWEN3_VL["text_config"])
+    del text["model_type"]
+    text["rope_scaling"] = {"rope_type": "default", "mrope_section": [24, 20, 20]}
+    config = {**QWEN3_VL, "text_config": text}
+    assert hf_config.rotary_embedding_arguments(config) == QWEN3_VL_ARGUMENTS
+
+
+def test_gemma_3_wrapper_gives_one_rope_per_layer_type():
+    config = {
+        "model_type": "gemma3",
+        "text_config": {
+            "model_type": "gemma3_text",
+            "head_dim": 256,
+            "hidden_size": 2560,
+            "num_attention_heads": 8,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        },
+        "vision_config": {"model_type": "siglip_vision_model"},
+    }
+    full = RotaryEmbedding.from_hf_config(config, layer_type="full_attention")
+    assert (full.max_wavelength, full.scaling) == (
+        1000000.0,
+        {"factor": 8.0, "rope_type": "linear"},
+    )
+    local = RotaryEmbedding.from_hf_config(config, layer_type="sliding_attention")
+    assert (local.max_wavelength, local.scaling) == (10000.0, None)
+    with pytest.raises(
+        ValueError, match=r"`config\['text_config'\]` gives `rope_local_base_freq`"
+    ):
+        RotaryEmbedding.from_hf_config(config)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (
+            {**QWEN3_VL, "decoder": {"head_dim": 64}},
+            r"more than one text config, \['decoder', 'text_config'\]",
+        ),
+        (
+            {**QWEN3_VL, "text_config": {"rope_theta": 5000000}},
+            r"`config\['text_config'\]` must give `head_dim`, or `hidden_size` and "
+            r"`num_attention_heads`\. Received: config with keys \['model_type', "
+            r"'rope_theta'\]",
+        ),
+        (
+            # A text config under a name transformers' get_text_config()
+            # does not look for: named, not read as the default RoPE.
+            {
+                "model_type": "internvl_chat",
+                "llm_config": QWEN3_VL["text_config"],
+                "vision_config": {"hidden_size": 1024},
+            },
+            r"`config` must give `head_dim`.*pass its text model's config, one "
+            r"of \['llm_config', 'vision_config'\]",
+        ),
+        (
+            {**QWEN3_VL, "text_config": {"head_dim": 64, "rope_scaling": 2.0}},
+            r"`config\['text_config'\]\['rope_scaling'\]` must be a dict or null",
+        ),
+    ],
+    ids=["ambiguous", "text-config-without-head-width", "unknown-name", "bad-rope"],
+)
+def test_configs_that_lack_fields_say_so(config, message):
+    with pytest.raises(ValueError, match=message):
+        RotaryEmbedding.from_hf_config(config)
+
+
+def test_config_must_be_a_dict():
+    with pytest.raises(ValueError, match=r"config='config\.json'"):
+        hf_config.rotary_embedding_arguments("config.json")
