@@ -14,12 +14,14 @@ import os
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_posenc import PositionEmbedding
 from keras_posenc import SinusoidalPositionEncoding
 from keras_posenc import ops
 from tests import references
+from tests.backend import graph_function
+from tests.backend import numpy
+from tests.backend import tensorflow_only
 from tests.test_case import TestCase
 
 RESIZE_FIXTURE = np.load(
@@ -34,6 +36,21 @@ def fixture_case(name):
         RESIZE_FIXTURE[f"{name}/input"],
         RESIZE_FIXTURE[f"{name}/output"],
     )
+
+
+def as_float64(tensor):
+    """A float tensor's values in float64 (through float32, exactly)."""
+    return numpy(keras.ops.cast(tensor, "float32")).astype("float64")
+
+
+def table_of(layer):
+    """A PositionEmbedding's table, as NumPy."""
+    return numpy(layer.embeddings.value)
+
+
+def grid_positions(grid_shape):
+    """`ops.grid_positions(grid_shape)` as NumPy."""
+    return numpy(ops.grid_positions(grid_shape))
 
 
 def random_embeddings(shape, seed=0):
@@ -122,13 +139,13 @@ def test_equals_mae_2d_sincos_once_the_coordinates_are_swapped():
     layer = SinusoidalPositionEncoding(
         num_axes=2, layout="concat", merge_mode=None, num_prefix_tokens=1
     )
-    positions = ops.grid_positions((5, 5))[:, ::-1]  # (column, row)
+    positions = keras.ops.flip(ops.grid_positions((5, 5)), axis=-1)  # (column, row)
     outputs = layer(np.zeros((1, 26, 16), "float32"), positions=positions)
     expected = references.mae_2d_sincos_pos_embed(16, 5, cls_token=True)
-    np.testing.assert_allclose(outputs[0].numpy(), expected, atol=1e-6)
+    np.testing.assert_allclose(numpy(outputs)[0], expected, atol=1e-6)
     # In (row, column) order the two blocks trade places.
     grid = SinusoidalPositionEncoding(num_axes=2, layout="concat", merge_mode=None)
-    outputs = grid(np.zeros((1, 5, 5, 16), "float32")).numpy().reshape(25, 16)
+    outputs = numpy(grid(np.zeros((1, 5, 5, 16), "float32"))).reshape(25, 16)
     np.testing.assert_allclose(
         outputs, np.roll(expected[1:], 8, axis=1), atol=1e-6
     )
@@ -142,9 +159,9 @@ def test_3d_blocks_equal_the_float64_reference(layout):
     video = random_embeddings((2, 2, 3, 4, 12))  # (batch, t, h, w, features)
     outputs = layer(video)
     expected = references.sinusoidal_on_axes(
-        ops.grid_positions((2, 3, 4)).numpy(), 12, 100.0, layout
+        grid_positions((2, 3, 4)), 12, 100.0, layout
     ).reshape(2, 3, 4, 12)
-    np.testing.assert_allclose(outputs.numpy(), video + expected, atol=1e-5)
+    np.testing.assert_allclose(numpy(outputs), video + expected, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -162,10 +179,10 @@ def test_grid_inputs_equal_the_token_form(layer, grid):
     images = random_embeddings((2,) + grid + (12,))
     tokens = images.reshape(2, cells, 12)
     outputs = layer(images)
-    assert outputs.shape == images.shape
-    flat = outputs.numpy().reshape(2, cells, 12)
-    by_positions = layer(tokens, positions=ops.grid_positions(grid)).numpy()
-    by_grid_shape = layer(tokens, grid_shape=grid).numpy()
+    assert tuple(outputs.shape) == images.shape
+    flat = numpy(outputs).reshape(2, cells, 12)
+    by_positions = numpy(layer(tokens, positions=ops.grid_positions(grid)))
+    by_grid_shape = numpy(layer(tokens, grid_shape=grid))
     np.testing.assert_array_equal(flat, by_positions)
     np.testing.assert_array_equal(flat, by_grid_shape)
 
@@ -173,37 +190,43 @@ def test_grid_inputs_equal_the_token_form(layer, grid):
 def test_prefix_tokens_have_no_sinusoidal_encoding():
     grid = (2, 3)
     tokens = random_embeddings((2, 2 + 6, 8))
-    added = SinusoidalPositionEncoding(num_axes=2, num_prefix_tokens=2)(
-        tokens, grid_shape=grid
-    ).numpy()
+    added = numpy(
+        SinusoidalPositionEncoding(num_axes=2, num_prefix_tokens=2)(
+            tokens, grid_shape=grid
+        )
+    )
     np.testing.assert_array_equal(added[:, :2], tokens[:, :2])  # unchanged
     np.testing.assert_allclose(
         added[:, 2:],
         tokens[:, 2:]
         + references.sinusoidal_on_axes(
-            ops.grid_positions(grid).numpy(), 8, layout="interleaved"
+            grid_positions(grid), 8, layout="interleaved"
         ),
         atol=1e-6,
     )
-    concatenated = SinusoidalPositionEncoding(
-        num_axes=2, num_prefix_tokens=2, merge_mode="concat", output_dim=4
-    )(tokens, positions=ops.grid_positions(grid)).numpy()
+    concatenated = numpy(
+        SinusoidalPositionEncoding(
+            num_axes=2, num_prefix_tokens=2, merge_mode="concat", output_dim=4
+        )(tokens, positions=ops.grid_positions(grid))
+    )
     np.testing.assert_array_equal(concatenated[:, :, :8], tokens)
     np.testing.assert_array_equal(concatenated[:, :2, 8:], 0.0)  # zeros
     # Per-batch coordinates after the prefix (packed or jittered grids).
-    per_batch = np.stack([ops.grid_positions(grid), ops.grid_positions(grid) + 1])
+    per_batch = np.stack([grid_positions(grid), grid_positions(grid) + 1])
     learned = PositionEmbedding(grid_shape=(3, 4), num_prefix_tokens=2)
-    outputs = learned(tokens, positions=per_batch).numpy()
-    table = learned.embeddings.numpy()
+    outputs = numpy(learned(tokens, positions=per_batch))
+    table = table_of(learned)
     rows = 2 + per_batch[..., 0] * 4 + per_batch[..., 1]  # (batch, 6)
     np.testing.assert_array_equal(outputs[:, :2], tokens[:, :2] + table[:2])
     np.testing.assert_array_equal(
         outputs[:, 2:], tokens[:, 2:] + table[rows]
     )
     # A prefix on a line: positions count from the first token after it.
-    line = SinusoidalPositionEncoding(num_prefix_tokens=1, merge_mode=None)(
-        np.zeros((1, 5, 6), "float32")
-    ).numpy()
+    line = numpy(
+        SinusoidalPositionEncoding(num_prefix_tokens=1, merge_mode=None)(
+            np.zeros((1, 5, 6), "float32")
+        )
+    )
     np.testing.assert_allclose(
         line[0, 1:], references.sinusoidal(np.arange(4), 6), atol=1e-6
     )
@@ -217,7 +240,7 @@ def test_float_coordinates():
         np.zeros((1, 3, 8), "float32"), positions=coordinates
     )
     np.testing.assert_allclose(
-        outputs.numpy(),
+        numpy(outputs),
         references.sinusoidal_on_axes(coordinates, 8, layout="interleaved"),
         atol=1e-5,
     )
@@ -232,17 +255,17 @@ def test_mixed_bfloat16_keeps_float32_angles_up_to_1024_per_axis():
     outputs = SinusoidalPositionEncoding(num_axes=2, merge_mode=None)(
         np.zeros((1, 64, 64), "float32"), positions=coordinates
     )
-    assert outputs.dtype == tf.bfloat16
+    assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"
     expected = references.sinusoidal_on_axes(coordinates, 64, layout="interleaved")
-    error = np.abs(tf.cast(outputs[0], "float64").numpy() - expected)
+    error = np.abs(as_float64(outputs[0]) - expected)
     assert error.max() <= 8e-3, error.max()
     # And from a grid input's own axes, at 1024 along one axis.
     image = np.zeros((1, 2, 1025, 8), "float32")
     outputs = SinusoidalPositionEncoding(num_axes=2, merge_mode=None)(image)
     expected = references.sinusoidal_on_axes(
-        ops.grid_positions((2, 1025)).numpy(), 8, layout="interleaved"
+        grid_positions((2, 1025)), 8, layout="interleaved"
     ).reshape(1, 2, 1025, 8)
-    error = np.abs(tf.cast(outputs, "float64").numpy() - expected)
+    error = np.abs(as_float64(outputs) - expected)
     assert error.max() <= 8e-3, error.max()
 
 
@@ -257,20 +280,17 @@ def test_none_grid_dims_under_xla_at_two_grid_sizes(make_layer):
     layer = make_layer()
     eager_results = {}
     for grid in ((3, 4), (5, 2)):
-        eager_results[grid] = layer(
-            random_embeddings((2,) + grid + (8,), seed=sum(grid))
-        ).numpy()
+        eager_results[grid] = numpy(
+            layer(random_embeddings((2,) + grid + (8,), seed=sum(grid)))
+        )
 
-    @tf.function(
-        jit_compile=True,
-        input_signature=[tf.TensorSpec((None, None, None, 8), "float32")],
-    )
     def encode(images):
         return layer(images)
 
+    encode = graph_function(encode, [((None, None, None, 8), "float32")])
     for grid, expected in eager_results.items():
         images = random_embeddings((2,) + grid + (8,), seed=sum(grid))
-        np.testing.assert_allclose(encode(images).numpy(), expected, atol=1e-5)
+        np.testing.assert_allclose(numpy(encode(images)), expected, atol=1e-5)
     symbolic = layer(keras.Input((None, None, 8)))
     assert tuple(symbolic.shape) == (None, None, None, 8)
 
@@ -294,7 +314,7 @@ def test_grid_model_round_trips_through_keras_file(tmp_path):
     # At another resolution, through the resized tables.
     inputs = [random_embeddings((1, 5, 6, 8)), random_embeddings((1, 5, 8))]
     for got, expected in zip(loaded(inputs), model(inputs)):
-        np.testing.assert_array_equal(got.numpy(), expected.numpy())
+        np.testing.assert_array_equal(numpy(got), numpy(expected))
 
 
 def test_sinusoidal_config_round_trip_and_old_configs():
@@ -338,7 +358,7 @@ def test_sinusoidal_bad_arguments_name_them(kwargs, message):
         (
             {"num_axes": 2},
             (1, 6, 8),
-            {"start_index": tf.constant(0)},
+            {"start_index": keras.ops.convert_to_tensor(0)},
             "one axis only",
         ),
         (
@@ -390,14 +410,12 @@ def test_sinusoidal_bad_inputs_say_what_was_expected(
 
 def test_grid_table_has_prefix_rows_then_the_grid_rows():
     layer = PositionEmbedding(grid_shape=(3, 4), num_prefix_tokens=2, merge_mode=None)
-    outputs = layer(np.zeros((2, 14, 5), "float32")).numpy()
-    table = layer.embeddings.numpy()
+    outputs = numpy(layer(np.zeros((2, 14, 5), "float32")))
+    table = table_of(layer)
     assert table.shape == (2 + 12, 5)
     np.testing.assert_array_equal(outputs[0], table)
     coordinates = np.array([[2, 3], [0, 1], [1, 0]])
-    explicit = layer(
-        np.zeros((1, 5, 5), "float32"), positions=coordinates
-    ).numpy()
+    explicit = numpy(layer(np.zeros((1, 5, 5), "float32"), positions=coordinates))
     np.testing.assert_array_equal(explicit[0, :2], table[:2])
     np.testing.assert_array_equal(
         explicit[0, 2:], table[2 + coordinates[:, 0] * 4 + coordinates[:, 1]]
@@ -409,12 +427,12 @@ def test_sinusoidal_initializer_on_a_grid():
         grid_shape=(2, 3), num_prefix_tokens=1, initializer="sinusoidal"
     )
     layer.build((None, 7, 8))
-    table = layer.embeddings.numpy()
+    table = table_of(layer)
     np.testing.assert_array_equal(table[0], 0.0)
     np.testing.assert_allclose(
         table[1:],
         references.sinusoidal_on_axes(
-            ops.grid_positions((2, 3)).numpy(), 8, layout="interleaved"
+            grid_positions((2, 3)), 8, layout="interleaved"
         ),
         atol=1e-6,
     )
@@ -422,9 +440,17 @@ def test_sinusoidal_initializer_on_a_grid():
 
 def test_same_grid_reads_the_table_without_a_resize():
     layer = PositionEmbedding(grid_shape=(3, 4), merge_mode=None)
+    images = np.zeros((1, 3, 4, 6), "float32")
+    outputs = numpy(layer(images))
+    np.testing.assert_array_equal(outputs[0].reshape(12, 6), table_of(layer))
+
+
+@tensorflow_only
+def test_same_grid_builds_no_matmul_in_a_tensorflow_graph():
+    import tensorflow as tf
+
+    layer = PositionEmbedding(grid_shape=(3, 4), merge_mode=None)
     images = tf.zeros((1, 3, 4, 6))
-    outputs = layer(images).numpy()
-    np.testing.assert_array_equal(outputs[0].reshape(12, 6), layer.embeddings.numpy())
     graph = tf.function(layer).get_concrete_function(images).graph
     kinds = {op.type for op in graph.get_operations()}
     assert not kinds & {"MatMul", "BatchMatMulV2", "Tensordot"}, kinds
@@ -454,26 +480,26 @@ def test_resized_grid_equals_torch_interpolate_prefix_untouched(name):
     )
     new_grid = tuple(meta["new_size"])
     tokens = np.zeros((1, 2 + int(np.prod(new_grid)), 3), "float32")
-    outputs = layer(tokens, grid_shape=new_grid)[0].numpy()
+    outputs = numpy(layer(tokens, grid_shape=new_grid))[0]
     np.testing.assert_array_equal(outputs[:2], prefix)
     np.testing.assert_allclose(outputs[2:], expected, rtol=0, atol=1e-5)
-    resized = layer.resized_embeddings(new_grid).numpy()
+    resized = numpy(layer.resized_embeddings(new_grid))
     np.testing.assert_array_equal(resized, outputs)
 
 
 def test_line_table_stretches_only_when_asked():
     meta, rows, expected = fixture_case("linear_up")  # 5 rows to 9
     layer = table_layer(rows, sequence_length=5, interpolation="linear")
-    stretched = layer(np.zeros((1, 9, 3), "float32"))[0].numpy()
+    stretched = numpy(layer(np.zeros((1, 9, 3), "float32")))[0]
     np.testing.assert_allclose(stretched, expected, rtol=0, atol=1e-5)
-    shorter = layer(np.zeros((1, 4, 3), "float32"))[0].numpy()
+    shorter = numpy(layer(np.zeros((1, 4, 3), "float32")))[0]
     np.testing.assert_array_equal(shorter, rows[:4])  # rows, as always
     _, rows, expected = fixture_case("linear_down")  # 9 rows to 4
     layer = table_layer(rows, sequence_length=9, interpolation="linear")
-    shrunk = layer(np.zeros((1, 4, 3), "float32"), grid_shape=(4,))[0].numpy()
+    shrunk = numpy(layer(np.zeros((1, 4, 3), "float32"), grid_shape=(4,)))[0]
     np.testing.assert_allclose(shrunk, expected, rtol=0, atol=1e-5)
     np.testing.assert_allclose(
-        layer.resized_embeddings((4,)).numpy(), expected, rtol=0, atol=1e-5
+        numpy(layer.resized_embeddings((4,))), expected, rtol=0, atol=1e-5
     )
     # The default on a line: past the table is the error it always was.
     default = PositionEmbedding(5)
@@ -485,15 +511,13 @@ def test_line_table_stretches_only_when_asked():
 def test_line_table_stretches_under_xla_with_unknown_length():
     _, rows, expected = fixture_case("linear_up")
     layer = table_layer(rows, sequence_length=5, interpolation="linear")
-    encode = tf.function(
-        layer,
-        jit_compile=True,
-        input_signature=[tf.TensorSpec((None, None, 3), "float32")],
-    )
+    encode = graph_function(layer, [((None, None, 3), "float32")])
     np.testing.assert_allclose(
-        encode(tf.zeros((1, 9, 3)))[0].numpy(), expected, atol=1e-5
+        numpy(encode(keras.ops.zeros((1, 9, 3))))[0], expected, atol=1e-5
     )
-    np.testing.assert_array_equal(encode(tf.zeros((1, 3, 3)))[0].numpy(), rows[:3])
+    np.testing.assert_array_equal(
+        numpy(encode(keras.ops.zeros((1, 3, 3))))[0], rows[:3]
+    )
 
 
 def test_interpolation_none_refuses_another_grid_naming_both():
@@ -504,6 +528,13 @@ def test_interpolation_none_refuses_another_grid_naming_both():
         layer(np.zeros((1, 5, 6, 8), "float32"))
     with pytest.raises(ValueError, match=r"grid_shape=\(5, 6\)"):
         layer.resized_embeddings((5, 6))
+
+
+@tensorflow_only
+def test_interpolation_none_refuses_another_grid_in_a_graph():
+    import tensorflow as tf
+
+    layer = PositionEmbedding(grid_shape=(3, 4), interpolation=None)
     encode = tf.function(
         layer, input_signature=[tf.TensorSpec((None, None, None, 8), "float32")]
     )
@@ -515,12 +546,12 @@ def test_interpolation_none_refuses_another_grid_naming_both():
 def test_resized_embeddings_make_a_layer_for_the_new_grid():
     layer = PositionEmbedding(grid_shape=(4, 4), num_prefix_tokens=1)
     tokens = random_embeddings((2, 1 + 36, 8))
-    on_the_fly = layer(tokens, grid_shape=(6, 6)).numpy()
+    on_the_fly = numpy(layer(tokens, grid_shape=(6, 6)))
     table = layer.resized_embeddings((6, 6))
     finer = PositionEmbedding(grid_shape=(6, 6), num_prefix_tokens=1)
     finer.build((None, 37, 8))
     finer.embeddings.assign(table)
-    np.testing.assert_array_equal(finer(tokens).numpy(), on_the_fly)
+    np.testing.assert_array_equal(numpy(finer(tokens)), on_the_fly)
 
 
 def test_position_embedding_config_round_trip_and_old_configs():
@@ -559,7 +590,7 @@ def test_position_embedding_config_round_trip_and_old_configs():
         ({"grid_shape": (4,)}, r"grid_shape=\(4,\)"),
         ({"grid_shape": (4, 0)}, r"grid_shape=\(4, 0\)"),
         ({"grid_shape": "4x4"}, "grid_shape='4x4'"),
-        ({"grid_shape": (2, tf.constant(2))}, "grid_shape="),
+        ({"grid_shape": (2, keras.ops.convert_to_tensor(2))}, "grid_shape="),
         ({"grid_shape": (2, 2), "interpolation": "linear"}, "interpolation='linear'"),
         ({"sequence_length": 4, "interpolation": "bicubic"}, "interpolation='bicubic'"),
         ({"grid_shape": (2, 2), "interpolation": "nearest"}, "interpolation='nearest'"),

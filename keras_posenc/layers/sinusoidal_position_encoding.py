@@ -30,8 +30,10 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
     matched by swapping coordinates: MAE's `get_2d_sincos_pos_embed` builds
     its grid with `np.meshgrid(grid_w, grid_h)`, so its first block encodes
     the column and its second the row, while this layer takes `(row,
-    column)` in that order. Pass `positions=ops.grid_positions((h, w))[:,
-    ::-1]` to get MAE's table exactly. Inputs of shape `(batch, height,
+    column)` in that order. Pass
+    `positions=keras.ops.flip(ops.grid_positions((h, w)), axis=-1)` (PyTorch
+    tensors take no negative strides, `[:, ::-1]`) to get MAE's table
+    exactly. Inputs of shape `(batch, height,
     width, features)` (or `(batch, time, height, width, features)` for
     `num_axes=3`) take their coordinates from their axes, row-major, and
     come back in that shape; token inputs `(batch, sequence, features)`
