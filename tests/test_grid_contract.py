@@ -14,10 +14,12 @@ import zipfile
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_posenc import ops
 from tests import references
+from tests.backend import graph_function
+from tests.backend import numpy
+from tests.backend import tensorflow_only
 from tests.test_positional_multi_head_attention import reference_attention
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "one_axis_model.keras")
@@ -30,21 +32,19 @@ def test_grid_positions_are_row_major_coordinates(grid_shape):
         [axis.ravel() for axis in np.indices(grid_shape)], axis=-1
     )  # (prod, num_axes)
     positions = ops.grid_positions(grid_shape)
-    assert positions.dtype == tf.int32
-    np.testing.assert_array_equal(positions.numpy(), expected)
+    assert keras.backend.standardize_dtype(positions.dtype) == "int32"
+    np.testing.assert_array_equal(numpy(positions), expected)
 
 
 def test_grid_positions_take_sizes_known_only_when_the_graph_runs():
-    @tf.function(
-        input_signature=[tf.TensorSpec((None, None, None, 2))], jit_compile=True
-    )
     def grid_of(images):
-        shape = tf.shape(images)
+        shape = keras.ops.shape(images)  # scalar tensors where unknown
         return ops.grid_positions((shape[1], shape[2]))
 
-    positions = grid_of(tf.zeros((1, 3, 4, 2)))
+    grid_of = graph_function(grid_of, [((None, None, None, 2), "float32")])
+    positions = grid_of(keras.ops.zeros((1, 3, 4, 2)))
     np.testing.assert_array_equal(
-        positions.numpy(), [[r, c] for r in range(3) for c in range(4)]
+        numpy(positions), [[r, c] for r in range(3) for c in range(4)]
     )
 
 
@@ -75,7 +75,7 @@ def test_read_positions_takes_every_documented_shape(shape, num_axes, expected):
     )
     assert tuple(read.shape) == expected
     np.testing.assert_array_equal(
-        read.numpy().ravel(), positions.ravel()
+        numpy(read).ravel(), positions.ravel()
     )
 
 
@@ -122,7 +122,7 @@ def test_relative_distance_on_a_grid_is_per_axis(query_batch, key_batch):
         return rng.integers(-20, 20, size=shape)
 
     query, key = positions(query_batch, 4), positions(key_batch, 5)
-    distance = ops.relative_distance(query, key, num_axes=3).numpy()
+    distance = numpy(ops.relative_distance(query, key, num_axes=3))
     batch = max(query_batch or 1, key_batch or 1)
     assert distance.shape == (batch, 4, 5, 3)
     assert ops.relative_distance_shape(query.shape, key.shape, 3) == (
@@ -147,7 +147,7 @@ def test_one_axis_model_saved_before_grids_loads_with_the_same_numbers():
     np.testing.assert_allclose(
         sinusoidal, x + references.sinusoidal(np.arange(6), 8), atol=1e-5
     )
-    table = model.get_layer("learned").embeddings.numpy()
+    table = numpy(model.get_layer("learned").embeddings.value)
     np.testing.assert_allclose(learned, x + table[:6], atol=1e-5)
     frequencies, _ = references.rope_inverse_frequencies(8, 100.0)
     np.testing.assert_allclose(
@@ -158,7 +158,7 @@ def test_one_axis_model_saved_before_grids_loads_with_the_same_numbers():
         expected, _ = reference_attention(layer, embeddings, embeddings)
         np.testing.assert_allclose(output, expected, atol=1e-4, err_msg=name)
     layer = model.get_layer("token_and_position")
-    token_table = layer.token_embedding.embeddings.numpy()
+    token_table = numpy(layer.token_embedding.embeddings.value)
     np.testing.assert_allclose(
         token_and_position,
         token_table[tokens] + references.sinusoidal(np.arange(6), 8),
@@ -185,20 +185,30 @@ def test_resize_grid_equals_torch_interpolate(name):
         meta["antialias"],
     )
     np.testing.assert_allclose(
-        resized.numpy(), RESIZE_FIXTURE[f"{name}/output"], rtol=0, atol=1e-5
+        numpy(resized), RESIZE_FIXTURE[f"{name}/output"], rtol=0, atol=1e-5
     )
 
 
+# A size known only when the program runs: TensorFlow's dynamic shapes (JAX
+# compiles one program per size, known when it traces).
+@tensorflow_only
 def test_resize_grid_runs_under_xla_to_a_size_known_only_then():
     table = np.random.default_rng(0).normal(size=(12, 2)).astype("float32")
 
-    @tf.function(jit_compile=True)
     def resized(height, width):
         return ops.resize_grid(table, (3, 4), (height, width))
 
+    resized = graph_function(resized, [((), "int32"), ((), "int32")])
     eager = ops.resize_grid(table, (3, 4), (5, 7))
     np.testing.assert_allclose(
-        resized(tf.constant(5), tf.constant(7)).numpy(), eager.numpy(), atol=1e-6
+        numpy(
+            resized(
+                keras.ops.convert_to_tensor(5, "int32"),
+                keras.ops.convert_to_tensor(7, "int32"),
+            )
+        ),
+        numpy(eager),
+        atol=1e-6,
     )
 
 
@@ -206,7 +216,7 @@ def test_resize_to_the_same_grid_is_the_identity():
     table = np.random.default_rng(1).normal(size=(6, 3)).astype("float32")
     for interpolation in ("bilinear", "bicubic"):
         np.testing.assert_allclose(
-            ops.resize_grid(table, (2, 3), (2, 3), interpolation).numpy(),
+            numpy(ops.resize_grid(table, (2, 3), (2, 3), interpolation)),
             table,
             atol=1e-6,
         )
