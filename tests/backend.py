@@ -99,3 +99,16 @@ def graph_function(function, input_signature=None, jit_compile=True):
 
         return jax.jit(function)
     return function
+
+
+def keras_mask(tensor):
+    """The Keras mask a layer left on `tensor` (None if none), as NumPy.
+
+    TensorFlow and PyTorch tensors carry it as `_keras_mask`; JAX arrays take
+    no attributes, so Keras keeps theirs in a table, which its private
+    `get_keras_mask` reads (in Keras from 3.8 on).
+    """
+    from keras.src.backend.common.masking import get_keras_mask
+
+    mask = get_keras_mask(tensor)
+    return None if mask is None else numpy(mask)

@@ -4,13 +4,14 @@ import keras
 import keras_hub
 import numpy as np
 import pytest
-import tensorflow as tf
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
 from keras_posenc import AlibiBias
 from tests import references
+from tests.backend import compiled
+from tests.backend import numpy
 from tests.test_case import TestCase
 
 # The float32 slope is 2 ** x rounded once, then multiplied by an exact
@@ -40,9 +41,9 @@ def reference_bias(query_positions, key_positions, slopes, symmetric):
 
 
 def assert_bias(bias, expected):
-    assert bias.dtype == tf.float32
+    assert keras.backend.standardize_dtype(bias.dtype) == "float32"
     assert tuple(bias.shape) == expected.shape
-    np.testing.assert_allclose(bias.numpy(), expected, rtol=BIAS_RTOL, atol=0)
+    np.testing.assert_allclose(numpy(bias), expected, rtol=BIAS_RTOL, atol=0)
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
@@ -60,8 +61,8 @@ def test_bias_is_slope_times_distance(num_heads, symmetric):
 
 def test_causal_and_symmetric_agree_on_earlier_keys_only():
     positions = np.arange(6)
-    causal = AlibiBias(4)(positions, positions).numpy()[0]  # (heads, T, S)
-    symmetric = AlibiBias(4, symmetric=True)(positions, positions).numpy()[0]
+    causal = numpy(AlibiBias(4)(positions, positions))[0]  # (heads, T, S)
+    symmetric = numpy(AlibiBias(4, symmetric=True)(positions, positions))[0]
     earlier = np.tril(np.ones((6, 6), bool))
     np.testing.assert_array_equal(causal[:, earlier], symmetric[:, earlier])
     # Later keys: a growing reward in the causal form, a penalty otherwise.
@@ -75,11 +76,12 @@ def test_cached_decoding_query_at_ten_against_keys_zero_to_ten(symmetric):
     full = layer(np.arange(11)[None], np.arange(11)[None])
     step = layer(np.array([[10]]), np.arange(11)[None])
     assert tuple(step.shape) == (1, 8, 1, 11)
-    np.testing.assert_array_equal(step.numpy()[:, :, 0], full.numpy()[:, :, 10])
+    step, full = numpy(step), numpy(full)
+    np.testing.assert_array_equal(step[:, :, 0], full[:, :, 10])
     slopes = references.alibi_slopes(8)
     assert_bias(step, reference_bias([[10]], [np.arange(11)], slopes, symmetric))
     # Not the bias of a query at position 0.
-    assert not np.allclose(step.numpy()[:, :, 0], full.numpy()[:, :, 0])
+    assert not np.allclose(step[:, :, 0], full[:, :, 0])
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
@@ -117,8 +119,8 @@ def test_shifting_all_positions_changes_nothing(shift, symmetric, num_heads):
     layer = AlibiBias(num_heads, symmetric=symmetric)
     positions = np.array([[0, 3, 4, 9, 30]])
     np.testing.assert_array_equal(
-        layer(positions + shift, positions + shift).numpy(),
-        layer(positions, positions).numpy(),
+        numpy(layer(positions + shift, positions + shift)),
+        numpy(layer(positions, positions)),
     )
 
 
@@ -126,12 +128,12 @@ def test_logits_bias_is_the_call_and_ignores_the_query():
     layer = AlibiBias(4)
     layer.build_for_attention(4, 16, 8)
     assert layer.built
-    query_positions = tf.constant([[7, 8, 9]])
-    key_positions = tf.range(10)[None]
-    query = tf.random.normal((1, 3, 4, 16))
+    query_positions = keras.ops.convert_to_tensor(np.array([[7, 8, 9]], "int32"))
+    key_positions = keras.ops.arange(10, dtype="int32")[None]
+    query = keras.random.normal((1, 3, 4, 16))
     bias = layer.logits_bias(query, query_positions, key_positions)
     np.testing.assert_array_equal(
-        bias.numpy(), layer(query_positions, key_positions).numpy()
+        numpy(bias), numpy(layer(query_positions, key_positions))
     )
     assert layer.transform_query_key(query, query, None, None) == (query, query)
     assert layer.value_term(None, query_positions, key_positions) is None
@@ -154,18 +156,18 @@ def test_keras_hub_is_the_causal_form_and_no_encoder_bias():
     num_heads, length = 6, 7
     scores = np.random.default_rng(0).normal(size=(2, num_heads, length, length))
     positions = np.arange(length)
-    hub = keras.ops.softmax(
-        keras_hub.layers.AlibiBias()(scores.astype("float32"))
-    ).numpy()
-    causal = AlibiBias(num_heads)(positions, positions).numpy()
+    hub = numpy(
+        keras.ops.softmax(keras_hub.layers.AlibiBias()(scores.astype("float32")))
+    )
+    causal = numpy(AlibiBias(num_heads)(positions, positions))
     np.testing.assert_allclose(
-        keras.ops.softmax(scores + causal).numpy(), hub, rtol=1e-5, atol=1e-7
+        numpy(keras.ops.softmax(scores + causal)), hub, rtol=1e-5, atol=1e-7
     )
     # Unmasked, it favours the last keys where the encoder form favours the
     # near ones.
-    symmetric = AlibiBias(num_heads, symmetric=True)(positions, positions).numpy()
+    symmetric = numpy(AlibiBias(num_heads, symmetric=True)(positions, positions))
     assert not np.allclose(
-        keras.ops.softmax(scores + symmetric).numpy(), hub, atol=1e-3
+        numpy(keras.ops.softmax(scores + symmetric)), hub, atol=1e-3
     )
 
 
@@ -176,8 +178,8 @@ def test_mixed_bfloat16_keeps_the_bias_in_float32():
     layer = AlibiBias(5, symmetric=True)
     assert layer.compute_dtype == "bfloat16"
     bias = layer(positions, np.arange(10)[None])
-    assert bias.dtype == tf.float32
-    np.testing.assert_array_equal(bias.numpy(), expected.numpy())
+    assert keras.backend.standardize_dtype(bias.dtype) == "float32"
+    np.testing.assert_array_equal(numpy(bias), numpy(expected))
     symbolic = layer(
         keras.Input((None,), dtype="int32"), keras.Input((None,), dtype="int32")
     )
@@ -186,12 +188,12 @@ def test_mixed_bfloat16_keeps_the_bias_in_float32():
 
 def test_xla_at_two_lengths():
     layer = AlibiBias(3, symmetric=True)
-    compiled = tf.function(layer, jit_compile=True)
+    call = compiled(layer)
     for length in (3, 11):
-        positions = tf.range(length)[None] + 100
+        positions = keras.ops.arange(length, dtype="int32")[None] + 100
         np.testing.assert_array_equal(
-            compiled(positions, positions).numpy(),
-            layer(positions, positions).numpy(),
+            numpy(call(positions, positions)),
+            numpy(layer(positions, positions)),
         )
 
 
@@ -240,8 +242,8 @@ class AlibiBiasSerializationTest(TestCase):
             self.assertEqual(revived.get_config(), layer.get_config())
             positions = np.arange(5)
             np.testing.assert_array_equal(
-                revived(positions, positions).numpy(),
-                layer(positions, positions).numpy(),
+                numpy(revived(positions, positions)),
+                numpy(layer(positions, positions)),
             )
 
     def test_get_config_holds_every_argument(self):

@@ -18,7 +18,6 @@ import re
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_posenc import AlibiBias
 from keras_posenc import PositionalMultiHeadAttention
@@ -26,6 +25,14 @@ from keras_posenc import RelativePositionBias
 from keras_posenc import RelativePositionEmbedding
 from keras_posenc import RotaryEmbedding
 from tests import references
+from tests.backend import BACKEND
+from tests.backend import RUN_TIME_ERRORS
+from tests.backend import compiled
+from tests.backend import gradients
+from tests.backend import graph_function
+from tests.backend import keras_mask as keras_mask_of
+from tests.backend import numpy
+from tests.backend import tensorflow_only
 
 BATCH = 2
 LENGTH = 7
@@ -82,13 +89,13 @@ KERAS_ZEROES_UNATTENDED = tuple(map(int, keras.version().split(".")[:2])) >= (3,
 def weight_named(layer, name):
     """The one weight of `layer` called `name`, as float64."""
     (weight,) = [weight for weight in layer.weights if weight.name == name]
-    return np.asarray(weight.numpy(), "float64")
+    return np.asarray(numpy(weight), "float64")
 
 
 def project(inputs, dense):
     """`inputs @ kernel + bias` of an EinsumDense projection, in float64."""
-    kernel = np.asarray(dense.kernel.numpy(), "float64")  # (features, heads, dim)
-    bias = np.asarray(dense.bias.numpy(), "float64")  # (heads, dim)
+    kernel = np.asarray(numpy(dense.kernel), "float64")  # (features, heads, dim)
+    bias = np.asarray(numpy(dense.bias), "float64")  # (heads, dim)
     return np.einsum("bsf,fnd->bsnd", inputs, kernel) + bias
 
 
@@ -206,8 +213,8 @@ def reference_attention(
                     )
                     weights[b, n, i] = exponentials / exponentials.sum()
                 attended[b, i, n] = weights[b, n, i] @ value_vectors
-    output_kernel = np.asarray(layer.output_dense.kernel.numpy(), "float64")
-    output_bias = np.asarray(layer.output_dense.bias.numpy(), "float64")
+    output_kernel = np.asarray(numpy(layer.output_dense.kernel), "float64")
+    output_bias = np.asarray(numpy(layer.output_dense.bias), "float64")
     output = np.einsum("btnv,nvf->btf", attended, output_kernel) + output_bias
     return output, weights
 
@@ -242,8 +249,21 @@ def attention(scheme, seed=1, **kwargs):
 
 def assert_close(actual, expected, atol=FLOAT32_ATOL, err_msg=""):
     np.testing.assert_allclose(
-        np.asarray(actual, "float64"), expected, rtol=0, atol=atol, err_msg=err_msg
+        np.asarray(numpy(actual), "float64"),
+        expected,
+        rtol=0,
+        atol=atol,
+        err_msg=err_msg,
     )
+
+
+def dtype_of(tensor):
+    return keras.backend.standardize_dtype(tensor.dtype)
+
+
+def as_float64(tensor):
+    """A float tensor of any precision, bfloat16 too, as float64 NumPy."""
+    return numpy(keras.ops.cast(tensor, "float32")).astype("float64")
 
 
 def padded_tokens(ids):
@@ -258,7 +278,7 @@ def test_self_attention_equals_float64_reference(scheme):
     tokens = random_inputs((BATCH, LENGTH, FEATURES))
     output, weights = layer(tokens, tokens, return_attention_scores=True)
     expected_output, expected_weights = reference_attention(layer, tokens, tokens)
-    assert output.dtype == weights.dtype == tf.float32
+    assert dtype_of(output) == dtype_of(weights) == "float32"
     assert_close(weights, expected_weights)
     assert_close(output, expected_output)
 
@@ -405,11 +425,17 @@ def test_without_position_it_is_keras_multi_head_attention():
             *inputs(), return_attention_scores=True, **kwargs
         )
         output, weights = ours(*inputs(), return_attention_scores=True, **kwargs)
-        np.testing.assert_array_equal(output, expected_output, err_msg=name)
-        np.testing.assert_array_equal(weights, expected_weights, err_msg=name)
+        np.testing.assert_array_equal(
+            numpy(output), numpy(expected_output), err_msg=name
+        )
+        np.testing.assert_array_equal(
+            numpy(weights), numpy(expected_weights), err_msg=name
+        )
         # Keras' fused path (no scores) too.
         np.testing.assert_array_equal(
-            ours(*inputs(), **kwargs), theirs(*inputs(), **kwargs), err_msg=name
+            numpy(ours(*inputs(), **kwargs)),
+            numpy(theirs(*inputs(), **kwargs)),
+            err_msg=name,
         )
         # Positions shifted alike take the layer's own path: the same
         # attention, up to float32 rounding.
@@ -422,9 +448,9 @@ def test_without_position_it_is_keras_multi_head_attention():
             key_positions=np.arange(value.shape[1]) + 100,
             **kwargs,
         )
-        output, weights = output.numpy(), weights.numpy()
-        expected_output = expected_output.numpy()
-        expected_weights = expected_weights.numpy()
+        output, weights = numpy(output), numpy(weights)
+        expected_output = numpy(expected_output)
+        expected_weights = numpy(expected_weights)
         if not KERAS_ZEROES_UNATTENDED:
             attending = weights.sum(-1).max(1) > 0  # (batch, query)
             output, expected_output = output[attending], expected_output[attending]
@@ -443,7 +469,7 @@ def test_shifting_all_positions_changes_nothing(scheme):
         "per-batch": np.arange(LENGTH) + np.array([[100], [3]]),
     }
     for causal in (False, True):
-        expected = layer(tokens, tokens, use_causal_mask=causal).numpy()
+        expected = numpy(layer(tokens, tokens, use_causal_mask=causal))
         for name, positions in shifts.items():
             shifted = layer(
                 tokens,
@@ -459,8 +485,8 @@ def test_shifting_all_positions_changes_nothing(scheme):
 def test_permuting_tokens(scheme):
     layer = attention(scheme)
     tokens = random_inputs((BATCH, LENGTH, FEATURES))
-    output = layer(tokens, tokens).numpy()
-    permuted = layer(tokens[:, PERMUTATION], tokens[:, PERMUTATION]).numpy()
+    output = numpy(layer(tokens, tokens))
+    permuted = numpy(layer(tokens[:, PERMUTATION], tokens[:, PERMUTATION]))
     if scheme == "none":
         # Without positions attention is permutation-equivariant.
         assert_close(permuted, output[:, PERMUTATION])
@@ -480,15 +506,8 @@ def test_permuting_tokens(scheme):
 def test_cached_decoding_equals_a_causal_pass(scheme):
     layer = attention(scheme)
     tokens = random_inputs((BATCH, LENGTH, FEATURES))
-    full = layer(tokens, tokens, use_causal_mask=True).numpy()
+    full = numpy(layer(tokens, tokens, use_causal_mask=True))
 
-    @tf.function(
-        input_signature=[
-            tf.TensorSpec((None, None, FEATURES), "float32"),
-            tf.TensorSpec((None, None, FEATURES), "float32"),
-            tf.TensorSpec((None,), "int32"),
-        ]
-    )
     def decode(new_tokens, cached_tokens, positions):
         # The causal mask compares positions: all cached keys are visible.
         return layer(
@@ -498,16 +517,27 @@ def test_cached_decoding_equals_a_causal_pass(scheme):
             use_causal_mask=True,
         )
 
+    # On TensorFlow one graph for every length (JAX traces each shape).
+    decode = graph_function(
+        decode,
+        input_signature=[
+            ((None, None, FEATURES), "float32"),
+            ((None, None, FEATURES), "float32"),
+            ((None,), "int32"),
+        ],
+        jit_compile=False,
+    )
     for step in range(LENGTH):
         new_token, cached = tokens[:, step : step + 1], tokens[:, : step + 1]
         one_query = layer(new_token, cached, query_positions=[step])
         assert_close(one_query, full[:, step : step + 1], err_msg=f"step {step}")
-        traced = decode(new_token, cached, tf.constant([step]))
+        traced = decode(new_token, cached, np.array([step], "int32"))
         assert_close(traced, full[:, step : step + 1], err_msg=f"step {step}")
     # A chunk of queries at once (prefill of 3..6 after 0..2 were cached).
-    chunk = decode(tokens[:, 3:], tokens, tf.range(3, LENGTH))
+    chunk = decode(tokens[:, 3:], tokens, np.arange(3, LENGTH, dtype="int32"))
     assert_close(chunk, full[:, 3:])
-    assert decode.experimental_get_tracing_count() == 1
+    if BACKEND == "tensorflow":
+        assert decode.experimental_get_tracing_count() == 1
 
 
 # Keras' `sliding_window` argument is new in Keras 3.15.
@@ -549,18 +579,18 @@ def test_padding_masks_combine_with_every_scheme(scheme, causal):
     ids = np.array([[3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 0, 0, 0]])
     padding = ids != 0  # (batch, seq)
     tokens = padded_tokens(ids)
-    features = tokens.numpy()
+    features = numpy(tokens)
     output, weights = layer(
         tokens, tokens, use_causal_mask=causal, return_attention_scores=True
     )
     # The output carries the query mask, as Keras' layer does.
-    np.testing.assert_array_equal(output._keras_mask, padding)
-    output, weights = output.numpy(), weights.numpy()
+    np.testing.assert_array_equal(keras_mask_of(output), padding)
+    output, weights = numpy(output), numpy(weights)
     # Real queries give padded keys no weight...
     assert np.all(weights[1, :, :4, 4:] == 0)
     # ...and attend as if the padding were not there.
     alone = layer(features[1:2, :4], features[1:2, :4], use_causal_mask=causal)
-    assert_close(output[1, :4], alone.numpy()[0])
+    assert_close(output[1, :4], numpy(alone)[0])
     expected_output, expected_weights = reference_attention(
         layer,
         features,
@@ -582,9 +612,9 @@ def test_padding_masks_combine_with_every_scheme(scheme, causal):
             return_attention_scores=True,
             **kwargs,
         )
-        assert np.all(masked_weights.numpy()[1, :, :, 4:] == 0), kwargs
+        assert np.all(numpy(masked_weights)[1, :, :, 4:] == 0), kwargs
         assert_close(
-            masked_output.numpy()[padding],
+            numpy(masked_output)[padding],
             expected_output[padding],
             err_msg=str(kwargs),
         )
@@ -609,12 +639,13 @@ def test_zero_length_queries_and_keys(scheme, lengths):
     query = random_inputs((BATCH, query_length, FEATURES), seed=2)
     value = random_inputs((BATCH, key_length, FEATURES), seed=3)
 
-    @tf.function(
-        jit_compile=True,
-        input_signature=[tf.TensorSpec((None, None, FEATURES), "float32")] * 2,
-    )
-    def compiled(query, value):
+    def attend_causally(query, value):
         return layer(query, value, use_causal_mask=True)
+
+    # On TensorFlow, under XLA, with lengths unknown when traced.
+    attend_causally = graph_function(
+        attend_causally, input_signature=[((None, None, FEATURES), "float32")] * 2
+    )
 
     for causal in (False, True):
         output, weights = layer(
@@ -628,7 +659,7 @@ def test_zero_length_queries_and_keys(scheme, lengths):
         # With no keys, each query's output is the output projection's bias.
         assert_close(weights, expected_weights)
         assert_close(output, expected_output)
-    assert_close(compiled(query, value), expected_output)
+    assert_close(attend_causally(query, value), expected_output)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -639,16 +670,18 @@ def test_left_padding_with_per_batch_positions(scheme):
     positions = np.maximum(np.cumsum(ids != 0, axis=1) - 1, 0)
     for causal in (False, True):
         tokens = padded_tokens(ids)
-        output = layer(
-            tokens,
-            tokens,
-            query_positions=positions,
-            key_positions=positions,
-            use_causal_mask=causal,
-        ).numpy()
+        output = numpy(
+            layer(
+                tokens,
+                tokens,
+                query_positions=positions,
+                key_positions=positions,
+                use_causal_mask=causal,
+            )
+        )
         for row, start in ((0, 0), (1, 3)):
             real = tokens[row : row + 1, start:]
-            alone = layer(real, real, use_causal_mask=causal).numpy()
+            alone = numpy(layer(real, real, use_causal_mask=causal))
             assert_close(output[row, start:], alone[0], err_msg=f"causal={causal}")
 
 
@@ -677,7 +710,10 @@ def test_position_weights_are_sized_for_the_attention():
         assert not layer.non_trainable_weights
 
 
+@tensorflow_only  # reads the shapes of a TensorFlow graph's tensors
 def test_shaw_forms_no_query_key_feature_tensor():
+    import tensorflow as tf
+
     # Shaw et al. write a^K_ij and a^V_ij per query and key; the layer must
     # work with the 2k + 1 distances instead, never holding (query, key, d).
     layer = attention("shaw")
@@ -721,16 +757,15 @@ def test_shaw_at_default_positions_equals_the_same_positions_given(lengths, caus
     query_length, key_length = lengths
     query = random_inputs((BATCH, query_length, FEATURES), seed=2)
     value = random_inputs((BATCH, key_length, FEATURES), seed=3)
-    call = tf.function(layer, jit_compile=True)
-    default = call(query, value, use_causal_mask=causal)
+    call = compiled(functools.partial(layer, use_causal_mask=causal))
+    default = call(query, value)
     given = call(
         query,
         value,
-        use_causal_mask=causal,
         query_positions=np.arange(query_length),
         key_positions=np.arange(key_length),
     )
-    assert_close(default, given.numpy().astype("float64"))
+    assert_close(default, numpy(given).astype("float64"))
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -752,8 +787,8 @@ def test_config_round_trip(scheme):
     assert json.loads(json.dumps(rebuilt.get_config())) == config
     rebuilt.set_weights(layer.get_weights())
     np.testing.assert_array_equal(
-        rebuilt(tokens, tokens, use_causal_mask=True),
-        layer(tokens, tokens, use_causal_mask=True),
+        numpy(rebuilt(tokens, tokens, use_causal_mask=True)),
+        numpy(layer(tokens, tokens, use_causal_mask=True)),
     )
 
 
@@ -858,7 +893,7 @@ def test_xla_training_step(scheme):
     model = decoder_model(scheme)
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=True)
     assert model.jit_compile
-    before = {weight.path: weight.numpy() for weight in model.trainable_weights}
+    before = {weight.path: numpy(weight) for weight in model.trainable_weights}
     tokens = random_inputs((4, LENGTH, FEATURES))
     targets = random_inputs((4, LENGTH, 2), seed=1)
     history = model.fit(
@@ -870,7 +905,7 @@ def test_xla_training_step(scheme):
     table_paths = {weight.path for weight in getattr(position, "weights", [])}
     assert table_paths <= set(before)
     for weight in model.trainable_weights:
-        assert not np.array_equal(weight.numpy(), before[weight.path]), weight.path
+        assert not np.array_equal(numpy(weight), before[weight.path]), weight.path
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -887,7 +922,7 @@ def test_mixed_bfloat16(scheme):
     output, weights = layer(
         tokens, tokens, use_causal_mask=True, return_attention_scores=True
     )
-    assert output.dtype == weights.dtype == tf.bfloat16
+    assert dtype_of(output) == dtype_of(weights) == "bfloat16"
     if scheme == "none":
         # Keras' layer, bfloat16 softmax and all.
         keras_layer = keras.layers.MultiHeadAttention(
@@ -898,9 +933,9 @@ def test_mixed_bfloat16(scheme):
         keras_output, keras_weights = keras_layer(
             tokens, tokens, use_causal_mask=True, return_attention_scores=True
         )
-        np.testing.assert_array_equal(output, keras_output)
-        np.testing.assert_array_equal(weights, keras_weights)
-    weights = tf.cast(weights, "float64").numpy()
+        np.testing.assert_array_equal(as_float64(output), as_float64(keras_output))
+        np.testing.assert_array_equal(as_float64(weights), as_float64(keras_weights))
+    weights = as_float64(weights)
     if scheme != "none":
         # A float32 softmax: each weight w then rounds to bfloat16 (8
         # significant bits) by at most w * 2**-8, so the rows sum to 1
@@ -911,10 +946,10 @@ def test_mixed_bfloat16(scheme):
     # Inputs, projections and logits rounded to bfloat16 (2**-8 relative
     # each, several times over) move weights by a few hundredths and
     # outputs by a few percent of their largest.
-    assert_close(weights, expected_weights.numpy(), atol=2**-5)
-    expected_output = expected_output.numpy()
+    assert_close(weights, numpy(expected_weights), atol=2**-5)
+    expected_output = numpy(expected_output)
     assert_close(
-        tf.cast(output, "float64"),
+        as_float64(output),
         expected_output,
         atol=2**-5 * np.abs(expected_output).max(),
     )
@@ -938,7 +973,7 @@ def test_mixed_bfloat16_adds_bias_and_normalizes_in_float32():
     )
     _, weights = layer(tokens, tokens, return_attention_scores=True)
     _, expected = reference_attention(layer, tokens, tokens)
-    error = np.abs(tf.cast(weights, "float64").numpy() - expected)
+    error = np.abs(as_float64(weights) - expected)
     # The bfloat16 rounding of the weights themselves (and float32 ulps of
     # the softmax), no more.
     assert np.all(error <= (2**-8 + 1e-6) * expected), (error / expected).max()
@@ -963,7 +998,7 @@ def test_mixed_bfloat16_adds_alibi_bias_inside_the_float32_softmax():
     distance = np.abs(np.arange(96)[None, :] - np.arange(96)[:, None])
     expected = np.exp(-0.5 * distance)
     expected /= expected.sum(-1, keepdims=True)
-    error = np.abs(tf.cast(weights, "float64").numpy() - expected)
+    error = np.abs(as_float64(weights) - expected)
     assert np.all(error <= (2**-8 + 1e-6) * expected), (error / expected).max()
 
 
@@ -1050,7 +1085,7 @@ def cached_attention(scheme, seed=1):
 
 
 def empty_cache(batch=BATCH, slots=CACHE_SLOTS, dtype="float32"):
-    return tf.zeros((batch, 2, slots, HEADS, KEY_DIM), dtype)
+    return keras.ops.zeros((batch, 2, slots, HEADS, KEY_DIM), dtype)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -1059,17 +1094,21 @@ def test_cache_prefill_then_decode_equals_float64_reference(scheme):
     tokens = random_inputs((BATCH, LENGTH, FEATURES))
     expected, _ = reference_attention(layer, tokens, tokens, causal=True)
 
-    @tf.function(
-        input_signature=[
-            tf.TensorSpec((None, 1, FEATURES), "float32"),
-            tf.TensorSpec((None, 2, CACHE_SLOTS, HEADS, KEY_DIM), "float32"),
-            tf.TensorSpec((), "int32"),
-        ]
-    )
     def decode(token, cache, index):
         return layer(
             token, token, cache=cache, cache_update_index=index, use_causal_mask=True
         )
+
+    # On TensorFlow one graph for every step, the index read at run time.
+    decode = graph_function(
+        decode,
+        input_signature=[
+            ((None, 1, FEATURES), "float32"),
+            ((None, 2, CACHE_SLOTS, HEADS, KEY_DIM), "float32"),
+            ((), "int32"),
+        ],
+        jit_compile=False,
+    )
 
     # The prompt in one call, then one token per call at a run-time index.
     output, cache = layer(
@@ -1081,9 +1120,14 @@ def test_cache_prefill_then_decode_equals_float64_reference(scheme):
     )
     assert_close(output, expected[:, :PREFILL])
     for step in range(PREFILL, LENGTH):
-        output, cache = decode(tokens[:, step : step + 1], cache, tf.constant(step))
+        output, cache = decode(
+            tokens[:, step : step + 1],
+            cache,
+            keras.ops.convert_to_tensor(step, "int32"),
+        )
         assert_close(output, expected[:, step : step + 1], err_msg=f"step {step}")
-    assert decode.experimental_get_tracing_count() == 1
+    if BACKEND == "tensorflow":
+        assert decode.experimental_get_tracing_count() == 1
 
     # The cache holds the projected values, and the keys as the logits read
     # them (rotated, for RoPE); the slots after them are untouched.
@@ -1097,7 +1141,7 @@ def test_cache_prefill_then_decode_equals_float64_reference(scheme):
         )
     assert_close(cache[:, 0, :LENGTH], keys)
     assert_close(cache[:, 1, :LENGTH], project(tokens, layer.value_dense))
-    assert np.all(cache[:, :, LENGTH:].numpy() == 0)
+    assert np.all(numpy(cache)[:, :, LENGTH:] == 0)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -1118,7 +1162,7 @@ def test_cache_slots_not_yet_written_get_no_weight(scheme):
     assert cache.shape == empty_cache().shape
     assert_close(output, expected_output)
     assert_close(weights[..., :PREFILL], expected_weights)
-    assert np.all(weights[..., PREFILL:].numpy() == 0)
+    assert np.all(numpy(weights)[..., PREFILL:] == 0)
 
 
 @pytest.mark.parametrize("scheme", ["rotary", "alibi", "t5"])
@@ -1146,7 +1190,7 @@ def test_cache_with_left_padding_and_per_batch_positions(scheme):
             use_causal_mask=True,
         )
         outputs.append(output)
-    output = np.concatenate(outputs, axis=1)
+    output = np.concatenate([numpy(output) for output in outputs], axis=1)
     for row in range(BATCH):
         start = padding[row]
         expected, _ = reference_attention(
@@ -1161,7 +1205,7 @@ def test_cache_decoding_under_xla_in_a_loop():
     tokens = random_inputs((BATCH, LENGTH, FEATURES))
     expected, _ = reference_attention(layer, tokens, tokens, causal=True)
 
-    @tf.function(jit_compile=True)
+    @compiled
     def generate(tokens):
         _, cache = layer(
             tokens[:, :PREFILL],
@@ -1170,20 +1214,23 @@ def test_cache_decoding_under_xla_in_a_loop():
             cache_update_index=0,
             use_causal_mask=True,
         )
-        outputs = tf.TensorArray("float32", size=LENGTH - PREFILL)
+        outputs = keras.ops.zeros((BATCH, LENGTH - PREFILL, FEATURES))
 
-        def step(index, cache, outputs):
-            token = tf.gather(tokens, [index], axis=1)  # (batch, 1, features)
+        def step(index, state):
+            cache, outputs = state
+            token = keras.ops.take(
+                tokens, keras.ops.reshape(index, (1,)), axis=1
+            )  # (batch, 1, features)
             output, cache = layer(
                 token, token, cache=cache, cache_update_index=index,
                 use_causal_mask=True,
             )
-            return index + 1, cache, outputs.write(index - PREFILL, output[:, 0])
+            return cache, keras.ops.slice_update(
+                outputs, (0, index - PREFILL, 0), output
+            )
 
-        _, _, outputs = tf.while_loop(
-            lambda index, *_: index < LENGTH, step, (PREFILL, cache, outputs)
-        )
-        return tf.transpose(outputs.stack(), [1, 0, 2])  # (batch, new, features)
+        _, outputs = keras.ops.fori_loop(PREFILL, LENGTH, step, (cache, outputs))
+        return outputs  # (batch, new, features)
 
     assert_close(generate(tokens), expected[:, PREFILL:])
 
@@ -1212,8 +1259,8 @@ def test_cache_matches_keras_hub_cached_multi_head_attention():
                 causal[start:stop], (BATCH, stop - start, CACHE_SLOTS)
             ),
         )
-        assert_close(output, hub_output.numpy(), err_msg=f"tokens {start}..{stop}")
-        np.testing.assert_array_equal(cache, hub_cache)
+        assert_close(output, numpy(hub_output), err_msg=f"tokens {start}..{stop}")
+        np.testing.assert_array_equal(numpy(cache), numpy(hub_cache))
 
 
 def test_cache_under_mixed_bfloat16_keeps_its_dtype():
@@ -1231,10 +1278,10 @@ def test_cache_under_mixed_bfloat16_keeps_its_dtype():
         tokens, tokens, cache=empty_cache(dtype="bfloat16"), cache_update_index=0,
         use_causal_mask=True,
     )
-    assert output.dtype == cache.dtype == tf.bfloat16
-    expected = expected.numpy()
+    assert dtype_of(output) == dtype_of(cache) == "bfloat16"
+    expected = numpy(expected)
     assert_close(
-        tf.cast(output, "float64"), expected, atol=2**-5 * np.abs(expected).max()
+        as_float64(output), expected, atol=2**-5 * np.abs(expected).max()
     )
 
 
@@ -1276,7 +1323,7 @@ def test_cache_output_spec():
         ),
         (
             lambda: cached_attention("alibi"),
-            {"cache": tf.zeros((BATCH, 2, CACHE_SLOTS, HEADS, KEY_DIM + 1)),
+            {"cache": np.zeros((BATCH, 2, CACHE_SLOTS, HEADS, KEY_DIM + 1), "float32"),
              "cache_update_index": 0},
             r"\(batch, 2, slots, 3, 4\).*Received: cache of shape \(2, 2, 10, 3, 5\)",
         ),
@@ -1314,11 +1361,14 @@ def test_bad_cache_raises_value_error_naming_it(make_layer, call_kwargs, message
 def test_cache_index_read_at_run_time_is_checked():
     layer = cached_attention("alibi")
     tokens = random_inputs((BATCH, 2, FEATURES))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="cache_update_index"):
-        layer(
-            tokens, tokens, cache=empty_cache(),
-            cache_update_index=tf.constant(CACHE_SLOTS - 1),
-        )
+
+    def attend(index):
+        return layer(tokens, tokens, cache=empty_cache(), cache_update_index=index)
+
+    # Eager, and in a TensorFlow graph (InvalidArgumentError there).
+    for call in (attend, graph_function(attend, jit_compile=False)):
+        with pytest.raises(RUN_TIME_ERRORS, match="cache_update_index"):
+            call(keras.ops.convert_to_tensor(CACHE_SLOTS - 1, "int32"))
 
 
 def test_cache_refuses_masks_of_the_new_tokens_and_other_lengths():
@@ -1343,6 +1393,10 @@ ALIBI_PRODUCT_HEADS = 4
 ALIBI_ADDED_HEADS = 12
 
 
+def int32_tensor(values):
+    return keras.ops.convert_to_tensor(np.asarray(values, "int32"))
+
+
 def alibi_attention(heads, seed=1):
     layer = PositionalMultiHeadAttention(
         heads, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(heads)
@@ -1355,30 +1409,25 @@ def alibi_attention(heads, seed=1):
 
 def test_alibi_with_slopes_of_powers_of_two_joins_the_product():
     two_heads = AlibiBias(2).logits_factors(
-        tf.constant([[3]]), tf.constant([[0, 1, 2, 3]])
+        int32_tensor([[3]]), int32_tensor([[0, 1, 2, 3]])
     )
-    query_factors, key_factors = (factor.numpy() for factor in two_heads)
+    query_factors, key_factors = (numpy(factor) for factor in two_heads)
     # Head 0, slope 1/16: [m, -m i] . [j, 1] = m (j - i), exactly.
     np.testing.assert_array_equal(query_factors[0, 0, 0], [1 / 16, -3 / 16])
     np.testing.assert_array_equal(key_factors[0, :, 0], [[0, 1], [1, 1], [2, 1], [3, 1]])
     # Other slopes, and the symmetric form (not of rank two), add the bias.
-    assert AlibiBias(3).logits_factors(tf.constant([[0]]), tf.constant([[0]]))
-    assert AlibiBias(ALIBI_ADDED_HEADS).logits_factors(
-        tf.constant([[0]]), tf.constant([[0]])
-    ) is None
-    assert AlibiBias(2, slopes=[0.3, 0.5]).logits_factors(
-        tf.constant([[0]]), tf.constant([[0]])
-    ) is None
-    assert AlibiBias(2, symmetric=True).logits_factors(
-        tf.constant([[0]]), tf.constant([[0]])
-    ) is None
+    zero = int32_tensor([[0]])
+    assert AlibiBias(3).logits_factors(zero, zero)
+    assert AlibiBias(ALIBI_ADDED_HEADS).logits_factors(zero, zero) is None
+    assert AlibiBias(2, slopes=[0.3, 0.5]).logits_factors(zero, zero) is None
+    assert AlibiBias(2, symmetric=True).logits_factors(zero, zero) is None
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize("under_xla", [False, True], ids=["eager", "xla"])
 @pytest.mark.parametrize(
     "heads", [ALIBI_PRODUCT_HEADS, ALIBI_ADDED_HEADS], ids=["product", "added"]
 )
-def test_alibi_causal_bias_equals_float64_reference(heads, compiled):
+def test_alibi_causal_bias_equals_float64_reference(heads, under_xla):
     layer = alibi_attention(heads)
     queries = random_inputs((BATCH, QUERY_POSITIONS.shape[1], FEATURES))
     values = random_inputs((BATCH, KEY_POSITIONS.shape[1], FEATURES), seed=1)
@@ -1397,8 +1446,8 @@ def test_alibi_causal_bias_equals_float64_reference(heads, compiled):
             return_attention_scores=True,
         )
 
-    if compiled:
-        attend = tf.function(attend, jit_compile=True)
+    if under_xla:
+        attend = compiled(attend)
     output, weights = attend(queries, values, mask)
     expected_output, expected_weights = reference_attention(
         layer,
@@ -1421,19 +1470,19 @@ def test_alibi_in_the_product_with_a_cache_equals_float64_reference():
     layer(tokens, tokens)
     randomize_weights(layer)
     expected, _ = reference_attention(layer, tokens, tokens, causal=True)
-    cache = tf.zeros((BATCH, 2, CACHE_SLOTS, ALIBI_PRODUCT_HEADS, KEY_DIM))
+    cache = keras.ops.zeros((BATCH, 2, CACHE_SLOTS, ALIBI_PRODUCT_HEADS, KEY_DIM))
     outputs = []
-    for step in (tokens[:, :PREFILL], *tf.split(tokens[:, PREFILL:], LENGTH - PREFILL, 1)):
+    for step in (tokens[:, :PREFILL], *np.split(tokens[:, PREFILL:], LENGTH - PREFILL, 1)):
         index = sum(output.shape[1] for output in outputs)
         output, cache = layer(
             step, step, cache=cache, cache_update_index=index, use_causal_mask=True
         )
         outputs.append(output)
-    assert_close(np.concatenate(outputs, axis=1), expected)
+    assert_close(np.concatenate([numpy(output) for output in outputs], axis=1), expected)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
-def test_alibi_in_the_product_is_exact_at_long_positions(compiled):
+@pytest.mark.parametrize("under_xla", [False, True], ids=["eager", "xla"])
+def test_alibi_in_the_product_is_exact_at_long_positions(under_xla):
     # Queries at 8128 .. 8191 against keys 0 .. 8191: the columns hold m j
     # and m i of up to 2048, but their difference comes out exact, so the
     # weights are as close to float64 as with the bias added: a few float32
@@ -1456,8 +1505,8 @@ def test_alibi_in_the_product_is_exact_at_long_positions(compiled):
             return_attention_scores=True,
         )
 
-    if compiled:
-        attend = tf.function(attend, jit_compile=True)
+    if under_xla:
+        attend = compiled(attend)
     output, weights = attend(tokens[:, -queries:], tokens)
 
     tokens = tokens.astype("float64")
@@ -1474,8 +1523,8 @@ def test_alibi_in_the_product_is_exact_at_long_positions(compiled):
     expected_weights = np.exp(logits - logits.max(-1, keepdims=True))
     expected_weights /= expected_weights.sum(-1, keepdims=True)
     attended = np.einsum("bhts,bshd->bthd", expected_weights, value)
-    kernel = np.asarray(layer.output_dense.kernel.numpy(), "float64")
-    bias = np.asarray(layer.output_dense.bias.numpy(), "float64")
+    kernel = np.asarray(numpy(layer.output_dense.kernel), "float64")
+    bias = np.asarray(numpy(layer.output_dense.bias), "float64")
     expected_output = np.einsum("bthd,hdf->btf", attended, kernel) + bias
     assert_close(weights, expected_weights, atol=2e-6)
     assert_close(output, expected_output, atol=1e-5)
@@ -1508,8 +1557,8 @@ def alibi_reference(layer, query, key, slopes, symmetric):
     weights = np.exp(logits - logits.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
     attended = np.einsum("bhts,bshd->bthd", weights, values)
-    kernel = np.asarray(layer.output_dense.kernel.numpy(), "float64")
-    bias = np.asarray(layer.output_dense.bias.numpy(), "float64")
+    kernel = np.asarray(numpy(layer.output_dense.kernel), "float64")
+    bias = np.asarray(numpy(layer.output_dense.bias), "float64")
     return np.einsum("bthd,hdf->btf", attended, kernel) + bias, weights
 
 
@@ -1532,7 +1581,7 @@ def test_alibi_bias_maxima_bound_the_bias_of_each_block(keys, heads, symmetric):
     alibi = AlibiBias(heads, symmetric=symmetric)
     queries = 40
     block, maxima = alibi.logits_bias_maxima(
-        tf.range(queries)[tf.newaxis], tf.range(keys)[tf.newaxis]
+        int32_tensor(np.arange(queries)[None]), int32_tensor(np.arange(keys)[None])
     )
     slopes = references.alibi_slopes(heads)
     # The largest divisor of the keys from 32 to 64 over which the steepest
@@ -1550,7 +1599,7 @@ def test_alibi_bias_maxima_bound_the_bias_of_each_block(keys, heads, symmetric):
     bias = (slopes[:, None, None] * distance).reshape(
         heads, queries, keys // block, block
     )
-    maxima = maxima.numpy()[0].astype("float64")  # (heads, query, key / block)
+    maxima = numpy(maxima)[0].astype("float64")  # (heads, query, key / block)
     assert maxima.shape == (heads, queries, keys // block)
     # At least the bias's largest value in the block, at most 32 above its
     # smallest, but for float32's rounding of the slopes and the sums.
@@ -1562,24 +1611,31 @@ def test_alibi_bias_maxima_bound_the_bias_of_each_block(keys, heads, symmetric):
 
 
 def test_alibi_bias_maxima_need_blocks_the_bias_varies_little_over():
-    positions = tf.range(128)[tf.newaxis]
-    # 32 keys at the least; a length unknown when traced, without a divisor
-    # from 32 to 64 (a prime), or slopes so steep that 32 keys move the bias
-    # by more than 32: the bias is added to the logits, or joins the product.
+    positions = int32_tensor(np.arange(128)[None])
+    # 32 keys at the least; a length unknown when traced (below), without a
+    # divisor from 32 to 64 (a prime), or slopes so steep that 32 keys move
+    # the bias by more than 32: the bias is added to the logits, or joins
+    # the product.
     assert AlibiBias(8).logits_bias_maxima(positions[:, :31], positions[:, :31]) is None
     assert AlibiBias(8).logits_bias_maxima(positions, positions[:, :127]) is None
     assert AlibiBias(2, slopes=[1.0, 2.0]).logits_bias_maxima(positions, positions) is None
     assert AlibiBias(2, slopes=[1.0, 0.5]).logits_bias_maxima(positions, positions)[0] == 32
 
-    @tf.function(input_signature=[tf.TensorSpec((1, None), tf.int32)])
+
+@tensorflow_only  # only a TensorFlow graph leaves a length unknown when traced
+def test_alibi_bias_maxima_need_a_length_known_when_traced():
+    positions = int32_tensor(np.arange(128)[None])
+
     def unknown_length(key_positions):
         assert AlibiBias(8).logits_bias_maxima(positions, key_positions) is None
         return key_positions
 
-    unknown_length(positions)
+    graph_function(
+        unknown_length, input_signature=[((1, None), "int32")], jit_compile=False
+    )(positions)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize("under_xla", [False, True], ids=["eager", "xla"])
 @pytest.mark.parametrize(
     "heads, symmetric",
     [(ALIBI_PRODUCT_HEADS, False), (ALIBI_PRODUCT_HEADS, True), (ALIBI_ADDED_HEADS, False)],
@@ -1587,12 +1643,12 @@ def test_alibi_bias_maxima_need_blocks_the_bias_varies_little_over():
 )
 @pytest.mark.parametrize("queries, keys", [(96, 96), (40, 128)])
 def test_alibi_at_default_positions_equals_float64_reference(
-    queries, keys, heads, symmetric, compiled
+    queries, keys, heads, symmetric, under_xla
 ):
     layer, query, value = alibi_at_default_positions(heads, symmetric, queries, keys)
     attend = functools.partial(layer, return_attention_scores=True)
-    if compiled:
-        attend = tf.function(attend, jit_compile=True)
+    if under_xla:
+        attend = compiled(attend)
     output, weights = attend(query, value)
     expected_output, expected_weights = alibi_reference(
         layer, query, value, references.alibi_slopes(heads), symmetric
@@ -1601,8 +1657,8 @@ def test_alibi_at_default_positions_equals_float64_reference(
     assert_close(output, expected_output)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
-def test_alibi_softmax_keeps_a_far_large_logit_from_underflowing(compiled):
+@pytest.mark.parametrize("under_xla", [False, True], ids=["eager", "xla"])
+def test_alibi_softmax_keeps_a_far_large_logit_from_underflowing(under_xla):
     # One head of slope 1/2 over 256 keys, key 0 with a logit of 100 for
     # every query, the others 0. Query 0's largest biased logit is 127.5,
     # at key 255, while the largest logit plus the largest bias is 227.5:
@@ -1631,8 +1687,8 @@ def test_alibi_softmax_keeps_a_far_large_logit_from_underflowing(compiled):
     layer.key_dense.kernel.assign(key_kernel)
     layer.value_dense.kernel.assign(value_kernel)
     attend = functools.partial(layer, return_attention_scores=True)
-    if compiled:
-        attend = tf.function(attend, jit_compile=True)
+    if under_xla:
+        attend = compiled(attend)
     output, weights = attend(tokens, tokens)
     expected_output, expected_weights = alibi_reference(
         layer, tokens, tokens, [0.5], symmetric=False
@@ -1646,45 +1702,78 @@ def test_alibi_softmax_keeps_a_far_large_logit_from_underflowing(compiled):
 GRADIENT_ATOL = 1e-5
 
 
+def float64_attention_gradients(query, value, kernels, slopes, distance, cotangent):
+    """The gradients of `sum(attention(query, value) * cotangent)`, in float64.
+
+    The attention from its formula, with the bias `slopes * distance`, and
+    its gradients by `query`, `value` and each of `kernels` (the query, key,
+    value and output projections' kernels and biases), by the chain rule
+    through each product and the softmax (`w * (g - sum(w g))`).
+    """
+    (query_kernel, query_bias, key_kernel, key_bias, value_kernel,
+     value_bias, output_kernel, output_bias) = kernels  # fmt: skip
+    scale = 1 / math.sqrt(query_kernel.shape[-1])
+    queries = np.einsum("btf,fnd->btnd", query, query_kernel) + query_bias
+    keys = np.einsum("bsf,fnd->bsnd", value, key_kernel) + key_bias
+    values = np.einsum("bsf,fnd->bsnd", value, value_kernel) + value_bias
+    logits = np.einsum("btnd,bsnd->bnts", queries, keys) * scale + (
+        slopes[:, None, None] * distance
+    )  # (batch, heads, query, key)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attended = np.einsum("bnts,bsnd->btnd", weights, values)
+    # Back from the output, `attended @ output_kernel + output_bias`.
+    d_attended = np.einsum("btf,ndf->btnd", cotangent, output_kernel)
+    d_weights = np.einsum("btnd,bsnd->bnts", d_attended, values)
+    d_values = np.einsum("bnts,btnd->bsnd", weights, d_attended)
+    d_logits = weights * (d_weights - (d_weights * weights).sum(-1, keepdims=True))
+    d_queries = np.einsum("bnts,bsnd->btnd", d_logits, keys) * scale
+    d_keys = np.einsum("bnts,btnd->bsnd", d_logits, queries) * scale
+    d_query = np.einsum("btnd,fnd->btf", d_queries, query_kernel)
+    d_value = np.einsum("bsnd,fnd->bsf", d_keys, key_kernel) + np.einsum(
+        "bsnd,fnd->bsf", d_values, value_kernel
+    )
+    return [
+        d_query,
+        d_value,
+        np.einsum("btf,btnd->fnd", query, d_queries),
+        d_queries.sum((0, 1)),
+        np.einsum("bsf,bsnd->fnd", value, d_keys),
+        d_keys.sum((0, 1)),
+        np.einsum("bsf,bsnd->fnd", value, d_values),
+        d_values.sum((0, 1)),
+        np.einsum("btnd,btf->ndf", attended, cotangent),
+        cotangent.sum((0, 1)),
+    ]
+
+
 def test_alibi_at_default_positions_under_xla_gradients_equal_float64():
     heads, queries, keys = ALIBI_PRODUCT_HEADS, 40, 96
     layer, query, value = alibi_at_default_positions(heads, True, queries, keys)
     cotangent = random_inputs((BATCH, queries, FEATURES), seed=2)
     slopes = references.alibi_slopes(heads)
     distance = -np.abs(np.arange(keys)[None, :] - np.arange(queries)[:, None])
-
-    def float64_attention(query, value, kernels):
-        # The attention from its formula, in float64 TensorFlow.
-        (query_kernel, query_bias, key_kernel, key_bias, value_kernel,
-         value_bias, output_kernel, output_bias) = kernels  # fmt: skip
-        queries = tf.einsum("btf,fnd->btnd", query, query_kernel) + query_bias
-        keys = tf.einsum("bsf,fnd->bsnd", value, key_kernel) + key_bias
-        values = tf.einsum("bsf,fnd->bsnd", value, value_kernel) + value_bias
-        logits = tf.einsum("btnd,bsnd->bnts", queries, keys) / math.sqrt(KEY_DIM)
-        weights = tf.nn.softmax(logits + slopes[:, None, None] * distance)
-        attended = tf.einsum("bnts,bsnd->btnd", weights, values)
-        return tf.einsum("btnd,ndf->btf", attended, output_kernel) + output_bias
-
     denses = (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense)
     variables = [weight for dense in denses for weight in (dense.kernel, dense.bias)]
 
-    @tf.function(jit_compile=True)
-    def gradients(query, value):
-        with tf.GradientTape() as tape:
-            tape.watch([query, value])
-            loss = tf.reduce_sum(layer(query, value) * cotangent)
-        return tape.gradient(loss, [query, value] + variables)
+    def weighted_output(query, value, *weights):
+        # The layer as a function of its weights, given in the order above.
+        given = dict(zip(map(id, variables), weights))
+        trainable = [given[id(variable)] for variable in layer.trainable_variables]
+        output, _ = layer.stateless_call(trainable, [], query, value)
+        return keras.ops.multiply(output, cotangent)
 
-    actual = gradients(tf.constant(query), tf.constant(value))
-    arguments = [tf.constant(query, tf.float64), tf.constant(value, tf.float64)] + [
-        tf.constant(variable.numpy(), tf.float64) for variable in variables
-    ]
-    with tf.GradientTape() as tape:
-        tape.watch(arguments)
-        loss = tf.reduce_sum(
-            float64_attention(arguments[0], arguments[1], arguments[2:]) * cotangent
-        )
-    expected = tape.gradient(loss, arguments)
+    actual = gradients(
+        compiled(weighted_output), query, value, *(numpy(v) for v in variables)
+    )
+    expected = float64_attention_gradients(
+        query.astype("float64"),
+        value.astype("float64"),
+        [numpy(variable).astype("float64") for variable in variables],
+        slopes,
+        distance,
+        cotangent.astype("float64"),
+    )
     names = ["query", "value"] + [variable.path for variable in variables]
     for gradient, expected_gradient, name in zip(actual, expected, names):
-        assert_close(gradient, expected_gradient.numpy(), atol=GRADIENT_ATOL, err_msg=name)
+        assert_close(gradient, expected_gradient, atol=GRADIENT_ATOL, err_msg=name)

@@ -2,19 +2,18 @@ import math
 import numbers
 
 import keras
-import tensorflow as tf
+import numpy as np
 
 from keras_posenc import ops
+from keras_posenc.ops import _backend
 from keras_posenc.layers._attention_position import BIAS_SPREAD
 from keras_posenc.layers._attention_position import HeadBias
 from keras_posenc.layers._attention_position import largest_divisor
 
 
 def _powers_of_two(slopes):
-    """Whether every slope of a float32 constant tensor is a power of two."""
-    return all(
-        math.frexp(float(slope))[0] == 0.5 for slope in tf.get_static_value(slopes)
-    )
+    """Whether every slope of a float32 NumPy array is a power of two."""
+    return all(math.frexp(float(slope))[0] == 0.5 for slope in slopes)
 
 
 def _maxima_block_size(keys, steepest):
@@ -84,12 +83,13 @@ class AlibiBias(HeadBias):
 
     >>> alibi = AlibiBias(num_heads=2)  # slopes 1/16 and 1/256
     >>> bias = alibi(np.arange(4), np.arange(4))
-    >>> bias.shape
-    TensorShape([1, 2, 4, 4])
-    >>> [float(b) for b in bias[0, 0, 3]]  # query 3, keys 0 to 3, head 0
+    >>> tuple(bias.shape)
+    (1, 2, 4, 4)
+    >>> keras.ops.convert_to_numpy(bias)[0, 0, 3].tolist()  # query 3, head 0
     [-0.1875, -0.125, -0.0625, 0.0]
     >>> symmetric = AlibiBias(num_heads=2, symmetric=True)
-    >>> [float(b) for b in symmetric(np.arange(4), np.arange(4))[0, 0, 1]]
+    >>> bias = symmetric(np.arange(4), np.arange(4))
+    >>> keras.ops.convert_to_numpy(bias)[0, 0, 1].tolist()
     [-0.0625, 0.0, -0.0625, -0.125]
 
     References:
@@ -121,17 +121,24 @@ class AlibiBias(HeadBias):
         self.num_heads = num_heads
         self.symmetric = symmetric
         self.slopes = None if slopes is None else [float(slope) for slope in slopes]
+        # The float32 slopes, known when traced (a JAX trace has no values):
+        # the blocks of `logits_bias_maxima` and the columns of
+        # `logits_factors` are chosen from them.
+        self._slope_values = (
+            _backend.static_value(ops.alibi_slopes(num_heads))
+            if slopes is None
+            else np.asarray(self.slopes, "float32")
+        )
 
     def logits_bias(self, query, query_positions, key_positions, consecutive=False):
         distance = ops.relative_distance(
             query_positions, key_positions
         )  # (batch or 1, query, key): j - i
         if self.symmetric:
-            distance = -tf.abs(distance)
+            distance = -keras.ops.abs(distance)
         slopes = self._slopes()
         return (
-            slopes[:, tf.newaxis, tf.newaxis]
-            * tf.cast(distance, "float32")[:, tf.newaxis]
+            slopes[:, None, None] * keras.ops.cast(distance, "float32")[:, None]
         )  # (batch or 1, heads, query, key)
 
     def logits_bias_maxima(self, query_positions, key_positions):
@@ -145,18 +152,16 @@ class AlibiBias(HeadBias):
         # at 2048 queries and keys), while from a slice of the whole bias
         # XLA computes those entries alone, as it runs.
         slopes = self._slopes()
-        block = _maxima_block_size(
-            key_positions.shape[-1], max(tf.get_static_value(slopes))
-        )
+        block = _maxima_block_size(key_positions.shape[-1], max(self._slope_values))
         if block is None:
             return None
         bias = self.logits_bias(
             None, query_positions, key_positions
         )  # (batch or 1, heads, query, key)
-        ends = tf.minimum(
+        ends = keras.ops.minimum(
             bias[..., ::block], bias[..., block - 1 :: block]
         )  # (batch or 1, heads, query, key / block)
-        return block, ends + (block - 1) * slopes[:, tf.newaxis, tf.newaxis]
+        return block, ends + (block - 1) * slopes[:, None, None]
 
     def logits_factors(self, query_positions, key_positions):
         # The causal bias m (j - i) is of rank two: [m, -m i] . [j, 1]. Only
@@ -164,28 +169,28 @@ class AlibiBias(HeadBias):
         # of two (the default ones of a power-of-two number of heads) and
         # positions below 2 ** 24: then m j - m i is the exact m (j - i).
         # The symmetric -m |j - i| is not of low rank.
-        if self.symmetric or not _powers_of_two(self._slopes()):
+        if self.symmetric or not _powers_of_two(self._slope_values):
             return None
-        m = self._slopes()[:, tf.newaxis]  # (heads, 1)
-        i = tf.cast(query_positions, "float32")[
-            ..., tf.newaxis, tf.newaxis
+        m = self._slopes()[:, None]  # (heads, 1)
+        i = keras.ops.cast(query_positions, "float32")[
+            ..., None, None
         ]  # (batch or 1, query, 1, 1)
-        j = tf.cast(key_positions, "float32")[
-            ..., tf.newaxis, tf.newaxis
+        j = keras.ops.cast(key_positions, "float32")[
+            ..., None, None
         ]  # (batch or 1, key, 1, 1)
-        query_factors = tf.concat(
-            [tf.broadcast_to(m, tf.shape(m * i)), -m * i], axis=-1
+        query_factors = keras.ops.concatenate(
+            [keras.ops.broadcast_to(m, keras.ops.shape(m * i)), -m * i], axis=-1
         )  # (batch or 1, query, heads, 2): [m, -m i]
-        j = tf.broadcast_to(j, tf.shape(j * m))  # (batch or 1, key, heads, 1)
-        key_factors = tf.concat(
-            [j, tf.ones_like(j)], axis=-1
+        j = keras.ops.broadcast_to(
+            j, keras.ops.shape(j * m)
+        )  # (batch or 1, key, heads, 1)
+        key_factors = keras.ops.concatenate(
+            [j, keras.ops.ones_like(j)], axis=-1
         )  # (batch or 1, key, heads, 2): [j, 1]
         return query_factors, key_factors
 
     def _slopes(self):
-        if self.slopes is None:
-            return ops.alibi_slopes(self.num_heads)
-        return tf.constant(self.slopes, "float32")
+        return keras.ops.convert_to_tensor(self._slope_values, "float32")
 
     def get_config(self):
         config = super().get_config()

@@ -4,10 +4,11 @@ import numbers
 import types
 
 import keras
-import tensorflow as tf
+import numpy as np
 
 from keras_posenc import ops
 from keras_posenc.layers._attention_position import AttentionPosition
+from keras_posenc.ops import _backend
 
 # The private parts of `keras.layers.MultiHeadAttention` this layer uses, all
 # read here and nowhere else, with the Keras versions that have them (every
@@ -49,28 +50,24 @@ def _returns_scores(args, kwargs):
     return bool(kwargs.get("return_attention_scores", True))
 
 
-def _exact_float32_products():
-    """Whether float32 matrix products here are exact float32 (no TF32, no TPU).
-
-    GPUs with TensorFloat-32 (TensorFlow's default) and TPUs round a float32
-    product's inputs to fewer bits, which the columns of
-    `AttentionPosition.logits_factors` (positions times slopes) do not
-    survive.
-    """
-    if tf.config.list_logical_devices("TPU"):
-        return False
-    return not (
-        tf.config.list_logical_devices("GPU")
-        and tf.config.experimental.tensor_float_32_execution_enabled()
-    )
-
-
 def _broadcast_batch(factors, heads):
     """`factors` of batch 1 or `batch`, broadcast to the batch of `heads`."""
-    shape = tf.shape(factors)
-    return tf.broadcast_to(
-        factors, [tf.shape(heads)[0], shape[1], shape[2], shape[3]]
+    shape = keras.ops.shape(factors)
+    return keras.ops.broadcast_to(
+        factors, (keras.ops.shape(heads)[0],) + tuple(shape[1:])
     )
+
+
+def _last_axis_max(x, keepdims=False):
+    """The largest entry over the last axis, `-inf` over none, as TensorFlow's.
+
+    `keras.ops.max` refuses a tensor without entries (no queries or no
+    keys), whose maxima the softmax never reads.
+    """
+    if 0 in x.shape:
+        shape = tuple(keras.ops.shape(x)[:-1]) + ((1,) if keepdims else ())
+        return keras.ops.full(shape, float("-inf"), dtype=x.dtype)
+    return keras.ops.max(x, axis=-1, keepdims=keepdims)
 
 
 def _biased_exponentials(logits, bias, block_size, bias_maxima):
@@ -97,17 +94,16 @@ def _biased_exponentials(logits, bias, block_size, bias_maxima):
     Returns:
         A float32 tensor of the logits' shape.
     """
-    shape = tf.shape(logits)
-    block_maxima = tf.reduce_max(
-        tf.reshape(
-            logits, [shape[0], shape[1], shape[2], shape[3] // block_size, block_size]
-        ),
-        axis=-1,
+    batch, heads, queries, keys = keras.ops.shape(logits)
+    block_maxima = _last_axis_max(
+        keras.ops.reshape(
+            logits, (batch, heads, queries, keys // block_size, block_size)
+        )
     )  # (batch, heads, query, key / block_size)
-    shift = tf.stop_gradient(
-        tf.reduce_max(block_maxima + bias_maxima, axis=-1, keepdims=True)
+    shift = keras.ops.stop_gradient(
+        _last_axis_max(block_maxima + bias_maxima, keepdims=True)
     )  # (batch, heads, query, 1)
-    return tf.exp(logits + bias - shift)
+    return keras.ops.exp(logits + bias - shift)
 
 
 def _describe(position):
@@ -131,10 +127,11 @@ def _on_a_line(position):
 
 def _looks_like_grid(positions, length):
     """Whether refused one-axis positions have the shape of grid positions."""
-    shape = tf.convert_to_tensor(positions).shape
-    if shape.rank == 3:
+    shape = positions.shape if hasattr(positions, "shape") else np.shape(positions)
+    shape = tuple(shape)
+    if len(shape) == 3:
         return shape[-1] not in (1, None)
-    return shape.rank == 2 and length is not None and (
+    return len(shape) == 2 and length is not None and (
         shape[0] == length and shape[-1] != length
     )
 
@@ -255,8 +252,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     ...     num_heads=2, key_dim=8, position=AlibiBias(num_heads=2)
     ... )
     >>> tokens = np.random.default_rng(0).normal(size=(1, 5, 16))
-    >>> attention(tokens, tokens, use_causal_mask=True).shape
-    TensorShape([1, 5, 16])
+    >>> tuple(attention(tokens, tokens, use_causal_mask=True).shape)
+    (1, 5, 16)
     >>> cache = np.zeros((1, 2, 8, 2, 8), "float32")  # 8 slots
     >>> prompt, cache = attention(
     ...     tokens[:, :4], tokens[:, :4], use_causal_mask=True,
@@ -267,6 +264,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     ...     cache=cache, cache_update_index=4,
     ... )
     >>> full = attention(tokens, tokens, use_causal_mask=True)
+    >>> last, full = keras.ops.convert_to_numpy(last), keras.ops.convert_to_numpy(full)
     >>> bool(np.allclose(last[:, 0], full[:, 4], atol=1e-6))
     True
 
@@ -366,8 +364,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     f"grid. Received: {name}=None"
                 )
             return ops.position_ids(
-                tf.shape(inputs)[1] - num_prefix_tokens, start_index
-            )[tf.newaxis]  # (1, length)
+                keras.ops.shape(inputs)[1] - num_prefix_tokens, start_index
+            )[None]  # (1, length)
         try:
             positions = ops.read_positions(
                 positions,
@@ -390,9 +388,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     "axes as they have, such as GridRelativePositionBias."
                 ) from None
             raise
-        positions = tf.cast(positions, "int32")
-        if positions.shape.rank == (1 if num_axes == 1 else 2):
-            positions = positions[tf.newaxis]
+        positions = keras.ops.cast(positions, "int32")
+        if len(positions.shape) == (1 if num_axes == 1 else 2):
+            positions = positions[None]
         return positions  # (batch or 1, length[, num_axes])
 
     def _check_causal(self, use_causal_mask):
@@ -517,7 +515,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 )
             return False
         if not hasattr(adjacency, "shape"):
-            adjacency = tf.convert_to_tensor(adjacency)
+            adjacency = keras.ops.convert_to_tensor(adjacency)
         shape = tuple(adjacency.shape)
         if not on_graph:
             raise ValueError(
@@ -553,7 +551,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         self, cache, cache_update_index, query, value, key, value_mask, key_mask
     ):
         """`cache` as a tensor, once it is known to fit this layer and call."""
-        cache = tf.convert_to_tensor(cache)
+        cache = keras.ops.convert_to_tensor(cache)
         expected = (2, self.num_heads, self.key_dim)
         if self.value_dim != self.key_dim:
             raise ValueError(
@@ -563,7 +561,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"key_dim. Received: key_dim={self.key_dim}, "
                 f"value_dim={self.value_dim}"
             )
-        if cache.shape.rank != 5 or (
+        if len(cache.shape) != 5 or (
             tuple(cache.shape[i] for i in (1, 3, 4)) != expected
         ):
             raise ValueError(
@@ -609,21 +607,21 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"cache's {slots} slots. Received: "
                 f"cache_update_index={cache_update_index} with {new} new tokens"
             )
-        if tf.is_tensor(cache_update_index):
+        if keras.ops.is_tensor(cache_update_index):
             # Read at run time; an index past the slots would otherwise be
             # moved back by the update, silently. XLA drops the check.
-            tf.debugging.assert_less_equal(
-                0,
-                cache_update_index,
-                message="`cache_update_index` must be at least 0",
+            cache = _backend.checked(
+                cache,
+                0 <= cache_update_index,
+                "`cache_update_index` must be at least 0",
             )
-            tf.debugging.assert_less_equal(
-                tf.cast(cache_update_index, "int32") + tf.shape(new_keys)[1],
-                tf.shape(cache)[2],
-                message=(
-                    "`cache_update_index` plus the new tokens must fit the "
-                    "cache's slots"
-                ),
+            cache = _backend.checked(
+                cache,
+                keras.ops.cast(cache_update_index, "int32")
+                + keras.ops.shape(new_keys)[1]
+                <= keras.ops.shape(cache)[2],
+                "`cache_update_index` plus the new tokens must fit the "
+                "cache's slots",
             )
         if query.shape[1] is not None and new is not None and query.shape[1] != new:
             raise ValueError(
@@ -643,7 +641,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         distance = ops.relative_distance(
             query_positions, key_positions
         )  # (batch or 1, query, key): key - query
-        return tf.abs(distance) < _sliding_window(self)
+        return keras.ops.abs(distance) < _sliding_window(self)
 
     def _compute_attention(
         self, query, key, value, attention_mask=None, training=None, *args, **kwargs
@@ -670,7 +668,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 )
         else:
             query, key, value = self._update_cache(query, key, value)
-        query = query * tf.cast(1.0 / math.sqrt(self.key_dim), query.dtype)
+        query = query * keras.ops.cast(1.0 / math.sqrt(self.key_dim), query.dtype)
         mask = self._attention_mask(attention_mask, query_positions, key_positions)
         # Where a bias goes: without a mask, at the default positions, inside
         # the softmax's exponentials, if the scheme bounds it over blocks of
@@ -679,9 +677,13 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         maxima = factors = None
         if position is not None and mask is None and self._call_state.consecutive:
             maxima = position.logits_bias_maxima(query_positions, key_positions)
-        if maxima is None and position is not None and query.dtype == tf.float32:
+        if (
+            maxima is None
+            and position is not None
+            and keras.backend.standardize_dtype(query.dtype) == "float32"
+        ):
             factors = position.logits_factors(query_positions, key_positions)
-            if factors is not None and not _exact_float32_products():
+            if factors is not None and not _backend.float32_matmul_is_exact():
                 factors = None
         if factors is not None:
             # The bias joins the product as columns before each head's query
@@ -689,14 +691,14 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             # sums over the head axis start with the bias's terms (ALiBi's
             # `m j - m i`, exact) before the small `q . k` ones.
             query_factors, key_factors = factors
-            query = tf.concat(
+            query = keras.ops.concatenate(
                 [_broadcast_batch(query_factors, query), query], axis=-1
             )  # (batch, query, heads, columns + key_dim)
-            key = tf.concat(
+            key = keras.ops.concatenate(
                 [_broadcast_batch(key_factors, key), key], axis=-1
             )  # (batch, key, heads, columns + key_dim)
-        logits = tf.cast(
-            tf.einsum("bsnh,btnh->bnts", key, query), "float32"
+        logits = keras.ops.cast(
+            keras.ops.einsum("bsnh,btnh->bnts", key, query), "float32"
         )  # (batch, heads, query, key)
         bias = None
         if position is not None and factors is None:
@@ -719,32 +721,32 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if maxima is not None:
             exponentials = _biased_exponentials(logits, bias, *maxima)
         elif mask is None:
-            exponentials = tf.exp(
-                logits - tf.reduce_max(logits, axis=-1, keepdims=True)
+            exponentials = keras.ops.exp(
+                logits - _last_axis_max(logits, keepdims=True)
             )  # (batch, heads, query, key)
         else:
             # As Keras' masked softmax: a large negative number where masked,
             # then zero weight there (a query with no key left gets none).
-            masked = tf.where(mask, logits, -1e9)
-            exponentials = tf.where(
+            masked = keras.ops.where(mask, logits, -1e9)
+            exponentials = keras.ops.where(
                 mask,
-                tf.exp(masked - tf.reduce_max(masked, axis=-1, keepdims=True)),
+                keras.ops.exp(masked - _last_axis_max(masked, keepdims=True)),
                 0.0,
             )
         # Zero where every key is masked: that query's weights are all zero.
-        sums = tf.reduce_sum(exponentials, axis=-1, keepdims=True)  # (b, n, t, 1)
+        sums = keras.ops.sum(exponentials, axis=-1, keepdims=True)  # (b, n, t, 1)
         returns_scores = _returns_scores(args, kwargs)
-        if value.dtype == tf.float16:
-            exponentials = tf.math.divide_no_nan(exponentials, sums)
-            sums = tf.ones_like(sums)
+        if keras.backend.standardize_dtype(value.dtype) == "float16":
+            exponentials = keras.ops.divide_no_nan(exponentials, sums)
+            sums = keras.ops.ones_like(sums)
         if returns_scores:
-            weights = tf.math.divide_no_nan(exponentials, sums)
+            weights = keras.ops.divide_no_nan(exponentials, sums)
         if self.dropout > 0.0:
             exponentials = _dropout_layer(self)(exponentials, training=training)
             if returns_scores:
-                weights = tf.math.divide_no_nan(exponentials, sums)
-        output = tf.einsum(
-            "bnts,bsnh->btnh", tf.cast(exponentials, value.dtype), value
+                weights = keras.ops.divide_no_nan(exponentials, sums)
+        output = keras.ops.einsum(
+            "bnts,bsnh->btnh", keras.ops.cast(exponentials, value.dtype), value
         )  # (batch, query, heads, value_dim), times the sums
         if position is not None:
             term = position.value_term(
@@ -754,16 +756,17 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 consecutive=self._call_state.consecutive,
             )
             if term is not None:
-                output = output + tf.cast(term, output.dtype)
-        output = tf.cast(
-            tf.math.divide_no_nan(
-                tf.cast(output, "float32"), tf.transpose(sums, [0, 2, 1, 3])
+                output = output + keras.ops.cast(term, output.dtype)
+        output = keras.ops.cast(
+            keras.ops.divide_no_nan(
+                keras.ops.cast(output, "float32"),
+                keras.ops.transpose(sums, [0, 2, 1, 3]),
             ),
             output.dtype,
         )  # (batch, query, heads, value_dim)
         if not returns_scores:
             return output, None
-        return output, tf.cast(weights, self.compute_dtype)
+        return output, keras.ops.cast(weights, self.compute_dtype)
 
     def _update_cache(self, query, key, value):
         """Write the new keys and values in the cache, to attend over all of it.
@@ -783,13 +786,15 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if self.position is not None:
             # A gather, not a slice: XLA would compile a slice again for
             # every start it reads at run time.
-            written = tf.gather(
-                key_positions, ops.position_ids(tf.shape(key)[1], index), axis=1
+            written = keras.ops.take(
+                key_positions,
+                ops.position_ids(keras.ops.shape(key)[1], index),
+                axis=1,
             )  # the slots' positions, (batch or 1, new[, num_axes])
             query, key = self.position.transform_query_key(
                 query, key, query_positions, written
             )
-        updates = tf.stack([key, value], axis=1)  # (batch, 2, new, heads, dim)
+        updates = keras.ops.stack([key, value], axis=1)  # (batch, 2, new, heads, dim)
         cache = keras.ops.slice_update(cache, [0, 0, index, 0, 0], updates)
         self._call_state.cache = cache  # (batch, 2, slots, heads, key_dim)
         return query, cache[:, 0], cache[:, 1]
@@ -798,27 +803,30 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         """Keras' mask and the causal one: `(batch | 1, heads | 1, query, key)`."""
         masks = []
         if attention_mask is not None:
-            mask = tf.cast(attention_mask, "bool")
+            mask = keras.ops.cast(attention_mask, "bool")
             # Keras takes (batch, query, key) and (batch, heads | 1, query,
             # key); a head axis where there is none, as its masked softmax.
-            while mask.shape.rank < 4:
-                mask = tf.expand_dims(mask, -3)
+            while len(mask.shape) < 4:
+                mask = keras.ops.expand_dims(mask, -3)
             masks.append(mask)
         if self._call_state.cache is not None:
             # A slot after the last one written holds no key yet.
-            written = self._call_state.cache_update_index + tf.shape(
-                query_positions
-            )[1]
-            slots = tf.range(tf.shape(key_positions)[1])  # (key,)
-            masks.append((slots < written)[tf.newaxis, tf.newaxis, tf.newaxis])
+            written = (
+                self._call_state.cache_update_index
+                + keras.ops.shape(query_positions)[1]
+            )
+            slots = keras.ops.arange(
+                keras.ops.shape(key_positions)[1], dtype="int32"
+            )  # (key,)
+            masks.append((slots < written)[None, None, None])
         if self._call_state.causal:
             distance = ops.relative_distance(
                 query_positions, key_positions
             )  # (batch or 1, query, key): key - query
-            masks.append((distance <= 0)[:, tf.newaxis])  # (batch | 1, 1, query, key)
+            masks.append((distance <= 0)[:, None])  # (batch | 1, 1, query, key)
         if not masks:
             return None
-        return functools.reduce(tf.logical_and, masks)
+        return functools.reduce(keras.ops.logical_and, masks)
 
     def compute_output_spec(
         self,
