@@ -5,9 +5,12 @@ import functools
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_posenc import RelativePositionEmbedding
+from tests.backend import compiled
+from tests.backend import gradient_function
+from tests.backend import graph_function
+from tests.backend import numpy
 
 NUM_HEADS = 3
 KEY_DIM = 8
@@ -118,7 +121,38 @@ def random_query(batch, queries, seed=2):
 
 def random_weights(batch, queries, keys, seed=3):
     logits = random_array((batch, NUM_HEADS, queries, keys), seed)
-    return tf.nn.softmax(logits).numpy()  # rows sum to 1, as after softmax
+    return numpy(keras.ops.softmax(logits))  # rows sum to 1, as after softmax
+
+
+def tensor(value):
+    return keras.ops.convert_to_tensor(value)
+
+
+def dtype_of(value):
+    return keras.backend.standardize_dtype(value.dtype)
+
+
+def table(weight):
+    return numpy(weight.value)
+
+
+def with_tables(layer, function):
+    """`function(query, weights)` as a function of the tables too.
+
+    Its first two arguments replace the layer's key and value tables, so
+    that gradients by them are gradients by arguments, on every backend.
+    """
+
+    def replaced(key_table, value_table, *arguments):
+        with keras.StatelessScope(
+            state_mapping=[
+                (layer.key_embeddings, key_table),
+                (layer.value_embeddings, value_table),
+            ]
+        ):
+            return function(*arguments)
+
+    return replaced
 
 
 def batch_of(query_positions, key_positions):
@@ -135,14 +169,14 @@ def test_logits_term_is_the_query_times_the_clipped_key_row(case):
     batch = batch_of(query_positions, key_positions)
     query = random_query(batch, np.atleast_2d(query_positions).shape[1])
     bias = layer.logits_bias(
-        tf.constant(query), tf.constant(query_positions), tf.constant(key_positions)
+        tensor(query), tensor(query_positions), tensor(key_positions)
     )
-    assert bias.dtype == tf.float32
+    assert dtype_of(bias) == "float32"
     expected = reference_logits_term(
-        query, layer.key_embeddings.numpy(), query_positions, key_positions, 2
+        query, table(layer.key_embeddings), query_positions, key_positions, 2
     )
     assert tuple(bias.shape) == expected.shape
-    np.testing.assert_allclose(bias.numpy(), expected, **TOLERANCE)
+    np.testing.assert_allclose(numpy(bias), expected, **TOLERANCE)
 
 
 @pytest.mark.parametrize("case", sorted(POSITIONS))
@@ -156,14 +190,14 @@ def test_value_term_sums_the_weights_times_the_clipped_value_rows(case):
         np.atleast_2d(key_positions).shape[1],
     )
     term = layer.value_term(
-        tf.constant(weights), tf.constant(query_positions), tf.constant(key_positions)
+        tensor(weights), tensor(query_positions), tensor(key_positions)
     )
-    assert term.dtype == tf.float32
+    assert dtype_of(term) == "float32"
     expected = reference_value_term(
-        weights, layer.value_embeddings.numpy(), query_positions, key_positions, 2
+        weights, table(layer.value_embeddings), query_positions, key_positions, 2
     )
     assert tuple(term.shape) == expected.shape
-    np.testing.assert_allclose(term.numpy(), expected, **TOLERANCE)
+    np.testing.assert_allclose(numpy(term), expected, **TOLERANCE)
 
 
 # (queries, keys, max_distance) for positions 0 .. queries - 1 and 0 ..
@@ -190,21 +224,21 @@ def test_value_term_of_consecutive_positions_equals_reference(
     layer = built_layer(max_distance)
     query_positions, key_positions = np.arange(queries), np.arange(keys)
     weights = random_weights(2, queries, keys)
-    value_term = tf.function(
+    value_term = graph_function(
         functools.partial(layer.value_term, consecutive=True),
         jit_compile=jit_compile,
     )
     term = value_term(
-        tf.constant(weights), tf.constant(query_positions), tf.constant(key_positions)
+        tensor(weights), tensor(query_positions), tensor(key_positions)
     )
     expected = reference_value_term(
         weights,
-        layer.value_embeddings.numpy(),
+        table(layer.value_embeddings),
         query_positions,
         key_positions,
         max_distance,
     )
-    np.testing.assert_allclose(term, expected, **TOLERANCE)
+    np.testing.assert_allclose(numpy(term), expected, **TOLERANCE)
 
 
 def test_both_terms_of_consecutive_positions_under_xla_gradients():
@@ -219,30 +253,27 @@ def test_both_terms_of_consecutive_positions_under_xla_gradients():
     logits_cotangent = random_array((2, NUM_HEADS, queries, keys), 4)
     value_cotangent = random_array((2, queries, NUM_HEADS, VALUE_DIM), 5)
 
-    @tf.function(jit_compile=True)
-    def gradients(query, weights):
-        with tf.GradientTape() as tape:
-            tape.watch([query, weights])
-            loss = tf.reduce_sum(
-                layer.logits_bias(
-                    query, query_positions, key_positions, consecutive=True
-                )
-                * logits_cotangent
-            ) + tf.reduce_sum(
-                layer.value_term(
-                    weights, query_positions, key_positions, consecutive=True
-                )
-                * value_cotangent
-            )
-        return tape.gradient(
-            loss, [layer.key_embeddings, layer.value_embeddings, query, weights]
+    def loss(query, weights):
+        return keras.ops.sum(
+            layer.logits_bias(query, query_positions, key_positions, consecutive=True)
+            * logits_cotangent
+        ) + keras.ops.sum(
+            layer.value_term(weights, query_positions, key_positions, consecutive=True)
+            * value_cotangent
         )
 
+    gradients = compiled(gradient_function(with_tables(layer, loss)))
     key_table_gradient, value_table_gradient, query_gradient, weights_gradient = (
-        gradients(tf.constant(query), tf.constant(weights))
+        numpy(gradient)
+        for gradient in gradients(
+            tensor(table(layer.key_embeddings)),
+            tensor(table(layer.value_embeddings)),
+            tensor(query),
+            tensor(weights),
+        )
     )
-    key_table = layer.key_embeddings.numpy().astype("float64")
-    value_table = layer.value_embeddings.numpy().astype("float64")
+    key_table = table(layer.key_embeddings).astype("float64")
+    value_table = table(layer.value_embeddings).astype("float64")
     expected_key_table = np.zeros((7, KEY_DIM))
     expected_value_table = np.zeros((7, VALUE_DIM))
     expected_query = np.zeros(query.shape)
@@ -266,22 +297,22 @@ def test_logits_term_of_consecutive_positions_equals_reference():
     query_positions, key_positions = np.arange(40), np.arange(96)
     query = random_query(2, 40)
     bias = layer.logits_bias(
-        tf.constant(query), query_positions, key_positions, consecutive=True
+        tensor(query), query_positions, key_positions, consecutive=True
     )
     expected = reference_logits_term(
-        query, layer.key_embeddings.numpy(), query_positions, key_positions, 3
+        query, table(layer.key_embeddings), query_positions, key_positions, 3
     )
-    np.testing.assert_allclose(bias, expected, **TOLERANCE)
+    np.testing.assert_allclose(numpy(bias), expected, **TOLERANCE)
 
 
 def test_keys_beyond_max_distance_read_the_edge_rows():
     layer = built_layer(max_distance=2)
     query = random_query(1, 1)
     keys = np.arange(-6, 7)  # query at 0: distances -6 .. 6
-    bias = layer.logits_bias(
-        tf.constant(query), tf.constant([0]), tf.constant(keys)
-    ).numpy()[0, :, 0]  # (heads, keys)
-    key_table = layer.key_embeddings.numpy()
+    bias = numpy(
+        layer.logits_bias(tensor(query), tensor([0]), tensor(keys))
+    )[0, :, 0]  # (heads, keys)
+    key_table = table(layer.key_embeddings)
     for distance, column in zip(keys, bias.T):
         row = key_table[min(max(distance, -2), 2) + 2]
         np.testing.assert_allclose(column, query[0, 0] @ row, **TOLERANCE)
@@ -293,16 +324,24 @@ def test_keys_beyond_max_distance_read_the_edge_rows():
 def test_shifting_all_positions_changes_nothing():
     layer = built_layer()
     query_positions, key_positions = POSITIONS["per_batch_queries"]
-    query = tf.constant(random_query(2, 3))
-    weights = tf.constant(random_weights(2, 3, 9))
+    query = tensor(random_query(2, 3))
+    weights = tensor(random_weights(2, 3, 9))
     for shift in (7, -100):
         np.testing.assert_array_equal(
-            layer.logits_bias(query, query_positions + shift, key_positions + shift),
-            layer.logits_bias(query, query_positions, key_positions),
+            numpy(
+                layer.logits_bias(
+                    query, query_positions + shift, key_positions + shift
+                )
+            ),
+            numpy(layer.logits_bias(query, query_positions, key_positions)),
         )
         np.testing.assert_array_equal(
-            layer.value_term(weights, query_positions + shift, key_positions + shift),
-            layer.value_term(weights, query_positions, key_positions),
+            numpy(
+                layer.value_term(
+                    weights, query_positions + shift, key_positions + shift
+                )
+            ),
+            numpy(layer.value_term(weights, query_positions, key_positions)),
         )
 
 
@@ -311,30 +350,30 @@ def test_call_on_its_own_is_the_logits_term():
     query_positions, key_positions = POSITIONS["cached_decoding"]
     query = random_query(2, 1)
     np.testing.assert_array_equal(
-        layer(query, query_positions, key_positions),
-        layer.logits_bias(
-            tf.constant(query), tf.constant(query_positions), tf.constant(key_positions)
+        numpy(layer(query, query_positions, key_positions)),
+        numpy(
+            layer.logits_bias(
+                tensor(query), tensor(query_positions), tensor(key_positions)
+            )
         ),
     )
 
 
 def test_xla_with_unknown_lengths_gives_the_same_terms():
     layer = built_layer()
-    positions_spec = tf.TensorSpec((None, None), tf.int32)
-    logits_term = tf.function(
+    positions_spec = ((None, None), "int32")
+    logits_term = graph_function(
         layer.logits_bias,
-        jit_compile=True,
         input_signature=[
-            tf.TensorSpec((None, None, NUM_HEADS, KEY_DIM), tf.float32),
+            ((None, None, NUM_HEADS, KEY_DIM), "float32"),
             positions_spec,
             positions_spec,
         ],
     )
-    value_term = tf.function(
+    value_term = graph_function(
         layer.value_term,
-        jit_compile=True,
         input_signature=[
-            tf.TensorSpec((None, NUM_HEADS, None, None), tf.float32),
+            ((None, NUM_HEADS, None, None), "float32"),
             positions_spec,
             positions_spec,
         ],
@@ -348,17 +387,17 @@ def test_xla_with_unknown_lengths_gives_the_same_terms():
         query = random_query(batch, queries)
         weights = random_weights(batch, queries, keys)
         np.testing.assert_allclose(
-            logits_term(query, query_positions, key_positions),
+            numpy(logits_term(query, query_positions, key_positions)),
             reference_logits_term(
-                query, layer.key_embeddings.numpy(), query_positions, key_positions, 2
+                query, table(layer.key_embeddings), query_positions, key_positions, 2
             ),
             **TOLERANCE,
         )
         np.testing.assert_allclose(
-            value_term(weights, query_positions, key_positions),
+            numpy(value_term(weights, query_positions, key_positions)),
             reference_value_term(
                 weights,
-                layer.value_embeddings.numpy(),
+                table(layer.value_embeddings),
                 query_positions,
                 key_positions,
                 2,
@@ -377,19 +416,25 @@ def test_xla_gradients_sum_into_each_table_row():
     logits_cotangent = random_array((2, NUM_HEADS, 3, 9), 4)
     value_cotangent = random_array((2, 3, NUM_HEADS, VALUE_DIM), 5)
 
-    @tf.function(jit_compile=True)
-    def gradients(query, weights):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(
-                layer.logits_bias(query, query_positions, key_positions)
-                * logits_cotangent
-            ) + tf.reduce_sum(
-                layer.value_term(weights, query_positions, key_positions)
-                * value_cotangent
-            )
-        return tape.gradient(loss, [layer.key_embeddings, layer.value_embeddings])
+    def loss(query, weights):
+        return keras.ops.sum(
+            layer.logits_bias(query, query_positions, key_positions)
+            * logits_cotangent
+        ) + keras.ops.sum(
+            layer.value_term(weights, query_positions, key_positions)
+            * value_cotangent
+        )
 
-    key_gradient, value_gradient = gradients(query, weights)
+    gradients = compiled(gradient_function(with_tables(layer, loss)))
+    key_gradient, value_gradient = (
+        numpy(gradient)
+        for gradient in gradients(
+            tensor(table(layer.key_embeddings)),
+            tensor(table(layer.value_embeddings)),
+            tensor(query),
+            tensor(weights),
+        )[:2]
+    )
     # The gradient of row r sums over the pairs (i, j) that read it.
     expected_key = np.zeros((5, KEY_DIM))
     expected_value = np.zeros((5, VALUE_DIM))
@@ -416,11 +461,11 @@ def test_tables_are_named_and_sized_by_the_attention():
 
 def test_building_again_for_the_same_sizes_keeps_the_tables():
     layer = built_layer()
-    before = [weight.numpy() for weight in layer.weights]
+    before = [table(weight) for weight in layer.weights]
     layer.build_for_attention(NUM_HEADS, KEY_DIM, VALUE_DIM)
     assert len(layer.weights) == 2
     for weight, values in zip(layer.weights, before):
-        np.testing.assert_array_equal(weight.numpy(), values)
+        np.testing.assert_array_equal(table(weight), values)
     with pytest.raises(ValueError, match="key_dim, value_dim"):
         layer.build_for_attention(NUM_HEADS, KEY_DIM + 1, VALUE_DIM)
 
@@ -431,17 +476,17 @@ def test_mixed_bfloat16_keeps_tables_and_terms_in_float32():
     assert layer.compute_dtype == "bfloat16"
     assert {weight.dtype for weight in layer.weights} == {"float32"}
     query_positions, key_positions = POSITIONS["default"]
-    query = tf.cast(random_query(2, 7), "bfloat16")
+    query = keras.ops.cast(random_query(2, 7), "bfloat16")
     weights = random_weights(2, 7, 7)
     bias = layer(query, query_positions, key_positions)
     term = layer.value_term(weights, query_positions, key_positions)
-    assert bias.dtype == tf.float32 and term.dtype == tf.float32
+    assert dtype_of(bias) == "float32" and dtype_of(term) == "float32"
     # Exact up to float32 rounding from the bfloat16 queries on.
     np.testing.assert_allclose(
-        bias,
+        numpy(bias),
         reference_logits_term(
-            tf.cast(query, "float32").numpy(),
-            layer.key_embeddings.numpy(),
+            numpy(keras.ops.cast(query, "float32")),
+            table(layer.key_embeddings),
             query_positions,
             key_positions,
             2,
@@ -449,9 +494,9 @@ def test_mixed_bfloat16_keeps_tables_and_terms_in_float32():
         **TOLERANCE,
     )
     np.testing.assert_allclose(
-        term,
+        numpy(term),
         reference_value_term(
-            weights, layer.value_embeddings.numpy(), query_positions, key_positions, 2
+            weights, table(layer.value_embeddings), query_positions, key_positions, 2
         ),
         **TOLERANCE,
     )
@@ -501,7 +546,7 @@ def test_keras_file_round_trip_of_a_model_calling_it_on_its_own(tmp_path):
     path = tmp_path / "shaw.keras"
     model.save(path)
     loaded = keras.saving.load_model(path, safe_mode=True)
-    np.testing.assert_array_equal(loaded(inputs), model(inputs))
+    np.testing.assert_array_equal(numpy(loaded(inputs)), numpy(model(inputs)))
 
 
 def test_call_before_build_for_attention_says_what_to_do():
