@@ -29,10 +29,17 @@ schemes build on; the baseline asks for them and drops them, so that XLA
 computes the output alone. The "/ plain" column keeps the ratio against
 the `dot_product_attention` path.
 
+The backend is the one `KERAS_BACKEND` names (TensorFlow by default): on
+JAX the candidates are compiled by `jax.jit` and the baseline is the same
+plain `MultiHeadAttention` on JAX; on PyTorch they run eagerly, and only
+the times are measured (`compiled`).
+
 Memory: each candidate's call is compiled with XLA for the CPU, as it is
 timed, and its peak is the memory XLA's buffer assignment gives that one
-module: `experimental_get_compiler_ir(inputs)` of the `tf.function` returns,
-at stage `"optimized_hlo_proto_serialized"`, an `HloProto` that holds it.
+module: on TensorFlow `experimental_get_compiler_ir(inputs)` of the
+`tf.function` returns, at stage `"optimized_hlo_proto_serialized"`, an
+`HloProto` that holds it; on JAX the compiled program's
+`memory_analysis()` gives its temporary and output bytes.
 Counted are the block of temporary buffers, which XLA's heap simulation of
 the schedule sizes to the most that is live at once, the output, and the
 constants folded into the program (index tables, at short lengths). Left
@@ -62,11 +69,10 @@ import statistics
 import sys
 
 import keras
-import tensorflow as tf
-from tensorflow.compiler.xla.service import hlo_pb2
 
 import keras_posenc
 from keras_posenc._arguments import int_at_least
+from keras_posenc.bench import compiled
 from keras_posenc.bench import timing
 
 BATCH = 4
@@ -129,10 +135,11 @@ def _candidate(name, heads, key_dim):
             heads, key_dim, position=position_layer(name, heads)
         )
     # Built eagerly on a short input, so no weight is made under XLA.
-    short = tf.zeros((1, 2, heads * key_dim))
+    short = compiled.zeros((1, 2, heads * key_dim))
     layer(short, short)
     # Partials, not lambdas: `tf.function` counts traces per code object,
-    # and would warn of retracing when one lambda's code made every candidate.
+    # and would warn of retracing when one lambda's code made every
+    # candidate; and on JAX the partial's layer gives the weights to pass.
     if name in ("plain_einsum_path", "plain_einsum_path_again"):
         return functools.partial(_self_attention_einsum_path, layer)
     return functools.partial(_self_attention, layer)
@@ -149,32 +156,10 @@ def _self_attention_einsum_path(layer, inputs):
 
 
 def _inputs(batch, length, heads, key_dim, seed):
-    return tf.random.stateless_normal(
-        (batch, length, heads * key_dim), seed=[seed, 0]
-    )
+    return compiled.normal((batch, length, heads * key_dim), seed)
 
 
-def compiled_bytes(function, *args):
-    """Bytes that XLA assigns to one compiled call of `function(*args)`.
-
-    Args:
-        function: `tf.function`. Compiled with `jit_compile=True`.
-        *args: Its positional arguments, tensors.
-
-    Returns:
-        The bytes of every buffer allocation of the compiled program but its
-        parameters: the temporary buffers' block, the output and the
-        constants.
-    """
-    serialized = function.experimental_get_compiler_ir(*args)(
-        stage="optimized_hlo_proto_serialized"
-    )
-    assignment = hlo_pb2.HloProto.FromString(serialized).buffer_assignment
-    return sum(
-        allocation.size
-        for allocation in assignment.buffer_allocations
-        if not allocation.is_entry_computation_parameter
-    )
+compiled_bytes = compiled.compiled_bytes
 
 
 def logits_writes(name, batch, length, heads, key_dim):
@@ -194,10 +179,9 @@ def logits_writes(name, batch, length, heads, key_dim):
     Returns:
         An int.
     """
-    call = tf.function(_candidate(name, heads, key_dim), jit_compile=True)
-    hlo = call.experimental_get_compiler_ir(
-        tf.zeros((batch, length, heads * key_dim))
-    )(stage="optimized_hlo")
+    hlo = compiled.optimized_hlo(
+        _candidate(name, heads, key_dim), compiled.zeros((batch, length, heads * key_dim))
+    )
     entry = hlo[hlo.index("\nENTRY") :]
     # By the number of elements: XLA drops axes of size 1 from shapes.
     size = batch * heads * length * length
@@ -221,8 +205,9 @@ def measure_peak(name, batch, length, heads, key_dim):
     Returns:
         The bytes XLA assigns to the call, as `compiled_bytes` counts them.
     """
-    call = tf.function(_candidate(name, heads, key_dim), jit_compile=True)
-    return compiled_bytes(call, tf.zeros((batch, length, heads * key_dim)))
+    return compiled_bytes(
+        _candidate(name, heads, key_dim), compiled.zeros((batch, length, heads * key_dim))
+    )
 
 
 def memory_peaks(batch, length, heads, key_dim, names=MEMORY_CANDIDATES):
@@ -306,6 +291,9 @@ def run(
     results["vs_itself"] = timing.paired_ratio(
         seconds, BASELINE, "plain_einsum_path_again"
     )
+    if not compiled.has_programs():
+        # PyTorch runs the calls as they are: no compiled program to read.
+        return results
     for name in MEMORY_CANDIDATES:
         results[f"{name}_logits_writes"] = logits_writes(
             name, batch, length, heads, key_dim
@@ -370,7 +358,7 @@ def format_table(results, judged=True):
                 timing.verdict(ratio, target, noise, judged=judged),
                 f"{results[f'{name}_vs_plain']:.3f}x",
             ]
-        cells.append(str(results[f"{name}_logits_writes"]))
+        cells.append(str(results.get(f"{name}_logits_writes", "")))
         if with_memory:
             cells.append(f"{results[f'{name}_peak_mib']:.0f}")
             if name == BASELINE:
@@ -474,8 +462,9 @@ def main(argv=None):
         help="skip the memory measurements",
     )
     args = parser.parse_args(argv)
-    memory_length = None if args.no_memory else args.memory_length
-    long_memory_length = None if args.no_memory else args.long_memory_length
+    no_memory = args.no_memory or not compiled.has_programs()
+    memory_length = None if no_memory else args.memory_length
+    long_memory_length = None if no_memory else args.long_memory_length
     results = run(
         args.batch,
         args.length,
@@ -486,11 +475,12 @@ def main(argv=None):
         long_memory_length=long_memory_length,
     )
     width = args.heads * args.key_dim
+    print(f"Keras {keras.__version__} on its {compiled.backend()} backend: {compiled.versions()}")
     print(
         f"One self-attention call on a ({args.batch}, {args.length}, {width}) "
         f"float32 input, {args.heads} heads of key_dim {args.key_dim}, no "
-        f"mask, under XLA: median of {args.repeats} rounds, against plain "
-        "attention on Keras' einsum path"
+        f"mask, {'under XLA' if compiled.has_programs() else 'eager'}: median "
+        f"of {args.repeats} rounds, against plain attention on Keras' einsum path"
     )
     if memory_length is not None:
         print(

@@ -1,8 +1,9 @@
 """Timing shared by the benchmarks: medians of XLA-compiled calls.
 
-Every candidate is compiled with `tf.function(jit_compile=True)` and returns
-its whole output, so XLA computes all of it; each call is timed until that
-output is ready. The candidates run in rounds, in a new order each round, so
+Every candidate is compiled with XLA on the backend `KERAS_BACKEND` names
+(`compiled.jit`: `tf.function(jit_compile=True)` or `jax.jit`; PyTorch's
+run as they are) and returns its whole output, so XLA computes all of it;
+each call is timed until that output is ready. The candidates run in rounds, in a new order each round, so
 the noise of a busy machine falls on all of them alike.
 """
 
@@ -11,17 +12,10 @@ import random
 import statistics
 import time
 
-import tensorflow as tf
-
 from keras_posenc._arguments import int_at_least
+from keras_posenc.bench import compiled as backend_programs
 
-
-def _wait_for(outputs):
-    """Return once every tensor in `outputs` has been computed."""
-    # Reading one element waits for the whole computation that made the
-    # tensor (asynchronous devices included) without copying all of it back.
-    for tensor in tf.nest.flatten(outputs):
-        tf.reshape(tensor, [-1])[:1].numpy()
+_wait_for = backend_programs.wait_for
 
 
 def rounds(candidates, args, repeats=30, warmup=3):
@@ -29,7 +23,7 @@ def rounds(candidates, args, repeats=30, warmup=3):
 
     Args:
         candidates: dict of str to callable. Functions of tensors, each
-            compiled here with `tf.function(jit_compile=True)`.
+            compiled here with XLA (`compiled.jit`).
         args: tuple. The positional arguments of every call.
         repeats: int. Timed rounds; each calls every candidate once.
             Defaults to `30`.
@@ -44,9 +38,7 @@ def rounds(candidates, args, repeats=30, warmup=3):
         raise ValueError(
             f"`repeats` must be at least 1. Received: repeats={repeats}"
         )
-    compiled = {
-        name: tf.function(fn, jit_compile=True) for name, fn in candidates.items()
-    }
+    compiled = {name: backend_programs.jit(fn) for name, fn in candidates.items()}
     names = list(compiled)
     for _ in range(warmup):
         for name in names:
