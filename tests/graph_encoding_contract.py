@@ -68,7 +68,11 @@ def projection_weights(layer):
     """The kernel and bias of the layer's Dense sublayer "projection", float64."""
     (kernel,) = [w for w in layer.weights if w.path.endswith("projection/kernel")]
     (bias,) = [w for w in layer.weights if w.path.endswith("projection/bias")]
-    return np.asarray(numpy(kernel), "float64"), np.asarray(numpy(bias), "float64")
+    # A variable's `.value`: NumPy warns at JAX's and PyTorch's variables.
+    return (
+        np.asarray(numpy(kernel.value), "float64"),
+        np.asarray(numpy(bias.value), "float64"),
+    )
 
 
 def functional_model(layer):

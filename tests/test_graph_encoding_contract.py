@@ -69,7 +69,7 @@ def test_symbolic_call_build_and_one_fit_step(case, merge):
     model = keras.Model([features, adjacency_input], keras.layers.Dense(2)(encoded))
     inputs, adjacency, _ = padded_inputs(case.graphs)
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-    before = [numpy(weight).copy() for weight in model.trainable_weights]
+    before = [numpy(weight.value).copy() for weight in model.trainable_weights]
     model.fit(
         [inputs, adjacency],
         np.ones(inputs.shape[:2] + (2,), "float32"),
@@ -78,7 +78,7 @@ def test_symbolic_call_build_and_one_fit_step(case, merge):
         verbose=0,
     )
     for weight, start in zip(model.trainable_weights, before):
-        assert not np.array_equal(numpy(weight), start)
+        assert not np.array_equal(numpy(weight.value), start)
 
 
 @each_layer

@@ -71,7 +71,7 @@ def layer_with_table(num_heads=HEADS, max_distance=MAX_DISTANCE, seed=0):
 
 def reference_bias(layer, adjacency):
     """`embeddings[hops[b, i, j], h]`, with breadth-first hop counts."""
-    table = numpy(embeddings_of(layer))  # (max_distance + 2, heads)
+    table = numpy(embeddings_of(layer).value)  # (max_distance + 2, heads)
     bias = np.zeros((len(adjacency), layer.num_heads) + adjacency.shape[1:], "float32")
     for b, graph in enumerate(adjacency):
         hops = references.hop_counts(graph, layer.max_distance)  # (n, n)
@@ -187,7 +187,7 @@ def test_gradient_sums_over_each_hop_count():
         bias, _ = layer.stateless_call([table], [], adjacency)
         return bias * weights
 
-    (gradient,) = gradients(weighted_bias, numpy(embeddings_of(layer)))
+    (gradient,) = gradients(weighted_bias, numpy(embeddings_of(layer).value))
     expected = np.zeros((MAX_DISTANCE + 2, HEADS), "float64")
     for b, graph in enumerate(adjacency):
         hops = references.hop_counts(graph, MAX_DISTANCE)
@@ -342,7 +342,7 @@ def test_xla_training_step_at_two_graph_sizes():
         if isinstance(layer, PositionalMultiHeadAttention)
     ]
     table = embeddings_of(attention.position)
-    before = numpy(table).copy()
+    before = numpy(table.value).copy()
     for graphs in ([cycle(5), path(5)], [erdos_renyi(9, 0.3, seed=8), star(9)]):
         adjacency, node_mask = pad_batch(graphs)
         inputs = [node_features(node_mask), adjacency]
@@ -354,7 +354,7 @@ def test_xla_training_step_at_two_graph_sizes():
             rtol=1e-5,
             atol=1e-5,
         )
-    assert not np.array_equal(numpy(table), before)
+    assert not np.array_equal(numpy(table.value), before)
 
 
 def shared_bias_model():
