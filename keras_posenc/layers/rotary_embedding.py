@@ -338,7 +338,9 @@ class RotaryEmbedding(AttentionPosition):
             return
 
         def axial(shape, dtype=None):
-            return keras.ops.broadcast_to(self._fixed_frequency_matrix(rotated), shape)
+            # Tiled, not broadcast: PyTorch assigns no view of shared memory.
+            matrix = self._fixed_frequency_matrix(rotated)  # (pairs, num_axes)
+            return keras.ops.tile(matrix[None], (shape[0], 1, 1))
 
         self.frequencies = self.add_weight(
             name="frequencies",
