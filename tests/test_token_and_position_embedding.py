@@ -2,12 +2,9 @@ import keras
 import numpy as np
 import pytest
 
-# Where Keras keeps an output's mask: a tensor attribute on TensorFlow and
-# PyTorch, a table on JAX (whose arrays take no attributes); private, and the
-# only reader of it that Keras 3.8 to 3.15 all have.
-from keras.src.backend.common.masking import get_keras_mask
 from keras_posenc import TokenAndPositionEmbedding
 from tests import references
+from tests.backend import keras_mask
 from tests.backend import numpy
 from tests.test_case import TestCase
 
@@ -67,9 +64,7 @@ def test_learned_adds_the_position_rows_and_honours_start_index():
 def test_mask_zero_masks_padding_only():
     layer = TokenAndPositionEmbedding(10, 4, mask_zero=True)
     outputs = layer(TOKENS)
-    np.testing.assert_array_equal(
-        numpy(get_keras_mask(outputs)), TOKENS != 0
-    )
+    np.testing.assert_array_equal(keras_mask(outputs), TOKENS != 0)
     np.testing.assert_array_equal(numpy(layer.compute_mask(TOKENS)), TOKENS != 0)
     assert TokenAndPositionEmbedding(10, 4).compute_mask(TOKENS) is None
 
