@@ -148,3 +148,9 @@ def gradient_function(function):
         return torch.autograd.grad(torch.sum(function(*arguments)), arguments)
 
     return found
+
+
+# Whether `jit_compile=True` means XLA: on TensorFlow and JAX; PyTorch's
+# compiler is not XLA (and `model.compile(jit_compile=True)` there is
+# `torch.compile`), so tests of XLA compile there without it.
+XLA = BACKEND != "torch"

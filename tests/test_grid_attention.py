@@ -25,6 +25,7 @@ from keras_posenc import RotaryEmbedding
 from keras_posenc import ops
 from keras_posenc.layers._attention_position import AttentionPosition
 from tests import references
+from tests.backend import XLA
 from tests.backend import numpy
 from tests.backend import tensorflow_only
 from tests.test_case import TestCase
@@ -396,7 +397,7 @@ def grid_model(position):
 def test_model_trains_under_xla_at_two_grid_sizes_and_round_trips(tmp_path):
     keras.utils.set_random_seed(0)
     model = grid_model(GridRelativePositionBias(HEADS, (2, 2), num_prefix_tokens=1))
-    model.compile("adam", "mse", jit_compile=True)
+    model.compile("adam", "mse", jit_compile=XLA)
     table = model.layers[-2].position.embeddings
     before = numpy(table.value).copy()
     for grid_shape in [(2, 2), (3, 3)]:

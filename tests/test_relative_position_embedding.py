@@ -252,14 +252,15 @@ def test_both_terms_of_consecutive_positions_under_xla_gradients():
     weights = random_weights(2, queries, keys)
     logits_cotangent = random_array((2, NUM_HEADS, queries, keys), 4)
     value_cotangent = random_array((2, queries, NUM_HEADS, VALUE_DIM), 5)
+    cotangents = tensor(logits_cotangent), tensor(value_cotangent)
 
     def loss(query, weights):
         return keras.ops.sum(
             layer.logits_bias(query, query_positions, key_positions, consecutive=True)
-            * logits_cotangent
+            * cotangents[0]
         ) + keras.ops.sum(
             layer.value_term(weights, query_positions, key_positions, consecutive=True)
-            * value_cotangent
+            * cotangents[1]
         )
 
     gradients = compiled(gradient_function(with_tables(layer, loss)))
@@ -415,14 +416,15 @@ def test_xla_gradients_sum_into_each_table_row():
     weights = random_weights(2, 3, 9)
     logits_cotangent = random_array((2, NUM_HEADS, 3, 9), 4)
     value_cotangent = random_array((2, 3, NUM_HEADS, VALUE_DIM), 5)
+    cotangents = tensor(logits_cotangent), tensor(value_cotangent)
 
     def loss(query, weights):
         return keras.ops.sum(
             layer.logits_bias(query, query_positions, key_positions)
-            * logits_cotangent
+            * cotangents[0]
         ) + keras.ops.sum(
             layer.value_term(weights, query_positions, key_positions)
-            * value_cotangent
+            * cotangents[1]
         )
 
     gradients = compiled(gradient_function(with_tables(layer, loss)))
