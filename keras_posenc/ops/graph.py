@@ -37,9 +37,10 @@ def read_adjacency(adjacency, symmetric=True, num_nodes=None, node_mask=None):
 
     The shape is checked where it is known, when the graph is traced; the
     entries (finite, non-negative, and symmetric if `symmetric`) when they
-    are known then (a constant: a `ValueError`), and otherwise when the
-    graph runs (an `InvalidArgumentError`), except under XLA, which drops
-    run-time assertions. Rows and columns of the nodes that `node_mask`
+    are known then (eagerly, or a constant: a `ValueError`), and otherwise
+    when a TensorFlow graph runs (an `InvalidArgumentError`), except under
+    XLA, which drops run-time assertions, as a JAX or PyTorch trace passes
+    them (see `_backend.checked`). Rows and columns of the nodes that `node_mask`
     marks as padding are set to zero: those nodes have no edges.
 
     Args:
