@@ -418,8 +418,10 @@ class PositionEmbedding(AbsoluteEncoding):
             limits = limits[0]
         in_range = keras.ops.all((positions >= 0) & (positions < limits))
         known = _backend.static_value(in_range)
-        values = _backend.static_value(positions)
-        if known is not None and not known and values is not None:
+        if known is None:
+            return _backend.checked(value, in_range, self._range_message())
+        values = None if known else _backend.static_value(positions)
+        if values is not None:
             if self.grid_shape is not None:
                 coordinates = np.reshape(values, (-1, self.num_axes))
                 raise ValueError(
@@ -428,7 +430,9 @@ class PositionEmbedding(AbsoluteEncoding):
                     f"{coordinates.max(0).tolist()}"
                 )
             self._check_range(int(values.min()), int(values.max()))
-        return _backend.checked(value, in_range, self._range_message())
+        if not known:
+            raise ValueError(self._range_message())
+        return value
 
     def _range_message(self):
         if self.grid_shape is not None:
