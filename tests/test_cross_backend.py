@@ -189,12 +189,11 @@ def save(name, folder):
     build, make_inputs = MODELS[name]
     model = build()
     inputs = _as_float32(make_inputs(rng))
-    model.set_weights(
-        [
-            weight + rng.normal(scale=0.5, size=weight.shape).astype(weight.dtype)
-            for weight in model.get_weights()
-        ]
-    )
+    for weight in model.weights:
+        # Read through the backend's tensor (a variable's own `__array__`
+        # lacks NumPy 2's `copy` keyword on JAX and PyTorch).
+        value = keras.ops.convert_to_numpy(weight.value)
+        weight.assign(value + rng.normal(scale=0.5, size=value.shape).astype(value.dtype))
     model.save(folder / f"{name}.keras")
     parts = inputs if isinstance(inputs, list) else [inputs]
     np.savez(folder / f"{name}.npz", *parts)

@@ -1,5 +1,6 @@
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -48,3 +49,24 @@ def test_no_module_imports_keras_private_modules():
     package = pathlib.Path(keras_posenc.__file__).parent
     for path in package.rglob("*.py"):
         assert "keras.src" not in path.read_text(), path
+
+
+def test_the_library_asks_the_backend_in_one_module():
+    # The layers, the ops and the schedules compute with keras.ops; only
+    # ops/_backend.py imports a backend's own library.
+    package = pathlib.Path(keras_posenc.__file__).parent
+    library = [
+        *(package / "layers").glob("*.py"),
+        *(package / "ops").glob("*.py"),
+        package / "rope_scaling.py",
+        package / "hf_config.py",
+        package / "__init__.py",
+    ]
+    for path in library:
+        if path.name == "_backend.py":
+            continue
+        source = path.read_text()
+        for library_name in ("tensorflow", "jax", "torch"):
+            assert not re.search(
+                rf"^\s*(import|from) {library_name}\b", source, re.MULTILINE
+            ), (path, library_name)
