@@ -21,6 +21,7 @@ MODULES = [
     "keras_posenc.ops.resize",
     "keras_posenc.ops.graph",
     "keras_posenc.rope_scaling",
+    "keras_posenc.hf_config",
     "keras_posenc.layers.rotary_embedding",
     "keras_posenc.layers.alibi_bias",
     "keras_posenc.layers.relative_position_bias",
