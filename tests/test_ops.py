@@ -233,7 +233,7 @@ def test_rotate_turns_each_pair_by_its_angle(layout):
 
 # Keras on JAX computes in 32 bits (jax_enable_x64 is off by default, and
 # Keras' JAX ops cast float64 to float32 even where it is on).
-@pytest.mark.skipif(BACKEND == "jax", reason="no float64 in Keras' JAX ops")
+@pytest.mark.float64
 @pytest.mark.parametrize("layout", ops.ROPE_LAYOUTS)
 def test_rotate_in_float64_is_the_reference(layout):
     inputs = np.random.default_rng(1).normal(size=(3, 6, 10))

@@ -171,7 +171,7 @@ class AbsoluteEncoding(keras.layers.Layer):
             "grid of token inputs (batch, sequence, features): pass "
             "`grid_shape` (the grid's sizes) or `positions` of shape "
             f"(sequence, {self.num_axes}), or call it on inputs of shape "
-            f"(batch, *grid, features). Received inputs of shape {inputs.shape}"
+            f"(batch, *grid, features). Received inputs of shape {tuple(inputs.shape)}"
         )
 
     def _encode_prefix(self, dim):
@@ -228,7 +228,7 @@ class AbsoluteEncoding(keras.layers.Layer):
                 f"grid_shape={tuple(grid_shape)} has {cells} cells, but the "
                 f"inputs have {tokens.shape[1]} tokens after "
                 f"num_prefix_tokens={self.num_prefix_tokens}. "
-                f"Received inputs of shape {tokens.shape}"
+                f"Received inputs of shape {tuple(tokens.shape)}"
             )
         return self._encode_grid(list(grid_shape), dim)  # (cells, dim)
 

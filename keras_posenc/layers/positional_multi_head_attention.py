@@ -352,7 +352,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 raise ValueError(
                     f"Inputs must hold at least the {num_prefix_tokens} prefix "
                     f"tokens of {_describe(position)}. Received: inputs of "
-                    f"shape {inputs.shape}"
+                    f"shape {tuple(inputs.shape)}"
                 )
             length -= num_prefix_tokens
         if positions is None:

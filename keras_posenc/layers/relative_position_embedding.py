@@ -405,7 +405,7 @@ class RelativePositionEmbedding(AttentionPosition):
             raise ValueError(
                 "RelativePositionEmbedding takes queries of shape (batch, "
                 f"query, heads, key_dim) with key_dim={key_dim}, the size it "
-                f"was built for. Received: query of shape {query.shape}"
+                f"was built for. Received: query of shape {tuple(query.shape)}"
             )
         return self.logits_bias(query, query_positions, key_positions)
 

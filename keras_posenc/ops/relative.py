@@ -134,8 +134,8 @@ def relative_distance(query_positions, key_positions, num_axes=1):
         raise ValueError(
             "`query_positions` and `key_positions` must have the same batch "
             f"size, or 1. Received: query_positions of shape "
-            f"{query_positions.shape}, key_positions of shape "
-            f"{key_positions.shape}"
+            f"{tuple(query_positions.shape)}, key_positions of shape "
+            f"{tuple(key_positions.shape)}"
         )
     return (
         key_positions[:, None, :] - query_positions[:, :, None]
