@@ -18,8 +18,8 @@ from keras_posenc import AlibiBias
 from keras_posenc import PositionalMultiHeadAttention
 from keras_posenc import ShortestPathBias
 from tests import references
-from tests.backend import BACKEND
 from tests.backend import RUN_TIME_ERRORS
+from tests.backend import XLA
 from tests.backend import compiled
 from tests.backend import gradients
 from tests.backend import numpy
@@ -336,12 +336,7 @@ def test_export_serves_with_tensorflow_alone(tmp_path):
 def test_xla_training_step_at_two_graph_sizes():
     keras.utils.set_random_seed(0)
     model = attention_model()
-    # XLA where the backend has it (PyTorch's compiler is not, as `compiled`).
-    model.compile(
-        optimizer=keras.optimizers.SGD(0.1),
-        loss="mse",
-        jit_compile=BACKEND != "torch",
-    )
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=XLA)
     (attention,) = [
         layer
         for layer in model.layers
