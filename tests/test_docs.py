@@ -31,6 +31,9 @@ MODULES = [
     "keras_posenc.layers.sinusoidal_position_encoding",
     "keras_posenc.layers.position_embedding",
     "keras_posenc.layers.token_and_position_embedding",
+    "keras_posenc.layers.laplacian_position_encoding",
+    "keras_posenc.layers.random_walk_position_encoding",
+    "keras_posenc.layers.shortest_path_bias",
 ]
 PUBLIC_LAYERS = [
     getattr(keras_posenc, name)

@@ -7,24 +7,10 @@ once.
 """
 
 import keras
-from keras.src.backend.common.masking import get_keras_mask
 
 from keras_posenc import ops
 from keras_posenc.layers._absolute import check_merge
 from keras_posenc.layers._absolute import legacy_merge_mode
-
-
-def _keras_mask(inputs):
-    """The mask Keras attached to `inputs`, or None.
-
-    Keras fills a call's `mask` from its first tensor only when the call takes
-    one tensor; these take two, the nodes and the adjacency, so the nodes'
-    mask is read here, by Keras' private `get_keras_mask`: the tensor's
-    `_keras_mask` attribute, or on backends whose tensors take no attribute
-    (JAX) Keras' table of them (every Keras from 3.8 to 3.15,
-    `keras/src/backend/common/masking.py`). Nothing else here reads it.
-    """
-    return get_keras_mask(inputs)
 
 
 class GraphEncoding(keras.layers.Layer):
@@ -87,10 +73,13 @@ class GraphEncoding(keras.layers.Layer):
             self.projection.build((None, None, self.encoding_width))
         self.built = True
 
-    def call(self, inputs, adjacency, mask=None, training=None):
+    def call(self, inputs, adjacency, mask=None, training=None, inputs_mask=None):
         self._check_shapes(inputs.shape, adjacency.shape)
+        # A call of two tensors gets the mask Keras carries on `inputs` as
+        # `inputs_mask` (as MultiHeadAttention's `query_mask`), on every
+        # backend; a call with a NumPy adjacency, as `mask`.
         if mask is None:
-            mask = _keras_mask(inputs)
+            mask = inputs_mask
         adjacency = ops.read_adjacency(
             adjacency,
             symmetric=self.symmetric,
@@ -124,7 +113,9 @@ class GraphEncoding(keras.layers.Layer):
         features = inputs_shape[-1]
         return inputs_shape[:-1] + (None if features is None else features + width,)
 
-    def compute_output_spec(self, inputs, adjacency, mask=None, training=None):
+    def compute_output_spec(
+        self, inputs, adjacency, mask=None, training=None, inputs_mask=None
+    ):
         return keras.KerasTensor(
             self.compute_output_shape(inputs.shape, adjacency.shape),
             dtype=self.compute_dtype,

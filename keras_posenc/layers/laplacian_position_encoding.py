@@ -60,9 +60,11 @@ class LaplacianPositionEncoding(GraphEncoding):
             the edge between nodes `i` and `j` at `[b, i, j]`, 0 for none;
             symmetric, non-negative.
         mask: optional bool tensor of shape `(batch, nodes)`, `True` at real
-            nodes, for a batch of graphs padded to one size. Keras passes
-            the mask of `inputs`.
+            nodes, for a batch of graphs padded to one size.
         training: bool. Whether to flip signs at random.
+        inputs_mask: the mask Keras carries on `inputs` (an `Embedding`'s
+            with `mask_zero=True`, say), which Keras passes here; used when
+            `mask` is not given.
 
     Returns:
         The node features with the encoding merged: `(batch, nodes,

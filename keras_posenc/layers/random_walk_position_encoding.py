@@ -48,9 +48,11 @@ class RandomWalkPositionEncoding(GraphEncoding):
             the edge from node `i` to node `j` at `[b, i, j]`, 0 for none;
             non-negative.
         mask: optional bool tensor of shape `(batch, nodes)`, `True` at real
-            nodes, for a batch of graphs padded to one size. Keras passes
-            the mask of `inputs`.
+            nodes, for a batch of graphs padded to one size.
         training: unused; taken as every layer's.
+        inputs_mask: the mask Keras carries on `inputs` (an `Embedding`'s
+            with `mask_zero=True`, say), which Keras passes here; used when
+            `mask` is not given.
 
     Returns:
         The node features with the encoding merged: `(batch, nodes,
