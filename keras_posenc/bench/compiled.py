@@ -10,7 +10,8 @@ read: there the memory columns are left out.
 On JAX a layer's weights are arguments of the compiled program, as
 TensorFlow's variables are, not constants folded into it: a candidate that
 is a `functools.partial` over Keras layers is compiled with their
-variables passed in (`keras.StatelessScope`).
+variables passed in (`keras.StatelessScope`); so is a layer, or a function
+whose closure holds layers.
 """
 
 import functools
@@ -29,10 +30,17 @@ def has_programs():
 
 
 def _layers_of(fn):
-    """The Keras layers a `functools.partial` candidate closes over."""
-    if not isinstance(fn, functools.partial):
-        return []
-    values = list(fn.args) + list(fn.keywords.values())
+    """The Keras layers a candidate is or closes over.
+
+    A layer itself, a `functools.partial` over layers, or a function whose
+    closure holds them (the lambdas of the grid benchmark).
+    """
+    if isinstance(fn, keras.layers.Layer):
+        return [fn]
+    if isinstance(fn, functools.partial):
+        values = list(fn.args) + list(fn.keywords.values())
+    else:
+        values = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()]
     return [value for value in values if isinstance(value, keras.layers.Layer)]
 
 

@@ -35,11 +35,11 @@ import sys
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import keras_posenc
 from keras_posenc import ops
 from keras_posenc._arguments import int_at_least
+from keras_posenc.bench import compiled
 from keras_posenc.bench import timing
 
 GRID = (32, 32)
@@ -83,8 +83,8 @@ def _floor_rotate(cos, sin):
     """The floor of a rotation in the half layout, with its tables given."""
 
     def rotate(inputs):
-        first, second = tf.split(inputs, 2, axis=-1)  # (..., dim / 2) each
-        turned = tf.concat([-second, first], axis=-1)  # (..., dim)
+        first, second = keras.ops.split(inputs, 2, axis=-1)  # (..., dim / 2) each
+        turned = keras.ops.concatenate([-second, first], axis=-1)  # (..., dim)
         return inputs * cos + turned * sin
 
     return rotate
@@ -101,7 +101,8 @@ def _rotation_tables(layer, tokens, dim, **call_arguments):
     )
     turned = layer(
         np.broadcast_to(unit, (1, tokens, 1, dim)).copy(), **call_arguments
-    )[0].numpy()  # (tokens, 1, dim)
+    )[0]
+    turned = keras.ops.convert_to_numpy(turned)  # (tokens, 1, dim)
     cos, sin = turned[..., : dim // 2], turned[..., dim // 2 :]
     return (
         np.concatenate([cos, cos], axis=-1),
@@ -112,13 +113,14 @@ def _rotation_tables(layer, tokens, dim, **call_arguments):
 def _additive(name, grid, batch, features):
     """The candidates of an additive encoding and their input."""
     tokens = int(np.prod(grid))
-    inputs = tf.random.stateless_normal((batch, tokens, features), seed=[0, 1])
+    inputs = compiled.normal((batch, tokens, features), seed=1)
     if name == "sinusoidal":
         layer = keras_posenc.SinusoidalPositionEncoding(num_axes=len(grid))
         line = keras_posenc.SinusoidalPositionEncoding()
         table = keras_posenc.SinusoidalPositionEncoding(
             num_axes=len(grid), merge_mode=None
-        )(inputs[:1], grid_shape=grid)[0].numpy()
+        )(inputs[:1], grid_shape=grid)[0]
+        table = keras.ops.convert_to_numpy(table)
     else:
         layer = keras_posenc.PositionEmbedding(grid_shape=grid)
         line = keras_posenc.PositionEmbedding(sequence_length=tokens)
@@ -139,9 +141,7 @@ def _additive(name, grid, batch, features):
 def _rotary(name, grid, batch, heads, key_dim):
     """The candidates of a grid rotation and their input."""
     tokens = int(np.prod(grid))
-    inputs = tf.random.stateless_normal(
-        (batch, tokens, heads, key_dim), seed=[0, 2]
-    )
+    inputs = compiled.normal((batch, tokens, heads, key_dim), seed=2)
     if name == "rotary_blocks":
         layer = keras_posenc.RotaryEmbedding(
             num_axes=len(grid), axis_layout="blocks"
@@ -166,9 +166,7 @@ def _rotary(name, grid, batch, heads, key_dim):
 def _attention(name, grid, batch, heads, key_dim):
     """Plain attention and attention with a grid scheme, the same weights."""
     tokens = int(np.prod(grid))
-    inputs = tf.random.stateless_normal(
-        (batch, tokens, heads * key_dim), seed=[0, 3]
-    )
+    inputs = compiled.normal((batch, tokens, heads * key_dim), seed=3)
     if name == "attention_rotary":
         position = keras_posenc.RotaryEmbedding(num_axes=len(grid))
     else:
@@ -177,7 +175,7 @@ def _attention(name, grid, batch, heads, key_dim):
         heads, key_dim, position=position
     )
     plain = keras.layers.MultiHeadAttention(heads, key_dim)
-    positions = ops.grid_positions(grid)[tf.newaxis]  # (1, tokens, 2)
+    positions = ops.grid_positions(grid)[None]  # (1, tokens, 2)
     layer(inputs[:1], inputs[:1], query_positions=positions, key_positions=positions)
     plain(inputs[:1], inputs[:1])
     for mine, theirs in zip(
@@ -199,9 +197,9 @@ def _attention(name, grid, batch, heads, key_dim):
 def _check_agreement(name, candidates, inputs, reference):
     """Fail unless the grid candidate's output is `reference`'s, within rounding."""
     outputs = {
-        candidate: tf.function(candidates[candidate], jit_compile=True)(
-            inputs
-        ).numpy()
+        candidate: keras.ops.convert_to_numpy(
+            compiled.jit(candidates[candidate])(inputs)
+        )
         for candidate in ("grid", reference)
     }
     np.testing.assert_allclose(
