@@ -2,6 +2,7 @@ import functools
 import math
 import numbers
 import types
+import warnings
 
 import keras
 import numpy as np
@@ -37,6 +38,19 @@ def _dropout_layer(layer):
 
 def _sliding_window(layer):
     return getattr(layer, "_sliding_window", None)
+
+
+def _fused_attention_fails(layer):
+    """Whether Keras' `dot_product_attention` path fails for this layer.
+
+    On JAX it does for values of another head size than the keys'
+    (`_backend.dot_product_attention_needs_equal_head_sizes`).
+    """
+    return (
+        layer.value_dim != layer.key_dim
+        and not _flash_attention(layer)
+        and _backend.dot_product_attention_needs_equal_head_sizes()
+    )
 
 
 def _returns_scores(args, kwargs):
@@ -444,6 +458,19 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             and key_positions is None
             and cache is None
         ):
+            if not return_attention_scores and _fused_attention_fails(self):
+                # Keras' path that returns the scores computes the same
+                # attention without `dot_product_attention`. Its softmax
+                # warns of a single key, whose weight of 1 is right here.
+                arguments["return_attention_scores"] = True
+                with warnings.catch_warnings():
+                    warnings.filterwarnings(
+                        "ignore", "You are using a softmax over axis", UserWarning
+                    )
+                    output, _ = super().call(
+                        query, value, use_causal_mask=use_causal_mask, **arguments
+                    )
+                return output
             return super().call(
                 query, value, use_causal_mask=use_causal_mask, **arguments
             )

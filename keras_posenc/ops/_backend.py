@@ -177,3 +177,15 @@ def take_in_range(x, indices):
 
         return tf.gather(x, indices)
     return keras.ops.take(x, indices, axis=0)
+
+
+def dot_product_attention_needs_equal_head_sizes():
+    """Whether Keras' fused attention fails on values of another head size.
+
+    `keras.layers.MultiHeadAttention` hands its projected heads to
+    `keras.ops.dot_product_attention` when no scores and no dropout are
+    asked for. Keras' JAX backend (3.8 to 3.15) reshapes that output to
+    the queries' shape, so a `value_dim` other than `key_dim` fails there;
+    TensorFlow's and PyTorch's take any.
+    """
+    return backend() == "jax"
