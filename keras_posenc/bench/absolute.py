@@ -8,8 +8,8 @@ doing the same (`SinePositionEncoding` and `PositionEmbedding`, whose
 encodings are added to the inputs here, and `TokenAndPositionEmbedding`),
 and at most 1.1 times the floor: the bare addition of a table computed
 beforehand (a constant for the sinusoidal encoding, the variable itself for
-the learned one), after `tf.gather` of the token table for the token
-embedding. keras-hub has no token embedding with a sinusoidal position; that
+the learned one), after `keras.ops.take` of the token table's rows for the
+token embedding. keras-hub has no token embedding with a sinusoidal position; that
 variant is timed against its floor alone.
 
 All run compiled with XLA in one process, in rounds that call each candidate
@@ -17,7 +17,9 @@ of an encoding once in a new order; each ratio is the median over rounds of
 the two calls' times in that round. A second copy of each keras_posenc layer
 measures how far two identical programs time apart. Before timing, every
 candidate's output is checked against the floor's, with the learned tables
-copied between them, so that all of them compute the same thing.
+copied between them, so that all of them compute the same thing. The
+backend is the one `KERAS_BACKEND` names (`compiled`): XLA on TensorFlow
+and JAX, eager on PyTorch.
 
 Run from the repository root:
 
@@ -30,11 +32,11 @@ import sys
 import keras
 import keras_hub
 import numpy as np
-import tensorflow as tf
 
 import keras_posenc
 from keras_posenc import ops
 from keras_posenc._arguments import int_at_least
+from keras_posenc.bench import compiled
 from keras_posenc.bench import timing
 
 SHAPE = (8, 2048, 512)
@@ -80,7 +82,7 @@ def _gather_and_add(token_table, position_table):
     """The floor of a token embedding: its rows plus the position table."""
 
     def gather_and_add(token_ids):
-        embedded = tf.gather(token_table, token_ids)  # (batch, seq, dim)
+        embedded = keras.ops.take(token_table, token_ids, axis=0)  # (batch, seq, dim)
         return embedded + position_table[: token_ids.shape[1]]
 
     return gather_and_add
@@ -93,6 +95,22 @@ def _add_keras_hub(encoding):
         return inputs + encoding(inputs)  # (batch, seq, dim)
 
     return add_keras_hub
+
+
+def _table_variable(table):
+    """A copy of `table` in a variable of its own, as the floors read it.
+
+    A variable, not a tensor: every backend passes it to the compiled call
+    as an argument, as it does a layer's weights.
+    """
+    return keras.Variable(keras.ops.convert_to_numpy(table), trainable=False)
+
+
+def _sinusoidal_table(sequence_length, dim):
+    """The sinusoidal table as NumPy: a constant to the compiled call."""
+    return keras.ops.convert_to_numpy(
+        ops.sinusoidal(keras.ops.arange(sequence_length), dim)
+    )
 
 
 def _built(layer, inputs):
@@ -119,7 +137,7 @@ def _candidates(encoding, shape, vocabulary_size, inputs, token_ids):
     sequence_length, dim = shape[1], shape[2]
     if encoding == "sinusoidal":
         # Computed once, outside the timed function: a constant to XLA.
-        table = ops.sinusoidal(tf.range(sequence_length), dim).numpy()
+        table = _sinusoidal_table(sequence_length, dim)
         return {
             "keras_posenc": keras_posenc.SinusoidalPositionEncoding(),
             "keras_posenc_again": keras_posenc.SinusoidalPositionEncoding(),
@@ -140,7 +158,7 @@ def _candidates(encoding, shape, vocabulary_size, inputs, token_ids):
             "keras_posenc": layer,
             "keras_posenc_again": again,
             "keras_hub": _add_keras_hub(hub_layer),
-            "floor": _add_variable(tf.Variable(layer.embeddings.numpy())),
+            "floor": _add_variable(_table_variable(layer.embeddings)),
         }
     position = "learned" if encoding == "token_learned" else "sinusoidal"
     layer, again = (
@@ -153,10 +171,10 @@ def _candidates(encoding, shape, vocabulary_size, inputs, token_ids):
         for _ in range(2)
     )
     again.token_embedding.embeddings.assign(layer.token_embedding.embeddings)
-    token_table = tf.Variable(layer.token_embedding.embeddings.numpy())
+    token_table = _table_variable(layer.token_embedding.embeddings)
     candidates = {"keras_posenc": layer, "keras_posenc_again": again}
     if position == "sinusoidal":
-        position_table = ops.sinusoidal(tf.range(sequence_length), dim).numpy()
+        position_table = _sinusoidal_table(sequence_length, dim)
     else:
         again.position_embedding.embeddings.assign(
             layer.position_embedding.embeddings
@@ -172,9 +190,7 @@ def _candidates(encoding, shape, vocabulary_size, inputs, token_ids):
             layer.position_embedding.embeddings
         )
         candidates["keras_hub"] = hub_layer
-        position_table = tf.Variable(
-            layer.position_embedding.embeddings.numpy()
-        )
+        position_table = _table_variable(layer.position_embedding.embeddings)
     candidates["floor"] = _gather_and_add(token_table, position_table)
     return candidates
 
@@ -193,7 +209,7 @@ def _check_agreement(encoding, candidates, encoding_inputs, sequence_length):
         AssertionError: naming the candidate that differs.
     """
     outputs = {
-        name: tf.function(fn, jit_compile=True)(encoding_inputs).numpy()
+        name: keras.ops.convert_to_numpy(compiled.jit(fn)(encoding_inputs))
         for name, fn in candidates.items()
     }
     largest = np.max(np.abs(outputs["floor"]))
@@ -240,9 +256,10 @@ def run(
     """
     keras.utils.set_random_seed(seed)
     sequence_length = shape[1]
-    inputs = tf.random.stateless_normal(shape, seed=[seed, 0])
-    token_ids = tf.random.stateless_uniform(
-        shape[:2], seed=[seed, 1], maxval=vocabulary_size, dtype="int32"
+    inputs = compiled.normal(shape, seed)
+    token_ids = keras.ops.convert_to_tensor(
+        np.random.default_rng(seed).integers(vocabulary_size, size=shape[:2]),
+        "int32",
     )
     results = {}
     for encoding in ENCODINGS:
@@ -316,7 +333,7 @@ def format_table(results, judged=True):
         "keras-hub has no token embedding with a sinusoidal position. The "
         "floors: the inputs plus a precomputed constant table (sinusoidal), "
         "plus the table variable's first rows (learned); for the token "
-        "embeddings, `tf.gather` of the token table plus those.",
+        "embeddings, `keras.ops.take` of the token table's rows plus those.",
     ]
     return "\n".join(lines)
 
@@ -335,7 +352,8 @@ def describe(shape, vocabulary_size, repeats):
     return (
         f"Absolute encodings added to a {shape} float32 tensor, or to the "
         f"embeddings of {shape[:2]} token ids from a vocabulary of "
-        f"{vocabulary_size}, under XLA: median of {repeats} rounds"
+        f"{vocabulary_size}, {'under XLA' if compiled.has_programs() else 'eager'}: "
+        f"median of {repeats} rounds"
     )
 
 
@@ -353,8 +371,9 @@ def main(argv=None):
     parser = timing.argument_parser(
         "absolute",
         (
-            "Time the absolute encodings under XLA against keras-hub's and "
-            "the bare addition of precomputed tables."
+            "Time the absolute encodings, under XLA where the backend has "
+            "it, against keras-hub's and the bare addition of precomputed "
+            "tables."
         ),
         "timed rounds of each encoding",
     )
@@ -375,6 +394,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     shape = tuple(args.shape)
     results = run(shape, args.vocabulary_size, args.repeats)
+    print(f"Keras {keras.__version__} on its {compiled.backend()} backend: {compiled.versions()}")
     print(describe(shape, args.vocabulary_size, args.repeats))
     print()
     print(format_table(results))

@@ -11,7 +11,7 @@ On JAX a layer's weights are arguments of the compiled program, as
 TensorFlow's variables are, not constants folded into it: a candidate that
 is a `functools.partial` over Keras layers is compiled with their
 variables passed in (`keras.StatelessScope`); so is a layer, or a function
-whose closure holds layers.
+whose closure holds layers or bare `keras.Variable`s.
 """
 
 import functools
@@ -29,6 +29,13 @@ def has_programs():
     return backend() in ("tensorflow", "jax")
 
 
+def _held_by(fn):
+    """The values a `functools.partial` or a function's closure holds."""
+    if isinstance(fn, functools.partial):
+        return list(fn.args) + list(fn.keywords.values())
+    return [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()]
+
+
 def _layers_of(fn):
     """The Keras layers a candidate is or closes over.
 
@@ -37,11 +44,19 @@ def _layers_of(fn):
     """
     if isinstance(fn, keras.layers.Layer):
         return [fn]
-    if isinstance(fn, functools.partial):
-        values = list(fn.args) + list(fn.keywords.values())
-    else:
-        values = [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()]
-    return [value for value in values if isinstance(value, keras.layers.Layer)]
+    return [value for value in _held_by(fn) if isinstance(value, keras.layers.Layer)]
+
+
+def _variables_of(fn):
+    """The variables of `fn`'s layers, and those it holds itself.
+
+    A bare `keras.Variable` in a closure or a partial (a floor's table, a
+    start index read at run time) is an argument too, as on TensorFlow.
+    """
+    variables = [variable for layer in _layers_of(fn) for variable in layer.variables]
+    if not isinstance(fn, keras.layers.Layer):
+        variables += [value for value in _held_by(fn) if isinstance(value, keras.Variable)]
+    return variables
 
 
 def jit(fn):
@@ -62,9 +77,7 @@ class _JaxCandidate:
     def __init__(self, fn):
         import jax
 
-        self.variables = [
-            variable for layer in _layers_of(fn) for variable in layer.variables
-        ]
+        self.variables = _variables_of(fn)
 
         def pure(values, *args):
             with keras.StatelessScope(state_mapping=list(zip(self.variables, values))):
@@ -155,3 +168,34 @@ def versions():
     import torch
 
     return f"PyTorch {torch.__version__}"
+
+
+_LIBRARIES = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
+
+
+def library():
+    """The name of the backend's library: "TensorFlow", "JAX" or "PyTorch"."""
+    return _LIBRARIES[backend()]
+
+
+def accelerators():
+    """The names of the GPUs the backend sees; empty where it sees none."""
+    name = backend()
+    if name == "tensorflow":
+        import tensorflow as tf
+
+        return [
+            tf.config.experimental.get_device_details(device).get(
+                "device_name", device.name
+            )
+            for device in tf.config.list_physical_devices("GPU")
+        ]
+    if name == "jax":
+        import jax
+
+        return [device.device_kind for device in jax.devices() if device.platform == "gpu"]
+    import torch
+
+    return [
+        torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())
+    ]

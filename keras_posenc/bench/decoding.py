@@ -5,10 +5,10 @@ and values of all tokens before it, which a key/value cache keeps. Here one
 `PositionalMultiHeadAttention` (8 heads of key_dim 64, features 512) fills a
 cache of 768 slots with a 512-token prompt in one call (the prefill), then
 decodes 256 tokens one at a time, each step's input being the previous
-step's output, in one `tf.while_loop` compiled with XLA, as keras-hub's
-samplers generate. The target: a decoded token takes at most 1.10 times as
-long with RoPE (`RotaryEmbedding`), ALiBi (`AlibiBias`) and T5
-(`RelativePositionBias`) as with plain attention, the same layer with
+step's output, in one loop (`keras.ops.fori_loop`) compiled with XLA, as
+keras-hub's samplers generate. The target: a decoded token takes at most
+1.10 times as long with RoPE (`RotaryEmbedding`), ALiBi (`AlibiBias`) and
+T5 (`RelativePositionBias`) as with plain attention, the same layer with
 `position=None` and the same cache; Shaw et al.'s relative representations
 (`RelativePositionEmbedding`, k = 16) are reported beside them. keras-hub's
 `CachedMultiHeadAttention`, plain attention with keras-hub's cache and the
@@ -22,6 +22,11 @@ calls' times in that round. A second copy of plain attention measures how
 far two identical programs time apart. The prefill, one causal call over the
 prompt that writes the cache, is timed the same way.
 
+The backend is the one `KERAS_BACKEND` names (`compiled`): XLA on
+TensorFlow and JAX; on PyTorch the loop runs eagerly, a step at a time.
+Each candidate's cache after the prefill is held in a variable, so that
+every backend passes it to the compiled loop rather than folding it in.
+
 Run from the repository root:
 
     python -m keras_posenc.bench.decoding [--batch 1] [--prompt 512] [--new-tokens 256] [--repeats 30]
@@ -34,11 +39,11 @@ import sys
 import keras
 import keras_hub
 import numpy as np
-import tensorflow as tf
 
 import keras_posenc
 from keras_posenc._arguments import int_at_least
 from keras_posenc.bench import attention
+from keras_posenc.bench import compiled
 from keras_posenc.bench import timing
 
 BATCH = 1
@@ -73,7 +78,7 @@ def _layer(name, heads, key_dim):
             heads, key_dim, position=attention.position_layer(name, heads)
         )
     # Built eagerly on a short input, so no weight is made under XLA.
-    short = tf.zeros((1, 2, heads * key_dim))
+    short = compiled.zeros((1, 2, heads * key_dim))
     layer(short, short)
     return layer
 
@@ -86,10 +91,11 @@ def _step(layer, tokens, cache, index, keras_hub_layer):
         )
     # keras-hub's decoders give the causal mask themselves: query `index + t`
     # attends to slots up to its own.
-    slots = tf.shape(cache)[2]
-    queries = index + tf.range(tf.shape(tokens)[1])  # (new,)
-    mask = tf.range(slots)[tf.newaxis] <= queries[:, tf.newaxis]  # (new, slots)
-    mask = tf.broadcast_to(mask, [tf.shape(tokens)[0], tf.shape(tokens)[1], slots])
+    batch, new = keras.ops.shape(tokens)[0], keras.ops.shape(tokens)[1]
+    slots = keras.ops.shape(cache)[2]
+    queries = index + keras.ops.arange(new)  # (new,)
+    mask = keras.ops.arange(slots)[None] <= queries[:, None]  # (new, slots)
+    mask = keras.ops.broadcast_to(mask, (batch, new, slots))
     return layer(
         tokens, tokens, cache=cache, cache_update_index=index, attention_mask=mask
     )
@@ -97,7 +103,7 @@ def _step(layer, tokens, cache, index, keras_hub_layer):
 
 def _prefill(layer, keras_hub_layer, slots, prompt):
     """The prompt's outputs and the cache it fills, slots after it empty."""
-    cache = tf.zeros((prompt.shape[0], 2, slots, layer.num_heads, layer.key_dim))
+    cache = compiled.zeros((prompt.shape[0], 2, slots, layer.num_heads, layer.key_dim))
     return _step(layer, prompt, cache, 0, keras_hub_layer)
 
 
@@ -109,25 +115,27 @@ def _decode(layer, keras_hub_layer, new_tokens, cache, first):
         keras_hub_layer: bool. Whether `layer` is keras-hub's.
         new_tokens: int. Tokens to decode.
         cache: the cache after the prefill, `(batch, 2, slots, heads,
-            key_dim)`, its first `slots - new_tokens` slots written.
+            key_dim)`, its first `slots - new_tokens` slots written: a
+            tensor or a variable.
         first: the first input, `(batch, 1, features)`.
 
     Returns:
         The outputs of every step, `(batch, new_tokens, features)`.
     """
-    start = tf.shape(cache)[2] - new_tokens
-    outputs = tf.TensorArray(first.dtype, size=new_tokens)
+    cache = keras.ops.convert_to_tensor(cache)
+    start = keras.ops.shape(cache)[2] - new_tokens
+    batch, features = keras.ops.shape(first)[0], keras.ops.shape(first)[2]
+    outputs = keras.ops.zeros((batch, new_tokens, features), first.dtype)
 
-    def step(count, tokens, cache, outputs):
+    def step(count, state):
+        tokens, cache, outputs = state
         output, cache = _step(layer, tokens, cache, start + count, keras_hub_layer)
-        return count + 1, output, cache, outputs.write(count, output[:, 0])
+        # (batch, new, features), step `count`'s token written
+        outputs = keras.ops.slice_update(outputs, (0, count, 0), output)
+        return output, cache, outputs
 
-    _, _, _, outputs = tf.while_loop(
-        lambda count, *_: count < new_tokens,
-        step,
-        (tf.constant(0), first, cache, outputs),
-    )
-    return tf.transpose(outputs.stack(), [1, 0, 2])  # (batch, new, features)
+    _, _, outputs = keras.ops.fori_loop(0, new_tokens, step, (first, cache, outputs))
+    return outputs
 
 
 def run(
@@ -176,20 +184,22 @@ def run(
     # The plain layers alike, so that keras-hub's checks this package's.
     for name in ("keras_hub", "plain_again"):
         layers[name].set_weights(layers[BASELINE].get_weights())
-    prompt_tokens = tf.random.stateless_normal((batch, prompt, width), seed=[seed, 0])
+    prompt_tokens = compiled.normal((batch, prompt, width), seed)
     prefills = {}
     decodes = {}
     for name, layer in layers.items():
         is_hub = name == "keras_hub"
-        # Partials, not lambdas: `tf.function` counts traces per code object.
+        # Partials, not lambdas: `tf.function` counts traces per code object;
+        # on JAX the layer and the cache a partial holds are passed in.
         prefills[name] = functools.partial(_prefill, layer, is_hub, slots)
-        _, cache = tf.function(prefills[name], jit_compile=True)(prompt_tokens)
+        _, cache = compiled.jit(prefills[name])(prompt_tokens)
+        cache = keras.Variable(cache, trainable=False)
         decodes[name] = functools.partial(
             _decode, layer, is_hub, new_tokens, cache
         )
     first = prompt_tokens[:, -1:]
     decoded = {
-        name: tf.function(decode, jit_compile=True)(first).numpy()
+        name: keras.ops.convert_to_numpy(compiled.jit(decode)(first))
         for name, decode in decodes.items()
         if name in (BASELINE, "keras_hub")
     }
@@ -277,7 +287,8 @@ def describe(batch, prompt, new_tokens, heads, key_dim, repeats):
     return (
         f"Cached generation: a {prompt}-token prompt of batch {batch} cached "
         f"in one call, then {new_tokens} tokens decoded one at a time in one "
-        f"XLA-compiled loop, {heads} heads of key_dim {key_dim}, "
+        f"{'XLA-compiled' if compiled.has_programs() else 'eager'} loop, "
+        f"{heads} heads of key_dim {key_dim}, "
         f"{prompt + new_tokens} cache slots: median of {repeats} rounds, "
         "against plain attention with the same cache"
     )
@@ -300,7 +311,7 @@ def main(argv=None):
             "Time cached generation with each position scheme inside "
             "PositionalMultiHeadAttention against plain attention with the "
             "same key/value cache: a prompt cached in one call, then tokens "
-            "decoded one at a time under XLA."
+            "decoded one at a time, under XLA where the backend has it."
         ),
     )
     for flag, default, help_text in (
@@ -330,6 +341,7 @@ def main(argv=None):
         "key_dim": args.key_dim,
     }
     results = run(**sizes, repeats=args.repeats)
+    print(f"Keras {keras.__version__} on its {compiled.backend()} backend: {compiled.versions()}")
     print(describe(**sizes, repeats=args.repeats))
     print()
     print(format_table(results))

@@ -9,13 +9,17 @@ included), `keras_posenc.bench.decoding` (cached generation, a token at a
 time after a prompt, per scheme against plain attention with the same
 cache) and `keras_posenc.bench.grid` (the layers on a grid of patches
 against their floors, their 1-D paths and plain attention), and prints a description of the machine followed by each
-benchmark's table of ratios, as Markdown. Every call is compiled with XLA;
-ratios are medians over rounds of paired calls (see `keras_posenc.bench.timing`).
+benchmark's table of ratios, as Markdown. They run on the backend that
+`KERAS_BACKEND` names (TensorFlow by default), which the description
+states: on TensorFlow and JAX every call is compiled with XLA, on PyTorch
+it runs eagerly (`keras_posenc.bench.compiled`); ratios are medians over
+rounds of paired calls (see `keras_posenc.bench.timing`).
 
 Peak memory is not timed but read from XLA: `keras_posenc.bench.attention` takes
 each candidate's compiled call's buffer assignment (its temporary buffers,
 output and constants; not its input and weights), which is exact and the
-same from run to run.
+same from run to run. PyTorch compiles no XLA program: there the memory
+columns are left out, and the report says so.
 
 Needs the `bench` extra (keras-hub, the baseline):
 
@@ -29,10 +33,10 @@ import platform
 
 import keras
 import keras_hub
-import tensorflow as tf
 
 from keras_posenc.bench import absolute
 from keras_posenc.bench import attention
+from keras_posenc.bench import compiled
 from keras_posenc.bench import decoding
 from keras_posenc.bench import grid
 from keras_posenc.bench import rotary_embedding
@@ -68,7 +72,8 @@ TINY_NOTE = (
 )
 
 METHOD = (
-    "Every candidate is compiled with XLA (`jit_compile=True`) and timed in "
+    "Every candidate is compiled with XLA (`jit_compile=True` on "
+    "TensorFlow, `jax.jit` on JAX) and timed in "
     "this one process, in rounds that call each candidate of a benchmark "
     "once, in a new order each round; a ratio is the median over rounds of "
     "the two calls' times in a round, so the load of a busy machine falls "
@@ -79,6 +84,18 @@ METHOD = (
     "buffers, at the most that is live at once, its output and its "
     "constants, not its input and weights; exact, and the same from run "
     "to run."
+)
+# PyTorch's candidates run as they are: nothing compiled, nothing to read.
+EAGER_METHOD = (
+    "Every candidate runs eagerly (Keras' PyTorch backend compiles with no "
+    "XLA) and is timed in this one process, in rounds that call each "
+    "candidate of a benchmark once, in a new order each round; a ratio is "
+    "the median over rounds of the two calls' times in a round, so the "
+    "load of a busy machine falls on both alike. A second copy of one "
+    "candidate measures how far two identical programs time apart: a ratio "
+    'past its target by no more than that reads "within noise". Peak '
+    "memory, read from XLA's buffer assignment on TensorFlow and JAX, is "
+    "not measured here: the attention table has no memory columns."
 )
 
 
@@ -117,31 +134,22 @@ def _memory():
     return f"{int(total.split()[0]) / 2**20:.1f} GiB"
 
 
-def _gpus():
-    """The GPUs TensorFlow sees, by name, or "none"."""
-    names = [
-        tf.config.experimental.get_device_details(device).get(
-            "device_name", device.name
-        )
-        for device in tf.config.list_physical_devices("GPU")
-    ]
-    return ", ".join(names) or "none"
-
-
 def describe_machine():
     """The machine and the software the benchmarks ran on, as Markdown.
 
     Returns:
         A str: a bullet list of the CPU model, logical cores, memory, the
-        GPUs TensorFlow sees, the versions of TensorFlow, Keras, keras-hub
-        and Python, and today's date.
+        GPUs the backend sees, the backend measured, the versions of its
+        library, Keras, keras-hub and Python, and today's date.
     """
+    gpus = ", ".join(compiled.accelerators()) or "none"
     return "\n".join(
         [
             f"- CPU: {_cpu_model()}, {os.cpu_count()} logical cores",
             f"- Memory: {_memory()}",
-            f"- GPUs seen by TensorFlow: {_gpus()}",
-            f"- TensorFlow {tf.__version__}, Keras {keras.__version__}, "
+            f"- GPUs seen by {compiled.library()}: {gpus}",
+            f"- Backend measured: Keras' {keras.backend.backend()} backend",
+            f"- {compiled.versions()}, Keras {keras.__version__}, "
             f"keras-hub {keras_hub.__version__}, "
             f"Python {platform.python_version()}",
             f"- Date: {datetime.date.today().isoformat()}",
@@ -224,8 +232,13 @@ def run(out=None, repeats=30, tiny=False):
     _progress("Timing RotaryEmbedding ...")
     rotary_results = rotary_embedding.run(rotary_shape, repeats, warmup)
     _progress(
-        "Timing attention per position scheme, then reading each one's "
-        "peak memory from XLA's buffer assignment ..."
+        "Timing attention per position scheme"
+        + (
+            ", then reading each one's peak memory from XLA's buffer "
+            "assignment ..."
+            if compiled.has_programs()
+            else " ..."
+        )
     )
     attention_results = attention.run(
         **attention_sizes,
@@ -254,13 +267,24 @@ def run(out=None, repeats=30, tiny=False):
         width,
     )
     memory_input = (attention_sizes["batch"], memory_length, width)
+    mode = "under XLA" if compiled.has_programs() else "eager"
+    if compiled.has_programs():
+        memory_sentence = (
+            f" Peak memory of one call at {memory_input}, as XLA assigns it "
+            "(targets: RoPE and ALiBi at most 1.0x, T5 1.1x, Shaw 1.15x), "
+            f"and below at (1, {long_memory_length}, {width})."
+        )
+    else:
+        memory_sentence = (
+            " Peak memory is not measured on PyTorch: no XLA program to read."
+        )
     report = "\n".join(
         [
             "# keras-posenc benchmarks",
             "",
             describe_machine(),
             "",
-            METHOD,
+            METHOD if compiled.has_programs() else EAGER_METHOD,
             "",
             *([TINY_NOTE, ""] if tiny else []),
             "## Additive encodings",
@@ -276,7 +300,7 @@ def run(out=None, repeats=30, tiny=False):
             "",
             "## Rotary embedding",
             "",
-            f"`RotaryEmbedding` on a {rotary_shape} float32 tensor under XLA: "
+            f"`RotaryEmbedding` on a {rotary_shape} float32 tensor {mode}: "
             f"median of {repeats} rounds. Targets: at most 1.0x keras-hub, "
             "at most 1.2x the floor (the bare rotation with precomputed "
             "cos/sin tables); with a start index read at run time, at most "
@@ -288,14 +312,11 @@ def run(out=None, repeats=30, tiny=False):
             "",
             f"One self-attention call on a {attention_input} float32 input, "
             f"{attention_sizes['heads']} heads of key_dim "
-            f"{attention_sizes['key_dim']}, no mask, under XLA: median of "
+            f"{attention_sizes['key_dim']}, no mask, {mode}: median of "
             f"{repeats} rounds, against plain `MultiHeadAttention` on Keras' "
             "einsum path (the \"/ plain\" column: against its "
             "`dot_product_attention` path). Targets: RoPE and ALiBi at most "
-            "1.05x, T5 1.10x, Shaw 1.25x. Peak memory of one call at "
-            f"{memory_input}, as XLA assigns it (targets: RoPE and ALiBi at "
-            "most 1.0x, T5 1.1x, Shaw 1.15x), and below at "
-            f"(1, {long_memory_length}, {width}).",
+            "1.05x, T5 1.10x, Shaw 1.25x." + memory_sentence,
             "",
             attention.format_table(attention_results, judged=not tiny),
             "",
