@@ -1496,7 +1496,8 @@ def test_alibi_in_the_product_with_a_cache_equals_float64_reference():
             step, step, cache=cache, cache_update_index=index, use_causal_mask=True
         )
         outputs.append(output)
-    assert_close(np.concatenate([numpy(output) for output in outputs], axis=1), expected)
+    outputs = [numpy(output) for output in outputs]
+    assert_close(np.concatenate(outputs, axis=1), expected)
 
 
 @pytest.mark.parametrize("under_xla", [False, True], ids=["eager", "xla"])

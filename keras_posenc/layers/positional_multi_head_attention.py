@@ -162,7 +162,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     on the values). The layer
     asks its `position` for these contributions and knows nothing else of
     the scheme. With
-    `position=None` it is the Keras layer: same weights, same outputs.
+    `position=None` it is the Keras layer: same weights, same outputs (on
+    JAX, with a `value_dim` other than `key_dim`, those of Keras' path that
+    returns the scores: its fused path fails there).
 
     On an image or video grid the scheme takes positions of `num_axes` > 1
     coordinates (a `GridRelativePositionBias`, or a rotary embedding of
