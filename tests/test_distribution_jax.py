@@ -23,7 +23,7 @@ pytestmark = pytest.mark.jax_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Float32 sums in another order across devices: within a few ulps of the
-# weights' sizes after 16 Adam steps.
+# weights' sizes after 16 SGD steps.
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 
 
