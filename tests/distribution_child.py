@@ -97,7 +97,9 @@ def layout_map(mesh):
     layer = "(.*/)?{}(_[0-9]+)?/embeddings"
     layouts[layer.format("position_embedding")] = ("model", None)  # (8, 16)
     layouts[layer.format("relative_position_bias")] = ("model", None)  # (8, 4)
-    layouts[layer.format("relative_position_embedding")] = (None, "model")  # (7, 4)
+    # Shaw's key and value tables, (2k + 1, key_dim): by feature.
+    shaw = "(.*/)?relative_position_embedding(_[0-9]+)?/(key|value)_embeddings"
+    layouts[shaw] = (None, "model")  # (7, 4)
     layouts[layer.format("grid_relative_position_bias")] = (None, "model")  # (15, 4)
     layouts[layer.format("shortest_path_bias")] = ("model", None)  # (4, 4)
     return layouts

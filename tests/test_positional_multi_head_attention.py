@@ -34,6 +34,7 @@ from tests.backend import graph_function
 from tests.backend import keras_mask as keras_mask_of
 from tests.backend import numpy
 from tests.backend import tensorflow_only
+from tests.backend import XLA
 
 BATCH = 2
 LENGTH = 7
@@ -909,8 +910,8 @@ def test_keras_file_round_trip_is_bit_identical(scheme, tmp_path):
 def test_xla_training_step(scheme):
     keras.utils.set_random_seed(0)
     model = decoder_model(scheme)
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=True)
-    assert model.jit_compile
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=XLA)
+    assert model.jit_compile == XLA
     before = {weight.path: numpy(weight.value) for weight in model.trainable_weights}
     tokens = random_inputs((4, LENGTH, FEATURES))
     targets = random_inputs((4, LENGTH, 2), seed=1)

@@ -166,17 +166,19 @@ class GridRelativePositionBias(HeadBias):
         )  # (batch or 1, query, key)
         if self.num_prefix_tokens:
             rows = self._with_prefix_rows(rows)  # (batch or 1, query, key)
-        # One scalar per (head, query, key) from the flattened (heads, rows)
-        # table, laid out as the logits it joins (as T5's bias).
-        entries = self.embeddings.shape[0]
-        table = keras.ops.reshape(
-            keras.ops.transpose(self.embeddings), (-1,)
-        )  # (heads * rows,)
-        head_offsets = (
-            keras.ops.arange(self.num_heads, dtype="int32")[:, None, None] * entries
-        )  # (heads, 1, 1)
-        return keras.ops.cast(
-            _backend.take_in_range(table, rows[:, None] + head_offsets), "float32"
+        # Inside attention, one row of indices per batch element (as T5's
+        # bias): the gather then makes the bias of the logits' own shape,
+        # which XLA computes inside the addition to the logits, reading
+        # contiguous rows of heads. A bias shared by the batch is written
+        # once and added twice, and its sum with the logits written again
+        # for the softmax's maximum (1.197x the time of plain attention).
+        if query is not None:
+            rows = keras.ops.broadcast_to(
+                rows, (keras.ops.shape(query)[0],) + tuple(keras.ops.shape(rows)[1:])
+            )  # (batch, query, key)
+        table = keras.ops.cast(self.embeddings, "float32")  # (rows, heads)
+        return keras.ops.transpose(
+            _backend.take_in_range(table, rows), [0, 3, 1, 2]
         )  # (batch or 1, heads, query, key)
 
     def _with_prefix_rows(self, rows):

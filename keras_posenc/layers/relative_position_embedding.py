@@ -36,20 +36,10 @@ def _read_by_distance(per_distance, rows):
     Returns:
         A tensor of shape `(batch, heads, query, key)`.
     """
-    batch_size, queries, distances, heads = keras.ops.shape(per_distance)
-    # Each (batch, query) pair's 2k + 1 rows, one after another: the rows'
-    # indices into the flattened table, a plain gather on every backend.
-    starts = keras.ops.reshape(
-        keras.ops.arange(batch_size * queries, dtype="int32") * distances,
-        (batch_size, queries, 1),
-    )  # (batch, query, 1)
     # Heads last, so the gather reads contiguous rows and XLA fuses it, and
     # the transpose after it, into the tensor's consumer.
     return keras.ops.transpose(
-        _backend.take_in_range(
-            keras.ops.reshape(per_distance, (-1, heads)), starts + rows
-        ),
-        [0, 3, 1, 2],
+        _backend.take_rows_per_query(per_distance, rows), [0, 3, 1, 2]
     )  # (batch, heads, query, key)
 
 
@@ -374,6 +364,10 @@ class RelativePositionEmbedding(AttentionPosition):
         """
         batch_size, heads, queries, _ = keras.ops.shape(weights)
         distances = 2 * self.max_distance + 1
+        if 0 in weights.shape[2:]:
+            # No queries or no keys: nothing to sum (PyTorch's segment sum
+            # refuses empty segment ids).
+            return keras.ops.zeros((batch_size, queries, distances, heads), "float32")
         # One segment per batch element, query and distance. Segment sums
         # run over the leading axis, so heads go last: the transpose costs
         # one copy of the weights, where a one-hot product would need a
