@@ -44,29 +44,10 @@ def compiled(function):
 def gradients(function, *arguments):
     """The gradients of the sum of `function(*arguments)` by each argument.
 
-    Returns NumPy arrays, one per argument.
+    Returns NumPy arrays, one per argument (`gradient_function`, run here).
     """
     arguments = [keras.ops.convert_to_tensor(a, "float32") for a in arguments]
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        with tf.GradientTape() as tape:
-            tape.watch(arguments)
-            total = tf.reduce_sum(function(*arguments))
-        found = tape.gradient(total, arguments)
-    elif BACKEND == "jax":
-        import jax
-
-        found = jax.grad(
-            lambda *a: jax.numpy.sum(function(*a)), argnums=tuple(range(len(arguments)))
-        )(*arguments)
-    else:
-        import torch
-
-        arguments = [a.detach().requires_grad_(True) for a in arguments]
-        total = torch.sum(function(*arguments))
-        found = torch.autograd.grad(total, arguments)
-    return [keras.ops.convert_to_numpy(g) for g in found]
+    return [numpy(g) for g in gradient_function(function)(*arguments)]
 
 
 def numpy(value):
