@@ -132,8 +132,12 @@ def shifted_cos_sin(length, start_index, frequencies):
         [keras.ops.cos(steps), keras.ops.sin(steps)], axis=-1
     )  # (length, 2f)
     start = keras.ops.cast(start_index, "float32") * frequencies  # (f,): s w
-    cos_start = keras.ops.diag(keras.ops.cos(start))  # (f, f): C
-    sin_start = keras.ops.diag(keras.ops.sin(start))  # (f, f): S
+    # Diagonal matrices by a select on the identity's pattern, not
+    # `keras.ops.diag`, which Keras 3.8 wraps in a `tf.cond` of unknown
+    # output shape (XLA then cannot split the product below).
+    diagonal = keras.ops.eye(frequencies.shape[0], dtype="bool")  # (f, f)
+    cos_start = keras.ops.where(diagonal, keras.ops.cos(start)[None], 0.0)  # (f, f): C
+    sin_start = keras.ops.where(diagonal, keras.ops.sin(start)[None], 0.0)  # (f, f): S
     rotation = keras.ops.concatenate(
         [
             keras.ops.concatenate([cos_start, sin_start], axis=1),
