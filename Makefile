@@ -96,11 +96,12 @@ test-jax-oldest: $(JAX_OLDEST)/.installed
 		$(LAB_TESTS) $(JAX_FLOOR_SKIPS)
 
 # Every public layer's forward pass, training step and `.keras` round trip,
+# the backend module's answers,
 # and files across PyTorch and TensorFlow.
 TORCH_VERSION := 2.13.0
 test-torch: $(TORCH)/.installed
 	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) \
-		tests/test_every_backend.py tests/test_cross_backend.py
+		tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py
 
 # Every page of the built site in headless Chromium, offline; needs
 # Debian's chromium (apt-get install chromium).

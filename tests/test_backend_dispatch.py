@@ -1,0 +1,86 @@
+"""`keras_posenc.ops._backend`, the one module that asks the backend.
+
+Each answer checked on whichever backend runs the suite (`make test`,
+`make test-jax`, `make test-torch`), against NumPy where it computes.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_posenc.ops import _backend
+from tests.backend import BACKEND
+from tests.backend import compiled
+from tests.backend import numpy
+
+
+def test_backend_is_keras_backend():
+    assert _backend.backend() == BACKEND == keras.backend.backend()
+
+
+@pytest.mark.parametrize(
+    "dtype, integer", [("int32", True), ("uint8", True), ("float32", False), ("bool", False)]
+)
+def test_is_integer(dtype, integer):
+    assert _backend.is_integer(keras.ops.zeros((2,), dtype)) is integer
+
+
+def test_known_values_and_traced_ones():
+    tensor = keras.ops.convert_to_tensor([1, 2, 3], "int32")
+    assert not _backend.is_symbolic(tensor)
+    np.testing.assert_array_equal(_backend.static_value(tensor), [1, 2, 3])
+    np.testing.assert_array_equal(_backend.static_value([4, 5]), [4, 5])
+    assert _backend.is_symbolic(keras.Input((3,)))
+    assert _backend.static_value(keras.Input((3,))) is None
+    assert _backend.executing_eagerly()
+
+    seen = []
+
+    def traced(x):
+        seen.append(_backend.static_value(x))
+        return x + 1
+
+    np.testing.assert_array_equal(numpy(compiled(traced)(tensor)), [2, 3, 4])
+    # Compiled by XLA (TensorFlow, JAX), the argument has no value as the
+    # program is built; PyTorch runs the function eagerly.
+    assert (seen[0] is None) == (BACKEND != "torch")
+
+
+def test_checked_raises_at_once_where_the_condition_is_known():
+    value = keras.ops.ones((2,))
+    assert _backend.checked(value, keras.ops.ones((2,), "bool"), "never") is value
+    with pytest.raises(ValueError, match="^`x` must be positive$"):
+        _backend.checked(
+            value, keras.ops.convert_to_tensor([True, False]), "`x` must be positive"
+        )
+
+
+def test_float32_matmuls_are_exact_on_the_cpu():
+    # This suite runs on CPUs (CI has no accelerator).
+    assert _backend.float32_matmul_is_exact()
+
+
+def test_take_in_range_is_numpy_take():
+    table = np.arange(12, dtype="float32").reshape(4, 3)
+    indices = np.array([[3, 0], [1, 1]], "int32")
+    np.testing.assert_array_equal(
+        numpy(_backend.take_in_range(keras.ops.convert_to_tensor(table), indices)),
+        table[indices],
+    )
+
+
+@pytest.mark.parametrize("queries, keys", [(3, 5), (0, 4), (2, 0)])
+def test_take_rows_per_query_reads_each_querys_own_rows(queries, keys):
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(2, queries, 7, 4)).astype("float32")
+    rows = rng.integers(0, 7, size=(2, queries, keys)).astype("int32")
+    expected = np.take_along_axis(values, rows[..., None], axis=2)  # (2, q, k, 4)
+    found = _backend.take_rows_per_query(
+        keras.ops.convert_to_tensor(values), keras.ops.convert_to_tensor(rows)
+    )
+    assert tuple(found.shape) == (2, queries, keys, 4)
+    np.testing.assert_array_equal(numpy(found), expected)
+
+
+def test_dot_product_attention_needs_equal_head_sizes_on_jax_alone():
+    assert _backend.dot_product_attention_needs_equal_head_sizes() == (BACKEND == "jax")
