@@ -105,6 +105,19 @@ def layout_map(mesh):
     return layouts
 
 
+def weights(path):
+    """The weights a run saved to `path` (`.npz`), by variable path."""
+    with np.load(path) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def assert_same_weights(found, expected, **tolerance):
+    """The same variables, each equal within `tolerance`."""
+    assert found.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_allclose(found[name], expected[name], err_msg=name, **tolerance)
+
+
 class ExitInEpoch(keras.callbacks.Callback):
     """Ends the process, as a kill would, in the middle of epoch `epoch`."""
 

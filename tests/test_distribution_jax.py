@@ -14,10 +14,11 @@ import socket
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from tests.backend import BACKEND
+from tests.distribution_child import assert_same_weights
+from tests.distribution_child import weights
 
 pytestmark = pytest.mark.jax_only
 
@@ -47,17 +48,6 @@ def run(mode, out, *arguments, devices=8, check=True):
         _, stderr = process.communicate(timeout=600)
         assert process.returncode == 0, stderr[-4000:]
     return process
-
-
-def weights(path):
-    with np.load(path) as archive:
-        return {name: archive[name] for name in archive.files}
-
-
-def assert_same_weights(found, expected, **tolerance):
-    assert found.keys() == expected.keys()
-    for name in expected:
-        np.testing.assert_allclose(found[name], expected[name], err_msg=name, **tolerance)
 
 
 @pytest.fixture(scope="module")

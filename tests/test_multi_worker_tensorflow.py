@@ -14,10 +14,11 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from tests.backend import tensorflow_only
+from tests.distribution_child import assert_same_weights
+from tests.distribution_child import weights
 
 pytestmark = tensorflow_only
 
@@ -50,17 +51,6 @@ def start(out, index, ports, *extra):
 def finish(process, returncode=0):
     _, stderr = process.communicate(timeout=600)
     assert process.returncode == returncode, stderr[-4000:]
-
-
-def weights(path):
-    with np.load(path) as archive:
-        return {name: archive[name] for name in archive.files}
-
-
-def assert_same_weights(found, expected, **tolerance):
-    assert found.keys() == expected.keys()
-    for name in expected:
-        np.testing.assert_allclose(found[name], expected[name], err_msg=name, **tolerance)
 
 
 def two_workers(out, exit_after=None):

@@ -110,7 +110,7 @@ def optimized_hlo(fn, *args):
         return compiled.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
     if backend() == "jax":
         return compiled.lowered(*args).as_text()
-    raise NotImplementedError(
+    raise RuntimeError(
         f"Keras' {backend()} backend does not compile with XLA: no HLO to read."
     )
 
@@ -139,7 +139,7 @@ def compiled_bytes(fn, *args):
     if backend() == "jax":
         analysis = compiled.lowered(*args).memory_analysis()
         return analysis.temp_size_in_bytes + analysis.output_size_in_bytes
-    raise NotImplementedError(
+    raise RuntimeError(
         f"Keras' {backend()} backend does not compile with XLA: no buffer "
         "assignment to read."
     )
