@@ -4,6 +4,7 @@ import pytest
 
 from keras_posenc import RotaryEmbedding
 from keras_posenc import hf_config
+from tests.test_rotary_grid import QWEN3_VL_TEXT
 
 QWEN2_VL_VISION = {"depth": 32, "embed_dim": 1280, "num_heads": 16}
 # Qwen/Qwen2-VL-2B-Instruct's config.json as first published: the text
@@ -63,20 +64,7 @@ QWEN3_VL = {
     "architectures": ["Qwen3VLForConditionalGeneration"],
     "model_type": "qwen3_vl",
     "image_token_id": 151655,
-    "text_config": {
-        "model_type": "qwen3_vl_text",
-        "head_dim": 128,
-        "hidden_size": 4096,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 262144,
-        "rope_scaling": {
-            "mrope_interleaved": True,
-            "mrope_section": [24, 20, 20],
-            "rope_type": "default",
-        },
-        "rope_theta": 5000000,
-    },
+    "text_config": {**QWEN3_VL_TEXT, "num_key_value_heads": 8},
     "vision_config": {"model_type": "qwen3_vl", "depth": 27, "hidden_size": 1152},
 }
 QWEN2_VL_ARGUMENTS = {
