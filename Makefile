@@ -79,8 +79,12 @@ LAB_TESTS := $(addprefix --ignore=tests/,test_demo.py test_demo_graph.py \
 	test_demo_vision.py test_cli.py test_benchmarks.py test_plot.py \
 	test_site.py test_doc_pages.py test_distribution.py test_notebooks.py)
 
+# Then the TPU notebook, over 8 host devices standing in for a TPU's 8
+# cores (about a minute).
 test-jax: $(JAX)/.installed
 	KERAS_BACKEND=jax $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) tests $(LAB_TESTS)
+	KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+		$(JAX)/bin/python -m pytest notebooks/03_tpu_training.ipynb
 
 # At the floor, the layers' own tests: the whole models, the files across
 # backends and the distribution runs are the ceiling's (CI's 45 minutes).
