@@ -299,3 +299,35 @@ def test_bad_arguments_raise_value_error_naming_them(kwargs, message):
 def test_bad_positions_say_what_was_expected(query_positions, key_positions, message):
     with pytest.raises(ValueError, match=message):
         AlibiBias(2)(query_positions, key_positions)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_bias_inside_attention_is_exact_far_from_zero(symmetric):
+    # Inside attention (a query given) the bias may be computed as a float32
+    # difference of the positions (`_backend.fuses_attention`); counted from
+    # the first query, it stays exact where float32 positions would not be
+    # (multiples of 64 from 2 ** 30).
+    layer = AlibiBias(3, symmetric=symmetric)
+    layer.build_for_attention(3, 4, 4)
+    start = 2**30 + 5
+    query_positions = np.array([[start + 7, start + 9], [start, start + 1]], "int32")
+    key_positions = np.array([[start + k for k in range(10)]] * 2, "int32")
+    query = keras.ops.zeros((2, 2, 3, 4))
+    bias = layer.logits_bias(
+        query,
+        keras.ops.convert_to_tensor(query_positions),
+        keras.ops.convert_to_tensor(key_positions),
+    )
+    assert_bias(
+        bias,
+        reference_bias(query_positions, key_positions, references.alibi_slopes(3), symmetric),
+    )
+
+
+def test_bias_inside_attention_without_queries_or_keys_is_empty():
+    layer = AlibiBias(2)
+    layer.build_for_attention(2, 4, 4)
+    none = keras.ops.zeros((1, 0), "int32")
+    some = keras.ops.arange(3, dtype="int32")[None]
+    assert tuple(layer.logits_bias(keras.ops.zeros((1, 0, 2, 4)), none, some).shape) == (1, 2, 0, 3)
+    assert tuple(layer.logits_bias(keras.ops.zeros((1, 3, 2, 4)), some, none).shape) == (1, 2, 3, 0)

@@ -12,6 +12,7 @@ from keras_posenc.ops import _backend
 from tests.backend import BACKEND
 from tests.backend import compiled
 from tests.backend import numpy
+from tests.backend import results_of_size
 
 
 def test_backend_is_keras_backend():
@@ -84,3 +85,20 @@ def test_take_rows_per_query_reads_each_querys_own_rows(queries, keys):
 
 def test_dot_product_attention_needs_equal_head_sizes_on_jax_alone():
     assert _backend.dot_product_attention_needs_equal_head_sizes() == (BACKEND == "jax")
+
+
+def test_fuses_attention_where_keras_attention_writes_no_logits():
+    if BACKEND != "jax":
+        assert not _backend.fuses_attention()
+        return
+    # The claim checked on this JAX: XLA compiles Keras' einsum path (the
+    # scores asked for, then dropped) without a logits-sized result, at a
+    # size it fuses (jaxlib 0.10.2 does not at 128 keys of 16 features).
+    batch, length, heads, key_dim = 2, 256, 8, 64
+    plain = keras.layers.MultiHeadAttention(heads, key_dim)
+    writes = results_of_size(
+        lambda x: plain(x, x, return_attention_scores=True)[0],
+        keras.random.normal((batch, length, heads * key_dim), seed=0),
+        batch * heads * length * length,
+    )
+    assert _backend.fuses_attention() == (writes == 0)

@@ -33,6 +33,7 @@ from tests.backend import gradients
 from tests.backend import graph_function
 from tests.backend import keras_mask as keras_mask_of
 from tests.backend import numpy
+from tests.backend import results_of_size
 from tests.backend import tensorflow_only
 from tests.backend import XLA
 
@@ -1797,3 +1798,28 @@ def test_alibi_at_default_positions_under_xla_gradients_equal_float64():
     names = ["query", "value"] + [variable.path for variable in variables]
     for gradient, expected_gradient, name in zip(actual, expected, names):
         assert_close(gradient, expected_gradient, atol=GRADIENT_ATOL, err_msg=name)
+
+
+@pytest.mark.jax_only
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5"])
+def test_on_jax_attention_writes_no_more_logits_than_keras(scheme):
+    # Where XLA fuses Keras' attention whole (jaxlib 0.10.2 on the CPU),
+    # the attention keeps Keras' order and writes no logits either, a bias
+    # of the logits' size or shared by the batch included; elsewhere it
+    # writes them no more often than Keras (`_backend.fuses_attention`).
+    batch, length, heads, key_dim = 2, 256, 8, 64
+    inputs = keras.random.normal((batch, length, heads * key_dim), seed=0)
+    plain = keras.layers.MultiHeadAttention(heads, key_dim)
+    position = {
+        "rope": RotaryEmbedding(),
+        "alibi": AlibiBias(heads),
+        "t5": RelativePositionBias(heads),
+    }[scheme]
+    layer = PositionalMultiHeadAttention(heads, key_dim, position=position)
+    size = batch * heads * length * length
+    found = results_of_size(lambda x: layer(x, x), inputs, size)
+    # Asking for the scores takes Keras' einsum path; they are dropped.
+    keras_writes = results_of_size(
+        lambda x: plain(x, x, return_attention_scores=True)[0], inputs, size
+    )
+    assert found <= keras_writes

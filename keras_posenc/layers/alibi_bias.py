@@ -27,6 +27,28 @@ def _maxima_block_size(keys, steepest):
     return largest_divisor(keys, 32, min(64, int(BIAS_SPREAD / steepest) + 1))
 
 
+def _float_distance(query_positions, key_positions):
+    """`j - i` as a float32 difference of two broadcast vectors.
+
+    What XLA on JAX computes inside its fused attention, where an int32
+    `j - i` of the logits' size is a tensor of its own
+    (`_backend.fuses_attention`). Both are counted from the first query,
+    in int32, so the difference is exact wherever the int32 one is: while
+    the keys lie within 2 ** 24 positions of that query.
+
+    Args:
+        query_positions: int32 tensor of shape `(batch or 1, query)`.
+        key_positions: int32 tensor of shape `(batch or 1, key)`.
+
+    Returns:
+        A float32 tensor of shape `(batch or 1, query, key)`.
+    """
+    origin = query_positions[:, :1]  # (batch or 1, 1)
+    i = keras.ops.cast(query_positions - origin, "float32")[:, :, None]
+    j = keras.ops.cast(key_positions - origin, "float32")[:, None, :]
+    return j - i
+
+
 @keras.saving.register_keras_serializable(package="keras_posenc")
 class AlibiBias(HeadBias):
     """Attention with linear biases (ALiBi): a per-head penalty on distance.
@@ -131,9 +153,16 @@ class AlibiBias(HeadBias):
         )
 
     def logits_bias(self, query, query_positions, key_positions, consecutive=False):
-        distance = ops.relative_distance(
-            query_positions, key_positions
-        )  # (batch or 1, query, key): j - i
+        if (
+            query is not None
+            and query_positions.shape[-1] != 0
+            and _backend.fuses_attention()
+        ):
+            distance = _float_distance(query_positions, key_positions)
+        else:
+            distance = ops.relative_distance(
+                query_positions, key_positions
+            )  # (batch or 1, query, key): j - i
         if self.symmetric:
             distance = -keras.ops.abs(distance)
         slopes = self._slopes()

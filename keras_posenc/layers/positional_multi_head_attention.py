@@ -702,14 +702,24 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         # Where a bias goes: without a mask, at the default positions, inside
         # the softmax's exponentials, if the scheme bounds it over blocks of
         # keys (`_biased_exponentials`); else, of rank two and in a float32
-        # product, into the product as columns; else onto the logits.
+        # product, into the product as columns; else onto the logits. Where
+        # XLA fuses Keras' own order whole (`_backend.fuses_attention`), in
+        # that order: the bias onto the logits, the weights divided by their
+        # sums before the values' product.
+        fused = _backend.fuses_attention()
         maxima = factors = None
-        if position is not None and mask is None and self._call_state.consecutive:
+        if (
+            position is not None
+            and mask is None
+            and self._call_state.consecutive
+            and not fused
+        ):
             maxima = position.logits_bias_maxima(query_positions, key_positions)
         if (
             maxima is None
             and position is not None
             and keras.backend.standardize_dtype(query.dtype) == "float32"
+            and not fused
         ):
             factors = position.logits_factors(query_positions, key_positions)
             if factors is not None and not _backend.float32_matmul_is_exact():
@@ -746,9 +756,19 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         # (batch, heads, query, key) logits. The dropout and a scheme's value
         # term are linear in the weights, so they take `e` as well. Under
         # float16 the sums `e @ value` may pass its largest value, 65504: it
-        # divides first.
+        # divides first; and where XLA fuses Keras' order whole, the weights
+        # are divided first as there (`sums` None).
         if maxima is not None:
             exponentials = _biased_exponentials(logits, bias, *maxima)
+        elif mask is None and fused:
+            # The softmax's weights, as Keras computes them: no sum is zero
+            # without a mask, and a check for one would split the fusion.
+            exponentials = keras.ops.exp(
+                logits - _last_axis_max(logits, keepdims=True)
+            )  # (batch, heads, query, key)
+            exponentials = exponentials / keras.ops.sum(
+                exponentials, axis=-1, keepdims=True
+            )
         elif mask is None:
             exponentials = keras.ops.exp(
                 logits - _last_axis_max(logits, keepdims=True)
@@ -762,18 +782,27 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 keras.ops.exp(masked - _last_axis_max(masked, keepdims=True)),
                 0.0,
             )
-        # Zero where every key is masked: that query's weights are all zero.
-        sums = keras.ops.sum(exponentials, axis=-1, keepdims=True)  # (b, n, t, 1)
         returns_scores = _returns_scores(args, kwargs)
-        if keras.backend.standardize_dtype(value.dtype) == "float16":
-            exponentials = keras.ops.divide_no_nan(exponentials, sums)
-            sums = keras.ops.ones_like(sums)
+        if mask is None and fused:
+            sums = None  # the softmax's weights
+        else:
+            # Zero where every key is masked: that query's weights are all zero.
+            sums = keras.ops.sum(exponentials, axis=-1, keepdims=True)  # (b, n, t, 1)
+            if fused or keras.backend.standardize_dtype(value.dtype) == "float16":
+                exponentials = keras.ops.divide_no_nan(exponentials, sums)
+                sums = None
+
+        def normalized(exponentials):
+            if sums is None:
+                return exponentials
+            return keras.ops.divide_no_nan(exponentials, sums)
+
         if returns_scores:
-            weights = keras.ops.divide_no_nan(exponentials, sums)
+            weights = normalized(exponentials)
         if self.dropout > 0.0:
             exponentials = _dropout_layer(self)(exponentials, training=training)
             if returns_scores:
-                weights = keras.ops.divide_no_nan(exponentials, sums)
+                weights = normalized(exponentials)
         output = keras.ops.einsum(
             "bnts,bsnh->btnh", keras.ops.cast(exponentials, value.dtype), value
         )  # (batch, query, heads, value_dim), times the sums
@@ -786,13 +815,14 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
             if term is not None:
                 output = output + keras.ops.cast(term, output.dtype)
-        output = keras.ops.cast(
-            keras.ops.divide_no_nan(
-                keras.ops.cast(output, "float32"),
-                keras.ops.transpose(sums, [0, 2, 1, 3]),
-            ),
-            output.dtype,
-        )  # (batch, query, heads, value_dim)
+        if sums is not None:
+            output = keras.ops.cast(
+                keras.ops.divide_no_nan(
+                    keras.ops.cast(output, "float32"),
+                    keras.ops.transpose(sums, [0, 2, 1, 3]),
+                ),
+                output.dtype,
+            )  # (batch, query, heads, value_dim)
         if not returns_scores:
             return output, None
         return output, keras.ops.cast(weights, self.compute_dtype)

@@ -149,12 +149,15 @@ class RelativePositionBias(HeadBias):
         # inside the addition to the logits, reading contiguous rows of
         # heads, and the softmax reads that sum, where a bias shared by the
         # batch is written once and added twice, the logits kept alive
-        # beside the sum.
+        # beside the sum. Where XLA fuses the attention whole
+        # (`_backend.fuses_attention`), the gather is a tensor of its own
+        # either way, and a bias shared by the batch is the smaller one.
+        per_batch = query is not None and not _backend.fuses_attention()
         rows = ops.clipped_distance_rows(
             query_positions,
             key_positions,
             self.max_distance,
-            None if query is None else keras.ops.shape(query)[0],
+            keras.ops.shape(query)[0] if per_batch else None,
         )  # (batch or 1, query, key)
         return keras.ops.transpose(
             _backend.take_in_range(table, rows), [0, 3, 1, 2]

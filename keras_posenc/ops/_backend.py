@@ -7,6 +7,9 @@ backend, and is answered here, for TensorFlow, JAX and PyTorch. Each
 backend's library is imported only when it is the one in use.
 """
 
+import functools
+import re
+
 import keras
 import numpy as np
 
@@ -189,6 +192,39 @@ def dot_product_attention_needs_equal_head_sizes():
     TensorFlow's and PyTorch's take any.
     """
     return backend() == "jax"
+
+
+# The first jaxlib whose XLA fuses Keras' attention whole on the CPU, as
+# measured: 0.5.0 to 0.10.1 write the logits in either order.
+FUSED_ATTENTION_JAXLIB = (0, 10, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def fuses_attention():
+    """Whether XLA fuses Keras' attention whole, in Keras' order.
+
+    Keras' einsum path computes the logits, takes the softmax, its weights
+    divided by their sums, and multiplies them by the values. JAX's XLA
+    on the CPU (jaxlib 0.10.2 and later) runs all of that as one kernel
+    that writes no logits, where the sizes suit it (measured: 256 to 2048
+    keys of 64 features at batch 2 and 4; not 128 keys of 16 features,
+    nor 2048 keys at batch 1). It takes into that kernel a bias computed
+    element by element from vectors (ALiBi's `m j - m i`) or read from a
+    tensor; a division after the values' product, a check for a zero sum
+    or an integer subtraction of the logits' size splits it. So there the
+    attention keeps Keras' order, and it writes the logits no more often
+    than Keras where XLA does not fuse. Elsewhere XLA writes the logits
+    whatever the order, and the attention divides after the values'
+    product (one pass fewer over the logits), adds a bias of rank two as
+    columns of the product, and bounds a bias by blocks of keys.
+    """
+    if backend() != "jax":
+        return False
+    import jax
+    import jaxlib
+
+    version = tuple(int(part) for part in re.findall(r"\d+", jaxlib.__version__)[:3])
+    return jax.default_backend() == "cpu" and version >= FUSED_ATTENTION_JAXLIB
 
 
 def take_rows_per_query(values, rows):
