@@ -33,8 +33,8 @@ def _float_distance(query_positions, key_positions):
     What XLA on JAX computes inside its fused attention, where an int32
     `j - i` of the logits' size is a tensor of its own
     (`_backend.fuses_attention`). Both are counted from the first query,
-    in int32, so the difference is exact wherever the int32 one is: while
-    the keys lie within 2 ** 24 positions of that query.
+    in int32, so the difference is exact, as the int32 one cast to float32
+    is, while every position lies within 2 ** 24 of that query's.
 
     Args:
         query_positions: int32 tensor of shape `(batch or 1, query)`.
