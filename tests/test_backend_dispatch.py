@@ -102,3 +102,14 @@ def test_fuses_attention_where_keras_attention_writes_no_logits():
         batch * heads * length * length,
     )
     assert _backend.fuses_attention() == (writes == 0)
+
+
+@pytest.mark.parametrize("shape", [(7,), (1, 33, 1, 32), (2, 0, 4)])
+def test_computed_apart_is_the_same_bits(shape):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 10.0 ** rng.integers(-30, 30, shape)).astype(
+        "float32"
+    )
+    x.flat[:3] = [1.0, -1.0, 0.0][: x.size]
+    found = numpy(compiled(_backend.computed_apart)(keras.ops.convert_to_tensor(x)))
+    np.testing.assert_array_equal(found, x)

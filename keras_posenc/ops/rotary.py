@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_posenc.ops import _backend
 from keras_posenc.ops._checks import (
     AXIS_LAYOUTS,
     check_axis_layout,
@@ -47,10 +48,18 @@ def rotate(inputs, phases, layout="half"):
     # The angles are laid out at full width before cos and sin, which lets
     # XLA fuse the whole rotation into one loop over the inputs.
     inputs = keras.ops.convert_to_tensor(inputs)
-    phases = _full_width(keras.ops.convert_to_tensor(phases), layout)  # (..., d)
-    return inputs * keras.ops.cos(phases) + _turned(inputs, layout) * keras.ops.sin(
-        phases
-    )
+    phases = keras.ops.convert_to_tensor(phases)
+    if _backend.computes_tables_apart():
+        # One cosine and one sine per pair, each a tensor of its own
+        # (`_backend.computed_apart`), then laid out per feature.
+        cosines, sines = (
+            _full_width(_backend.computed_apart(table), layout)
+            for table in (keras.ops.cos(phases), keras.ops.sin(phases))
+        )  # (..., d) each
+    else:
+        phases = _full_width(phases, layout)  # (..., d)
+        cosines, sines = keras.ops.cos(phases), keras.ops.sin(phases)
+    return inputs * cosines + _turned(inputs, layout) * sines
 
 
 def _full_width(pairs, layout):
