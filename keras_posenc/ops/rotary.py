@@ -45,8 +45,6 @@ def rotate(inputs, phases, layout="half"):
     array([[ 0.,  1., -2.,  0.]], dtype=float32)
     """
     check_rope_layout(layout)
-    # The angles are laid out at full width before cos and sin, which lets
-    # XLA fuse the whole rotation into one loop over the inputs.
     inputs = keras.ops.convert_to_tensor(inputs)
     phases = keras.ops.convert_to_tensor(phases)
     if _backend.computes_tables_apart():
@@ -57,6 +55,8 @@ def rotate(inputs, phases, layout="half"):
             for table in (keras.ops.cos(phases), keras.ops.sin(phases))
         )  # (..., d) each
     else:
+        # The angles laid out at full width before cos and sin, which lets
+        # XLA fuse the whole rotation into one loop over the inputs.
         phases = _full_width(phases, layout)  # (..., d)
         cosines, sines = keras.ops.cos(phases), keras.ops.sin(phases)
     return inputs * cosines + _turned(inputs, layout) * sines
