@@ -6,9 +6,6 @@ nature (SavedModel, TFLite, `tf.distribute`, HLO dumps, graph-mode errors)
 carry `@tensorflow_only`; on the other backends they are deselected.
 """
 
-import math
-import re
-
 import keras
 import numpy as np
 import pytest
@@ -139,21 +136,3 @@ def gradient_function(function):
 # `torch.compile`), so tests of XLA compile there without it.
 XLA = BACKEND != "torch"
 
-
-def results_of_size(function, inputs, size):
-    """How many results of `size` elements `function`'s JAX program writes.
-
-    Counted in the entry computation of the program as XLA optimized it
-    (`jax.jit`): each fusion, product or reduction there writes its result;
-    a bitcast writes nothing. With `size` that of the attention logits,
-    the passes that write them.
-    """
-    import jax
-
-    hlo = jax.jit(function).lower(inputs).compile().as_text()
-    entry = hlo[hlo.index("\nENTRY") :]
-    return sum(
-        1
-        for dims, op in re.findall(r"= (?:f32|pred)\[([\d,]+)\]\S* ([\w-]+)\(", entry)
-        if op != "bitcast" and math.prod(int(dim) for dim in dims.split(",")) == size
-    )

@@ -8,11 +8,11 @@ import keras
 import numpy as np
 import pytest
 
+from keras_posenc.bench import compiled as compiled_program
 from keras_posenc.ops import _backend
 from tests.backend import BACKEND
 from tests.backend import compiled
 from tests.backend import numpy
-from tests.backend import results_of_size
 
 
 def test_backend_is_keras_backend():
@@ -96,11 +96,11 @@ def test_fuses_attention_where_keras_attention_writes_no_logits():
     # size it fuses (jaxlib 0.10.2 does not at 128 keys of 16 features).
     batch, length, heads, key_dim = 2, 256, 8, 64
     plain = keras.layers.MultiHeadAttention(heads, key_dim)
-    writes = results_of_size(
+    hlo = compiled_program.optimized_hlo(
         lambda x: plain(x, x, return_attention_scores=True)[0],
         keras.random.normal((batch, length, heads * key_dim), seed=0),
-        batch * heads * length * length,
     )
+    writes = compiled_program.results_of_size(hlo, batch * heads * length * length)
     assert _backend.fuses_attention() == (writes == 0)
 
 

@@ -24,6 +24,7 @@ from keras_posenc import PositionalMultiHeadAttention
 from keras_posenc import RelativePositionBias
 from keras_posenc import RelativePositionEmbedding
 from keras_posenc import RotaryEmbedding
+from keras_posenc.bench import compiled as compiled_program
 from keras_posenc.ops._backend import dot_product_attention_needs_equal_head_sizes
 from tests import references
 from tests.backend import BACKEND
@@ -33,7 +34,6 @@ from tests.backend import gradients
 from tests.backend import graph_function
 from tests.backend import keras_mask as keras_mask_of
 from tests.backend import numpy
-from tests.backend import results_of_size
 from tests.backend import tensorflow_only
 from tests.backend import XLA
 
@@ -1817,9 +1817,14 @@ def test_on_jax_attention_writes_no_more_logits_than_keras(scheme):
     }[scheme]
     layer = PositionalMultiHeadAttention(heads, key_dim, position=position)
     size = batch * heads * length * length
-    found = results_of_size(lambda x: layer(x, x), inputs, size)
+    found = compiled_program.results_of_size(
+        compiled_program.optimized_hlo(lambda x: layer(x, x), inputs), size
+    )
     # Asking for the scores takes Keras' einsum path; they are dropped.
-    keras_writes = results_of_size(
-        lambda x: plain(x, x, return_attention_scores=True)[0], inputs, size
+    keras_writes = compiled_program.results_of_size(
+        compiled_program.optimized_hlo(
+            lambda x: plain(x, x, return_attention_scores=True)[0], inputs
+        ),
+        size,
     )
     assert found <= keras_writes

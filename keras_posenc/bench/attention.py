@@ -67,8 +67,6 @@ Run from the repository root:
 """
 
 import functools
-import math
-import re
 import statistics
 import sys
 
@@ -186,17 +184,7 @@ def logits_writes(name, batch, length, heads, key_dim):
     hlo = compiled.optimized_hlo(
         _candidate(name, heads, key_dim), compiled.zeros((batch, length, heads * key_dim))
     )
-    entry = hlo[hlo.index("\nENTRY") :]
-    # By the number of elements: XLA drops axes of size 1 from shapes.
-    size = batch * heads * length * length
-    # A bitcast reinterprets a buffer and writes nothing.
-    return sum(
-        1
-        for dims, op in re.findall(
-            r"= (?:f32|pred)\[([\d,]+)\]\S* ([\w-]+)\(", entry
-        )
-        if op != "bitcast" and math.prod(int(dim) for dim in dims.split(",")) == size
-    )
+    return compiled.results_of_size(hlo, batch * heads * length * length)
 
 
 def measure_peak(name, batch, length, heads, key_dim):

@@ -15,6 +15,8 @@ whose closure holds layers or bare `keras.Variable`s.
 """
 
 import functools
+import math
+import re
 
 import keras
 
@@ -112,6 +114,31 @@ def optimized_hlo(fn, *args):
         return compiled.lowered(*args).as_text()
     raise RuntimeError(
         f"Keras' {backend()} backend does not compile with XLA: no HLO to read."
+    )
+
+
+def results_of_size(hlo, size):
+    """How many results of `size` elements the entry computation writes.
+
+    Read from optimized HLO text (`optimized_hlo`): each instruction of the
+    entry computation (a fusion, product or reduction that XLA did not
+    fuse into another) writes its result; a bitcast reinterprets a buffer
+    and writes nothing. Shapes are matched by their number of elements, as
+    XLA drops axes of size 1. With `size` that of attention logits, the
+    passes that write them.
+
+    Args:
+        hlo: str. Optimized HLO text.
+        size: int. The number of elements.
+
+    Returns:
+        An int.
+    """
+    entry = hlo[hlo.index("\nENTRY") :]
+    return sum(
+        1
+        for dims, op in re.findall(r"= (?:f32|pred)\[([\d,]+)\]\S* ([\w-]+)\(", entry)
+        if op != "bitcast" and math.prod(int(dim) for dim in dims.split(",")) == size
     )
 
 

@@ -760,15 +760,6 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         # are divided first as there (`sums` None).
         if maxima is not None:
             exponentials = _biased_exponentials(logits, bias, *maxima)
-        elif mask is None and fused:
-            # The softmax's weights, as Keras computes them: no sum is zero
-            # without a mask, and a check for one would split the fusion.
-            exponentials = keras.ops.exp(
-                logits - _last_axis_max(logits, keepdims=True)
-            )  # (batch, heads, query, key)
-            exponentials = exponentials / keras.ops.sum(
-                exponentials, axis=-1, keepdims=True
-            )
         elif mask is None:
             exponentials = keras.ops.exp(
                 logits - _last_axis_max(logits, keepdims=True)
@@ -782,15 +773,17 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 keras.ops.exp(masked - _last_axis_max(masked, keepdims=True)),
                 0.0,
             )
+        # Zero where every key is masked: that query's weights are all zero.
+        sums = keras.ops.sum(exponentials, axis=-1, keepdims=True)  # (b, n, t, 1)
         returns_scores = _returns_scores(args, kwargs)
-        if mask is None and fused:
-            sums = None  # the softmax's weights
-        else:
-            # Zero where every key is masked: that query's weights are all zero.
-            sums = keras.ops.sum(exponentials, axis=-1, keepdims=True)  # (b, n, t, 1)
-            if fused or keras.backend.standardize_dtype(value.dtype) == "float16":
-                exponentials = keras.ops.divide_no_nan(exponentials, sums)
-                sums = None
+        if fused and mask is None:
+            # Keras' division: no sum is zero without a mask, and a check
+            # for one would split the fusion.
+            exponentials = exponentials / sums
+            sums = None
+        elif fused or keras.backend.standardize_dtype(value.dtype) == "float16":
+            exponentials = keras.ops.divide_no_nan(exponentials, sums)
+            sums = None
 
         def normalized(exponentials):
             if sums is None:

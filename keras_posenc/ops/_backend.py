@@ -194,6 +194,16 @@ def dot_product_attention_needs_equal_head_sizes():
     return backend() == "jax"
 
 
+@functools.lru_cache(maxsize=None)
+def _jax_on_the_cpu():
+    """Whether the backend is JAX and its default device a CPU."""
+    if backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
 # The first jaxlib whose XLA fuses Keras' attention whole on the CPU, as
 # measured: 0.5.0 to 0.10.1 write the logits in either order.
 FUSED_ATTENTION_JAXLIB = (0, 10, 2)
@@ -218,13 +228,12 @@ def fuses_attention():
     product (one pass fewer over the logits), adds a bias of rank two as
     columns of the product, and bounds a bias by blocks of keys.
     """
-    if backend() != "jax":
+    if not _jax_on_the_cpu():
         return False
-    import jax
     import jaxlib
 
     version = tuple(int(part) for part in re.findall(r"\d+", jaxlib.__version__)[:3])
-    return jax.default_backend() == "cpu" and version >= FUSED_ATTENTION_JAXLIB
+    return version >= FUSED_ATTENTION_JAXLIB
 
 
 def computes_tables_apart():
@@ -238,11 +247,7 @@ def computes_tables_apart():
     are made tensors of their own (`computed_apart`). TensorFlow folds
     them into constants at the default positions.
     """
-    if backend() != "jax":
-        return False
-    import jax
-
-    return jax.default_backend() == "cpu"
+    return _jax_on_the_cpu()
 
 
 def computed_apart(x):
