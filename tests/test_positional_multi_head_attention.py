@@ -26,6 +26,7 @@ from keras_posenc import RelativePositionEmbedding
 from keras_posenc import RotaryEmbedding
 from keras_posenc.bench import compiled as compiled_program
 from keras_posenc.ops._backend import dot_product_attention_needs_equal_head_sizes
+from keras_posenc.ops._backend import fuses_attention
 from tests import references
 from tests.backend import BACKEND
 from tests.backend import RUN_TIME_ERRORS
@@ -1828,3 +1829,38 @@ def test_on_jax_attention_writes_no_more_logits_than_keras(scheme):
         size,
     )
     assert found <= keras_writes
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("scheme", ["shaw", "t5"])
+def test_attention_over_blocks_of_queries_equals_float64_reference(
+    scheme, causal, masked
+):
+    # Where XLA fuses the attention whole (`_backend.fuses_attention`), T5
+    # and Shaw attend to a few queries at a time (`fused_query_block`):
+    # here 3 blocks of 4, under XLA, masks and the causal mask sliced per
+    # block. Elsewhere the whole attention is checked the same way.
+    length = 12
+    layer = PositionalMultiHeadAttention(
+        HEADS, KEY_DIM, position=SCHEMES[scheme]()
+    )
+    layer.position.fused_query_block = 4
+    layer(np.zeros((1, 1, FEATURES), "float32"), np.zeros((1, 1, FEATURES), "float32"))
+    randomize_weights(layer)
+    tokens = random_inputs((BATCH, length, FEATURES))
+    mask = keras_mask((BATCH, length, length)) if masked else None
+
+    def call(tokens):
+        return layer(tokens, tokens, attention_mask=mask, use_causal_mask=causal)
+
+    expected, _ = reference_attention(layer, tokens, tokens, mask=mask, causal=causal)
+    assert_close(compiled(call)(tokens), expected)
+    if BACKEND == "jax" and fuses_attention():
+        # No tensor of all the logits' size: a block's are a third of it.
+        hlo = compiled_program.optimized_hlo(call, tokens)
+        assert compiled_program.results_of_size(hlo, BATCH * HEADS * length**2) == 0
+    # The gradients are those of the whole attention at once.
+    blocked = gradients(call, tokens)[0]
+    layer.position.fused_query_block = None
+    assert_close(gradients(call, tokens)[0], blocked.astype("float64"))

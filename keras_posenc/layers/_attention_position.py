@@ -75,6 +75,13 @@ class AttentionPosition(keras.layers.Layer):
     num_axes = 1
     num_prefix_tokens = 0
     takes_adjacency = False
+    # For speed and memory only: where XLA runs the logits, softmax and
+    # product with the values as one kernel (`_backend.fuses_attention`,
+    # JAX's CPU), the attention takes this many queries at a time, so that
+    # a scheme's tensors are one block's (a bias read from a table, which
+    # that kernel cannot take, among them) and the kernel's work stays in
+    # the cache; None attends to all queries at once.
+    fused_query_block = 128
 
     def check_attention(self, num_heads, key_dim, value_dim):
         """Raise a `ValueError` unless this layer can serve such attention.

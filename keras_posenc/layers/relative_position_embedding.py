@@ -243,6 +243,11 @@ class RelativePositionEmbedding(AttentionPosition):
         - [Shaw et al., 2018](https://arxiv.org/abs/1803.02155)
     """
 
+    # Where XLA fuses the attention whole, 32 queries at a time: the content
+    # term and the weights summed per distance are a block's, (batch,
+    # heads, 32, key) (`AttentionPosition.fused_query_block`).
+    fused_query_block = 32
+
     def __init__(self, max_distance, embeddings_initializer="uniform", **kwargs):
         super().__init__(**kwargs)
         ops.check_positive_int("max_distance", max_distance)
