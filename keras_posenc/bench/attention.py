@@ -36,7 +36,9 @@ the times are measured (`compiled`). On JAX's CPU (jaxlib 0.10.2) XLA runs
 the baseline's logits, softmax and product with the values as one kernel
 that writes no logits, so its peak at 2048 is the projections' buffers
 (64 MiB), and a scheme meets its memory target only where XLA takes its
-work into that kernel too (`keras_posenc.ops._backend.fuses_attention`).
+work into that kernel too (`keras_posenc.ops._backend.fuses_attention`),
+or where its tensors are those of a block of queries
+(`AttentionPosition.fused_query_block`).
 
 Memory: each candidate's call is compiled with XLA for the CPU, as it is
 timed, and its peak is the memory XLA's buffer assignment gives that one

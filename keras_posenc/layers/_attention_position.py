@@ -7,7 +7,9 @@ ALiBi and T5 add a bias to the logits, Shaw et al. add a content term to the
 logits and a term to the values; a bias of rank two (ALiBi's causal one) may
 instead come as columns that join the product of queries and keys, and a
 bias that varies little over a few consecutive keys (ALiBi's) may give its
-largest value over each block of them, for the softmax's maximum.
+largest value over each block of them, for the softmax's maximum. Where
+XLA fuses the attention whole, a scheme says how many queries to take at
+a time (`fused_query_block`).
 
 Every scheme says how many coordinates a position has, `num_axes` (1 for
 text; 2 or 3 on image and video grids), and how many tokens lead the
