@@ -67,10 +67,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not browser"
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# The lab (demo, bench, cli, plots), the site and the built distributions:
-# the newest versions' run on TensorFlow covers them.
-LAB_TESTS := $(addprefix --ignore=tests/,test_demo.py test_demo_graph.py \
-	test_demo_vision.py test_cli.py test_benchmarks.py test_plot.py \
+# The lab (tests/lab: the command, the demo's tasks, the benchmarks), the
+# plots, the site and the built distributions: the newest versions' run on
+# TensorFlow covers them.
+LAB_TESTS := $(addprefix --ignore=tests/,lab test_plot.py \
 	test_site.py test_doc_pages.py test_distribution.py test_notebooks.py)
 
 # At the floor of every version range, the library's tests (not the

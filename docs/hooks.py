@@ -160,9 +160,9 @@ def _means(rows):
 
 
 def on_pre_build(config):
-    from keras_posenc import demo
-    from keras_posenc import demo_config
     from keras_posenc import plot
+    from keras_posenc_lab import config as demo_config
+    from keras_posenc_lab import language as language_task
 
     out_dir = os.path.join(config["docs_dir"], "figures")
     os.makedirs(out_dir, exist_ok=True)
@@ -189,7 +189,7 @@ def on_pre_build(config):
         "extrapolation.png": plot.extrapolation_curves(
             [int(length) for length in lengths],
             _means(markov),
-            demo.MarkovSource(language.seed).entropy_rate,
+            language_task.MarkovSource(language.seed).entropy_rate,
             language.train_length,
         ),
         "extrapolation_python_source.png": plot.extrapolation_curves(

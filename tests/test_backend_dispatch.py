@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_posenc.bench import compiled as compiled_program
+from keras_posenc_lab.bench import compiled as compiled_program
 from keras_posenc.ops import _backend
 from tests.backend import BACKEND
 from tests.backend import compiled

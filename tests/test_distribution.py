@@ -57,15 +57,18 @@ def _wheel_metadata(wheel):
     return names, metadata, license_text
 
 
-def test_the_wheel_holds_the_package_alone(dist):
+def test_the_wheel_holds_the_library_and_the_lab_alone(dist):
     names, _, license_text = _wheel_metadata(dist[0])
     top_level = {name.split("/")[0] for name in names}
     assert top_level == {
+        "keras_posenc_lab",
         "keras_posenc",
         f"keras_posenc-{keras_posenc.__version__}.dist-info",
     }
-    for module in ("__main__.py", "cli.py", "bench/suite.py", "layers/__init__.py"):
+    for module in ("layers/__init__.py", "ops/__init__.py", "plot.py"):
         assert f"keras_posenc/{module}" in names
+    for module in ("__main__.py", "cli.py", "encodings.py", "bench/suite.py"):
+        assert f"keras_posenc_lab/{module}" in names
     assert license_text == (ROOT / "LICENSE").read_bytes()
 
 

@@ -3,6 +3,7 @@
 import doctest
 import importlib
 import inspect
+import pkgutil
 import re
 
 import keras
@@ -10,36 +11,22 @@ import numpy as np
 import pytest
 
 import keras_posenc
-from keras_posenc import demo
 from keras_posenc import plot
+from keras_posenc_lab import config as demo_config
+from keras_posenc_lab import language
 
-MODULES = [
-    "keras_posenc.ops.positions",
-    "keras_posenc.ops.sinusoidal",
-    "keras_posenc.ops.rotary",
-    "keras_posenc.ops.relative",
-    "keras_posenc.ops.resize",
-    "keras_posenc.ops.graph",
-    "keras_posenc.rope_scaling",
-    "keras_posenc.hf_config",
-    "keras_posenc.layers.rotary_embedding",
-    "keras_posenc.layers.alibi_bias",
-    "keras_posenc.layers.relative_position_bias",
-    "keras_posenc.layers.grid_relative_position_bias",
-    "keras_posenc.layers.relative_position_embedding",
-    "keras_posenc.layers.positional_multi_head_attention",
-    "keras_posenc.layers.sinusoidal_position_encoding",
-    "keras_posenc.layers.position_embedding",
-    "keras_posenc.layers.token_and_position_embedding",
-    "keras_posenc.layers.laplacian_position_encoding",
-    "keras_posenc.layers.random_walk_position_encoding",
-    "keras_posenc.layers.shortest_path_bias",
-]
-PUBLIC_LAYERS = [
-    getattr(keras_posenc, name)
-    for name in keras_posenc.__all__
-    if inspect.isclass(getattr(keras_posenc, name))
-]
+# Every public layer's module, every public module of `ops`, and the
+# schedules and config readers: derived, so that a new one is doctested.
+MODULES = sorted(
+    {getattr(keras_posenc, name).__module__ for name in keras_posenc.layers.__all__}
+    | {
+        f"keras_posenc.ops.{module.name}"
+        for module in pkgutil.iter_modules(keras_posenc.ops.__path__)
+        if not module.name.startswith("_")
+    }
+    | {"keras_posenc.rope_scaling", "keras_posenc.hf_config"}
+)
+PUBLIC_LAYERS = [getattr(keras_posenc, name) for name in keras_posenc.layers.__all__]
 PUBLIC_FUNCTIONS = [
     plot.encoding_heatmap,
     plot.similarity_curve,
@@ -48,14 +35,14 @@ PUBLIC_FUNCTIONS = [
     plot.extrapolation_curves,
     plot.grid_similarity,
     plot.rope_axis_assignment,
-    demo.Config.replace,
-    demo.MarkovSource.sample,
-    demo.build_model,
-    demo.rope_scaling,
-    demo.mean_nll,
-    demo.evaluation_windows,
-    demo.findings,
-    demo.run,
+    demo_config.Config.replace,
+    language.MarkovSource.sample,
+    language.build_model,
+    language.rope_scaling,
+    language.mean_nll,
+    language.evaluation_windows,
+    language.findings,
+    language.run,
     keras_posenc.ops.sinusoidal,
     keras_posenc.ops.translation_matrix,
     keras_posenc.ops.inverse_frequencies,

@@ -33,15 +33,15 @@ SITE = "https://keras-posenc.github.io/keras-posenc/"
 REPOSITORY = "git+https://github.com/keras-posenc/keras-posenc"
 # The extra that a notebook importing a module (or a submodule of it)
 # installs, and the modules each extra brings, which the install guards on:
-# it installs when any of them is missing. `keras_posenc.demo_config` is
+# it installs when any of them is missing. `keras_posenc_lab.config` is
 # plain Python and needs no extra.
 EXTRA_OF_IMPORT = {
     "matplotlib": "plot",
     "keras_posenc.plot": "plot",
-    "keras_posenc.demo": "demo",
-    "keras_posenc.demo_vision": "demo",
-    "keras_posenc.demo_graph": "demo",
-    "keras_posenc.bench": "bench",
+    "keras_posenc_lab.language": "demo",
+    "keras_posenc_lab.vision": "demo",
+    "keras_posenc_lab.graph": "demo",
+    "keras_posenc_lab.bench": "bench",
 }
 MODULE_OF_EXTRA = {
     "plot": ("matplotlib",),
@@ -185,8 +185,8 @@ def test_extras_needed_reads_every_form_of_import():
                 "cell_type": "code",
                 "source": [
                     "%matplotlib inline\n",
-                    "import keras_posenc.bench.suite\n",
-                    "from keras_posenc import demo, ops\n",
+                    "import keras_posenc_lab.bench.suite\n",
+                    "from keras_posenc_lab import language\n",
                 ],
             },
         ]
@@ -208,8 +208,8 @@ def test_extras_needed_maps_each_demo_module():
         )
 
     # The configurations are plain Python; the tasks need the demo extra.
-    assert needs("from keras_posenc import demo_config") == []
-    assert needs("from keras_posenc import demo_config, demo_vision") == ["demo"]
-    assert needs("import keras_posenc.demo_vision") == ["demo"]
-    assert needs("from keras_posenc import demo_graph") == ["demo"]
-    assert needs("from keras_posenc.demo import run") == ["demo"]
+    assert needs("from keras_posenc_lab import config as demo_config") == []
+    assert needs("from keras_posenc_lab import config, vision as demo_vision") == ["demo"]
+    assert needs("import keras_posenc_lab.vision") == ["demo"]
+    assert needs("from keras_posenc_lab import graph") == ["demo"]
+    assert needs("from keras_posenc_lab.language import run") == ["demo"]

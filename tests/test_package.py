@@ -5,27 +5,44 @@ import subprocess
 import sys
 
 import keras
+import pytest
 
 import keras_posenc
 
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = pathlib.Path(keras_posenc.__file__).parent
+PUBLIC_LAYERS = [getattr(keras_posenc, name) for name in keras_posenc.layers.__all__]
+
+
 def test_public_api():
     assert keras_posenc.__version__.count(".") == 2
+    assert keras_posenc.__all__ == [*keras_posenc.layers.__all__, "ops", "rope_scaling"]
     for name in keras_posenc.__all__:
         assert getattr(keras_posenc, name) is not None
-    for name in (
-        "AlibiBias",
-        "GridRelativePositionBias",
-        "PositionEmbedding",
-        "PositionalMultiHeadAttention",
-        "RelativePositionBias",
-        "RelativePositionEmbedding",
-        "RotaryEmbedding",
-        "SinusoidalPositionEncoding",
-        "TokenAndPositionEmbedding",
-    ):
-        registered = keras.saving.get_registered_object(f"keras_posenc>{name}")
-        assert registered is getattr(keras_posenc, name)
+
+
+def test_every_public_layer_file_is_exported():
+    # One public layer per file, the file named after the class.
+    exported = set(keras_posenc.layers.__all__)
+    for path in (PACKAGE / "layers").glob("*.py"):
+        if path.name.startswith("_"):
+            continue
+        name = "".join(word.capitalize() for word in path.stem.split("_"))
+        assert name in exported, path.name
+        assert getattr(keras_posenc, name).__module__ == f"keras_posenc.layers.{path.stem}"
+    assert len(exported) == len(
+        [path for path in (PACKAGE / "layers").glob("*.py") if not path.name.startswith("_")]
+    )
+
+
+@pytest.mark.parametrize("layer", PUBLIC_LAYERS, ids=lambda layer: layer.__name__)
+def test_every_public_layer_is_registered_documented_and_has_an_example(layer):
+    registered = keras.saving.get_registered_object(f"keras_posenc>{layer.__name__}")
+    assert registered is layer
+    # Its API page entry, and a `>>>` example that the docs tests run.
+    assert f"::: keras_posenc.{layer.__name__}\n" in (ROOT / "docs" / "api.md").read_text()
+    assert ">>> " in layer.__doc__
 
 
 def test_other_backends_are_refused_with_advice():
@@ -70,3 +87,9 @@ def test_the_library_asks_the_backend_in_one_module():
             assert not re.search(
                 rf"^\s*(import|from) {library_name}\b", source, re.MULTILINE
             ), (path, library_name)
+
+
+def test_the_library_never_imports_the_lab():
+    # The lab (the command, the demo, the benchmarks) sits on top.
+    for path in PACKAGE.rglob("*.py"):
+        assert "keras_posenc_lab" not in path.read_text(), path

@@ -64,7 +64,7 @@ constants, are not a miss.
 
 Run from the repository root:
 
-    python -m keras_posenc.bench.attention [--length 1024] [--repeats 30] [--no-memory]
+    python -m keras_posenc_lab.bench.attention [--length 1024] [--repeats 30] [--no-memory]
         [--long-memory-length 8192]
 """
 
@@ -75,9 +75,10 @@ import sys
 import keras
 
 import keras_posenc
-from keras_posenc._arguments import int_at_least
-from keras_posenc.bench import compiled
-from keras_posenc.bench import timing
+from keras_posenc_lab import encodings
+from keras_posenc_lab._arguments import int_at_least
+from keras_posenc_lab.bench import compiled
+from keras_posenc_lab.bench import timing
 
 BATCH = 4
 LENGTH = 1024
@@ -88,7 +89,6 @@ MEMORY_LENGTH = 2048
 LONG_MEMORY_LENGTH = 8192
 # A clipping distance from Shaw et al.'s ablation, which found no gain past
 # k = 2; the cost hardly depends on it, the tables having 2k + 1 rows.
-SHAW_MAX_DISTANCE = 16
 SCHEMES = ("rope", "alibi", "t5", "shaw")
 # The baseline: plain attention on Keras' einsum path.
 BASELINE = "plain_einsum_path"
@@ -98,6 +98,7 @@ TARGETS = {"rope": 1.05, "alibi": 1.05, "t5": 1.10, "shaw": 1.25}
 MEMORY_TARGETS = {"rope": 1.0, "alibi": 1.0, "t5": 1.1, "shaw": 1.15}
 # The candidates whose peak memory is measured: all but the noise copy.
 MEMORY_CANDIDATES = (BASELINE, "plain") + SCHEMES
+SHAW_MAX_DISTANCE = encodings.LANGUAGE["shaw"].arguments["max_distance"]
 LABELS = {
     "plain": "plain, `dot_product_attention` path",
     "plain_einsum_path": "plain `MultiHeadAttention`, Keras' einsum path",
@@ -109,14 +110,13 @@ LABELS = {
 
 
 def position_layer(scheme, heads):
-    """The position layer of `scheme`, one of `SCHEMES`, for `heads` heads."""
-    if scheme == "rope":
-        return keras_posenc.RotaryEmbedding()
-    if scheme == "alibi":
-        return keras_posenc.AlibiBias(heads)
-    if scheme == "t5":
-        return keras_posenc.RelativePositionBias(heads)
-    return keras_posenc.RelativePositionEmbedding(SHAW_MAX_DISTANCE)
+    """The position layer of `scheme`, one of `SCHEMES`, for `heads` heads.
+
+    The language task's schemes, T5's bidirectional: the attention timed is
+    not causal.
+    """
+    overrides = {"bidirectional": True} if scheme == "t5" else {}
+    return encodings.build("language", scheme, num_heads=heads, **overrides)
 
 
 def _candidate(name, heads, key_dim):

@@ -8,14 +8,16 @@ import numpy as np
 import pytest
 
 import keras_posenc
-from keras_posenc import demo
+from keras_posenc_lab import language
+from keras_posenc_lab import config as demo_config
+from keras_posenc_lab import training
 
-VOCAB = demo.VOCABULARY_SIZE
+VOCAB = language.VOCABULARY_SIZE
 
 
 @pytest.fixture(scope="module")
 def source():
-    return demo.MarkovSource(seed=3)
+    return language.MarkovSource(seed=3)
 
 
 def power_iteration_entropy_rate(transitions):
@@ -76,7 +78,7 @@ def test_samples_follow_the_chain(source):
 def test_every_length_scores_the_same_targets():
     stream = np.arange(3 * 65).reshape(3, 65)  # (rows, longest + 1)
     for length in (16, 32, 64):
-        windows = demo.evaluation_windows(stream, length)
+        windows = language.evaluation_windows(stream, length)
         assert windows.shape == (3 * 64 // length, length + 1)
         np.testing.assert_array_equal(
             np.sort(windows[:, 1:].ravel()), np.sort(stream[:, 1:].ravel())
@@ -87,7 +89,7 @@ def test_every_length_scores_the_same_targets():
 
 def test_mean_nll_is_the_mean_surprise_of_the_targets(source):
     keras.utils.set_random_seed(0)
-    model = demo.build_model("alibi", 16)
+    model = language.build_model("alibi", 16)
     windows = source.sample(12, 33, np.random.default_rng(1))
     logits = model.predict(windows[:, :-1], verbose=0).astype("float64")
     surprise = []
@@ -95,7 +97,7 @@ def test_mean_nll_is_the_mean_surprise_of_the_targets(source):
         for token_logits, target in zip(row, targets):
             log_total = math.log(sum(math.exp(value) for value in token_logits))
             surprise.append(log_total - token_logits[target])
-    assert demo.mean_nll(model, windows) == pytest.approx(
+    assert language.mean_nll(model, windows) == pytest.approx(
         np.mean(surprise), rel=1e-6
     )
 
@@ -110,16 +112,16 @@ POSITION_LAYERS = {
 }
 
 
-@pytest.mark.parametrize("encoding", demo.ENCODINGS)
+@pytest.mark.parametrize("encoding", demo_config.ENCODINGS)
 def test_model_is_causal_and_uses_its_encoding(encoding):
     keras.utils.set_random_seed(0)
-    model = demo.build_model(encoding, 16)
+    model = language.build_model(encoding, 16)
     attention = [
         layer
         for layer in model.layers
         if isinstance(layer, keras_posenc.PositionalMultiHeadAttention)
     ]
-    assert len(attention) == demo.NUM_LAYERS
+    assert len(attention) == language.NUM_LAYERS
     found = [layer.position for layer in attention] + list(model.layers)
     if encoding == "none":
         assert all(layer.position is None for layer in attention)
@@ -136,17 +138,17 @@ def test_model_is_causal_and_uses_its_encoding(encoding):
 
 
 def test_rope_scalings_extend_the_trained_length():
-    assert demo.rope_scaling("linear", 256, 64) == {
+    assert language.rope_scaling("linear", 256, 64) == {
         "rope_type": "linear",
         "factor": 4.0,
     }
-    assert demo.rope_scaling("yarn", 512, 64) == {
+    assert language.rope_scaling("yarn", 512, 64) == {
         "rope_type": "yarn",
         "factor": 8.0,
         "original_max_position_embeddings": 64,
     }
     # Dynamic scales itself from the length it sees.
-    assert demo.rope_scaling("dynamic", 512, 64) == {
+    assert language.rope_scaling("dynamic", 512, 64) == {
         "rope_type": "dynamic",
         "factor": 1.0,
         "original_max_position_embeddings": 64,
@@ -154,20 +156,20 @@ def test_rope_scalings_extend_the_trained_length():
 
 
 def test_config_changes_are_checked():
-    config = demo.DEFAULT.replace(
+    config = demo_config.DEFAULT.replace(
         encodings=["t5", "alibi", "t5"], lengths=[512, 64, 128], steps=None
     )
     assert config.encodings == ("t5", "alibi")
     assert config.lengths == (64, 128, 512)
-    assert config.steps == demo.DEFAULT.steps
+    assert config.steps == demo_config.DEFAULT.steps
     with pytest.raises(ValueError, match=r"`encodings` must be among .*'xpos'"):
-        demo.DEFAULT.replace(encodings=["rope", "xpos"])
+        demo_config.DEFAULT.replace(encodings=["rope", "xpos"])
     with pytest.raises(ValueError, match=r"`lengths` must each be at least .*32"):
-        demo.DEFAULT.replace(lengths=[32, 128])
+        demo_config.DEFAULT.replace(lengths=[32, 128])
 
 
 def test_findings_state_the_directions():
-    config = demo.DEFAULT
+    config = demo_config.DEFAULT
     results = {
         "alibi": {64: 1.90, 128: 1.90, 256: 1.91, 512: 1.92},
         "learned": {64: 1.9, 128: None, 256: None, 512: None},
@@ -177,7 +179,7 @@ def test_findings_state_the_directions():
         # Lower, but not at the three decimals printed.
         "rope + dynamic": {64: 1.90, 128: 2.1, 256: 2.4998, 512: 3.0},
     }
-    lines = demo.findings(results, config, entropy_rate=1.85)
+    lines = language.findings(results, config, entropy_rate=1.85)
     assert "ALiBi: +0.020 nats from length 64 to 512 (within 0.05: yes)." in lines
     assert "rope: +1.100 nats from length 64 to 512." in lines
     assert "learned: 1.900 at 64; n/a past its 64 positions." in lines
@@ -186,7 +188,7 @@ def test_findings_state_the_directions():
     assert "rope + linear: 2.900 at 256 against plain RoPE's 2.500 (better: no)." in lines
     assert "rope + dynamic: 2.500 at 256 against plain RoPE's 2.500 (better: tie)." in lines
     short_config = config.replace(lengths=[64, 128])
-    lines = demo.findings(results, short_config, entropy_rate=1.85)
+    lines = language.findings(results, short_config, entropy_rate=1.85)
     assert "rope + yarn: 2.000 at 128 against plain RoPE's 2.100 (better: yes)." in lines
     assert lines[-1] == "Entropy rate of the source (the floor): 1.850."
 
@@ -229,7 +231,7 @@ def read_bytes(directory, names):
 
 
 def test_python_source_splits_the_sorted_files(python_directory):
-    source = demo.PythonSource(str(python_directory))
+    source = language.PythonSource(str(python_directory))
     names = sorted(PYTHON_FILE_NAMES)
     # Positions 10 and 20 of the sorted list, counting from 1.
     held_out = [name for number, name in enumerate(names, 1) if number % 10 == 0]
@@ -253,7 +255,7 @@ def test_python_source_splits_the_sorted_files(python_directory):
 
 
 def test_python_source_samples_runs_of_the_training_text(python_directory):
-    source = demo.PythonSource(str(python_directory))
+    source = language.PythonSource(str(python_directory))
     text = read_bytes(python_directory, source.train_files)
     length = 17
     rows = source.sample(50, length, np.random.default_rng(4))
@@ -275,7 +277,7 @@ def test_python_source_samples_runs_of_the_training_text(python_directory):
 
 
 def test_python_source_evaluates_evenly_spaced_held_out_runs(python_directory):
-    source = demo.PythonSource(str(python_directory))
+    source = language.PythonSource(str(python_directory))
     text = read_bytes(python_directory, source.test_files)
     rows, width = 4, 20
     stream = source.evaluation_stream(rows, width, np.random.default_rng(0))
@@ -295,7 +297,7 @@ def test_python_source_evaluates_evenly_spaced_held_out_runs(python_directory):
 
 
 def test_python_source_reads_the_standard_library():
-    source = demo.PythonSource()
+    source = language.PythonSource()
     assert len(source.train_files) + len(source.test_files) >= 100
     assert len(source.train_bytes) + len(source.test_bytes) > 1_000_000
     assert len(source.test_files) == (
@@ -307,16 +309,16 @@ def test_python_source_reads_the_standard_library():
 
 
 def fake_clock(monkeypatch, times):
-    """Make `demo`'s `time.perf_counter` return `times` in turn."""
+    """Make the language task's `time.perf_counter` return `times` in turn."""
     ticks = iter(times)
     monkeypatch.setattr(
-        demo, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks))
+        language, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks))
     )
 
 
 def test_call_times_time_each_call_alone(monkeypatch):
     fake_clock(monkeypatch, [10.0, 11.0, 13.0, 13.5, 20.0, 24.0])
-    timer = demo.CallTimes()
+    timer = language.CallTimes()
     for call in range(3):
         timer.on_train_batch_begin(call)
         timer.on_train_batch_end(call)
@@ -347,7 +349,7 @@ def test_training_speeds_interleave_rounds_and_take_the_median(monkeypatch):
         return history
 
     monkeypatch.setattr(keras.Model, "fit", timed_fit)
-    speeds = demo.training_speeds(models, inputs, inputs, 2, rounds=3)
+    speeds = language.training_speeds(models, inputs, inputs, 2, rounds=3)
     # The order turns by one model each round.
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     # In that order a took 3, 6 and 2 s (median 3) for 2 steps of 2 rows of
@@ -363,7 +365,7 @@ def test_training_speeds_of_real_calls():
     for model in models.values():
         model.fit(inputs, inputs, batch_size=2, verbose=0)
     started = time.perf_counter()
-    speeds = demo.training_speeds(models, inputs, inputs, 2, rounds=2)
+    speeds = language.training_speeds(models, inputs, inputs, 2, rounds=2)
     elapsed = time.perf_counter() - started
     assert set(speeds) == {"a", "b"}
     # b's call holds the 3 steps there are, not 4; no call took longer than
@@ -376,7 +378,7 @@ def test_fit_prints_one_line_when_not_a_terminal(capsys):
     keras.utils.set_random_seed(0)
     model = tiny_model(2)
     inputs = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
-    demo.fit(model, inputs, inputs, 2, "tiny")
+    training.fit(model, inputs, inputs, 2, "tiny")
     printed = capsys.readouterr().out
     assert printed.startswith("\ntiny:\n") and "Trained 8 steps in" in printed
     assert "\x1b" not in printed and "\r" not in printed
@@ -403,12 +405,12 @@ def three_seeds():
 
 
 def test_combine_gathers_the_seeds():
-    results = demo.combine(three_seeds())
+    results = training.combine(three_seeds())
     assert list(results) == ["alibi", "learned"]
     assert results["alibi"] == SEED_VALUES
     assert results["learned"] == {16: [0.5, 1.5, 2.5], 32: None}
-    assert demo.mean(results["learned"][16]) == pytest.approx(1.5)
-    assert demo.mean(None) is None
+    assert training.mean(results["learned"][16]) == pytest.approx(1.5)
+    assert training.mean(None) is None
 
 
 def parse_cell(text):
@@ -418,17 +420,17 @@ def parse_cell(text):
 
 def test_cells_give_the_mean_and_the_sample_deviation():
     for values in SEED_VALUES.values():
-        centre, spread = parse_cell(demo.cell(values))
+        centre, spread = parse_cell(training.cell(values))
         assert centre == pytest.approx(sum(values) / 3, abs=5e-4)
         assert spread == pytest.approx(sample_std(values), abs=5e-4)
-    assert demo.cell(None) == "n/a"
-    assert demo.cell([1.23456]) == "1.235"
+    assert training.cell(None) == "n/a"
+    assert training.cell([1.23456]) == "1.235"
 
 
 def test_markdown_table_of_three_seeds():
-    results = demo.combine(three_seeds())
+    results = training.combine(three_seeds())
     extra = [("speed", {"alibi": "1,000"}), ("note", {"learned": "short"})]
-    table = demo.format_markdown(results, [16, 32], ["at 16", "at 32"], extra=extra)
+    table = training.format_markdown(results, [16, 32], ["at 16", "at 32"], extra=extra)
     header, rule, alibi, learned = table.splitlines()
     assert header == "| encoding | at 16 | at 32 | speed | note |"
     assert rule == "|---|---:|---:|---:|---:|"
@@ -443,16 +445,16 @@ def test_markdown_table_of_three_seeds():
     assert cells[2:] == ["n/a", "", "short"]
     assert parse_cell(cells[1]) == pytest.approx((1.5, 1.0), abs=5e-4)
     # Headers default to the columns' keys; one seed has no spread.
-    single = demo.combine(three_seeds()[:1])
-    table = demo.format_markdown(single, [16, 32])
+    single = training.combine(three_seeds()[:1])
+    table = training.format_markdown(single, [16, 32])
     assert table.splitlines()[0] == "| encoding | 16 | 32 |"
     assert table.splitlines()[2] == "| alibi | 1.200 | 2.000 |"
 
 
 def test_csv_of_three_seeds(tmp_path):
-    results = demo.combine(three_seeds())
+    results = training.combine(three_seeds())
     path = tmp_path / "table.csv"
-    demo.write_csv(
+    training.write_csv(
         path,
         results,
         [16, 32],
@@ -471,7 +473,7 @@ def test_csv_of_three_seeds(tmp_path):
     assert [float(text) for text in learned[1:3]] == pytest.approx([1.5, 1.0])
     assert learned[3:] == ["n/a", "n/a", ""]
     # One seed: no std columns.
-    demo.write_csv(path, demo.combine(three_seeds()[:1]), [16, 32], ["a", "b"])
+    training.write_csv(path, training.combine(three_seeds()[:1]), [16, 32], ["a", "b"])
     with open(path, newline="") as file:
         assert list(csv.reader(file)) == [
             ["encoding", "a", "b"],
@@ -481,11 +483,11 @@ def test_csv_of_three_seeds(tmp_path):
 
 
 def test_seeds_follow_the_first():
-    config = demo.DEFAULT.replace(seed=5, num_seeds=3)
-    assert list(demo.seeds(config)) == [5, 6, 7]
-    assert "3 seeds (5, 6, 7)" in demo.seeds_line(config)
-    assert list(demo.seeds(demo.DEFAULT.replace(seed=5))) == [5]
-    assert demo.seeds_line(demo.DEFAULT.replace(seed=5)).startswith("One seed (5)")
+    config = demo_config.DEFAULT.replace(seed=5, num_seeds=3)
+    assert list(training.seeds(config)) == [5, 6, 7]
+    assert "3 seeds (5, 6, 7)" in training.seeds_line(config)
+    assert list(training.seeds(demo_config.DEFAULT.replace(seed=5))) == [5]
+    assert training.seeds_line(demo_config.DEFAULT.replace(seed=5)).startswith("One seed (5)")
 
 
 def test_speed_columns_compare_with_sinusoidal_and_press():
@@ -496,7 +498,7 @@ def test_speed_columns_compare_with_sinusoidal_and_press():
         "none": [],  # never timed
     }
     (count_header, counts), (ratio_header, ratios), (press_header, press) = (
-        demo.speed_columns(speeds)
+        language.speed_columns(speeds)
     )
     assert count_header == "train tokens/s"
     assert counts == {"sinusoidal": "1,100", "rope": "770", "t5": "550"}
@@ -510,34 +512,34 @@ def test_speed_columns_compare_with_sinusoidal_and_press():
     }
     assert press["rope"] == "0.70x" and press["t5"] == "0.51x"
     # Without sinusoidal there is nothing to divide by.
-    (_, counts), (_, ratios), (_, press) = demo.speed_columns({"alibi": [500.0]})
+    (_, counts), (_, ratios), (_, press) = language.speed_columns({"alibi": [500.0]})
     assert counts == {"alibi": "500"} and ratios == {}
     assert press == {"alibi": f"{28.3 / 28.5:.2f}x"}
 
 
 def test_findings_of_real_text_and_speeds():
-    config = demo.QUICK
+    config = demo_config.QUICK
     results = {
         "sinusoidal": {16: 2.0, 32: 2.5, 64: 3.0},
         "rope": {16: 1.9, 32: 2.2, 64: 2.6},
     }
-    lines = demo.findings(results, config, entropy_rate=None)
+    lines = language.findings(results, config, entropy_rate=None)
     assert not any("Entropy rate" in line for line in lines)
     assert not any("Training speed" in line for line in lines)
     assert "rope: +0.700 nats from length 16 to 64." in lines
     speeds = {"sinusoidal": 1000.0, "rope": 700.0, "none": None}
-    lines = demo.findings(results, config, entropy_rate=None, speeds=speeds)
+    lines = language.findings(results, config, entropy_rate=None, speeds=speeds)
     assert lines[-1] == (
         "Training speed against sinusoidal: rope 0.70x (Press et al. 0.70x)."
     )
-    lines = demo.findings(results, config, entropy_rate=1.5, speeds=speeds)
+    lines = language.findings(results, config, entropy_rate=1.5, speeds=speeds)
     assert lines[-2].startswith("Training speed against sinusoidal:")
     assert lines[-1] == "Entropy rate of the source (the floor): 1.500."
 
 
 def test_model_over_bytes_has_a_logit_per_byte():
     keras.utils.set_random_seed(0)
-    model = demo.build_model("alibi", 16, vocabulary_size=256)
+    model = language.build_model("alibi", 16, vocabulary_size=256)
     (embedding,) = [
         layer for layer in model.layers if isinstance(layer, keras.layers.Embedding)
     ]
@@ -550,11 +552,11 @@ def test_model_over_bytes_has_a_logit_per_byte():
 
 def test_save_and_reload_checks_the_predictions(tmp_path, capsys):
     keras.utils.set_random_seed(0)
-    model = demo.build_model("rope", 8)
+    model = language.build_model("rope", 8)
     probe = np.arange(16, dtype="int32").reshape(2, 8) % VOCAB
     # Trained a step, as the demo's models are: its optimizer has state.
     model.fit(probe, probe, verbose=0)
-    reloaded = demo.save_and_reload(model, str(tmp_path / "lm.keras"), [probe])
+    reloaded = training.save_and_reload(model, str(tmp_path / "lm.keras"), [probe])
     assert reloaded is not model
     np.testing.assert_array_equal(
         model.predict(probe, verbose=0), reloaded.predict(probe, verbose=0)
@@ -563,12 +565,12 @@ def test_save_and_reload_checks_the_predictions(tmp_path, capsys):
 
 
 def test_run_calls_before_timing_before_each_seeds_timing(tmp_path, capsys):
-    config = demo.QUICK.replace(encodings=("alibi",), steps=1, num_seeds=2)
+    config = demo_config.QUICK.replace(encodings=("alibi",), steps=1, num_seeds=2)
 
     def before_timing():
         print("BEFORE TIMING")
 
-    assert demo.run(config, tmp_path, before_timing=before_timing) == 0
+    assert language.run(config, tmp_path, before_timing=before_timing) == 0
     lines = capsys.readouterr().out.splitlines()
     marks = [index for index, line in enumerate(lines) if line == "BEFORE TIMING"]
     timings = [

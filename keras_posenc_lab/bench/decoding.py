@@ -29,7 +29,7 @@ every backend passes it to the compiled loop rather than folding it in.
 
 Run from the repository root:
 
-    python -m keras_posenc.bench.decoding [--batch 1] [--prompt 512] [--new-tokens 256] [--repeats 30]
+    python -m keras_posenc_lab.bench.decoding [--batch 1] [--prompt 512] [--new-tokens 256] [--repeats 30]
 """
 
 import functools
@@ -41,10 +41,10 @@ import keras_hub
 import numpy as np
 
 import keras_posenc
-from keras_posenc._arguments import int_at_least
-from keras_posenc.bench import attention
-from keras_posenc.bench import compiled
-from keras_posenc.bench import timing
+from keras_posenc_lab._arguments import int_at_least
+from keras_posenc_lab.bench import attention
+from keras_posenc_lab.bench import compiled
+from keras_posenc_lab.bench import timing
 
 BATCH = 1
 PROMPT = 512

@@ -25,9 +25,9 @@ pair's cos and sin), so the floors compute exactly what the layers do, and
 every candidate's output is checked against its floor's before timing.
 
 Ratios are medians over rounds of paired calls in one process (see
-`keras_posenc.bench.timing`). Run from the repository root:
+`keras_posenc_lab.bench.timing`). Run from the repository root:
 
-    python -m keras_posenc.bench.grid [--grid 32 32] [--repeats 30]
+    python -m keras_posenc_lab.bench.grid [--grid 32 32] [--repeats 30]
 """
 
 import statistics
@@ -38,9 +38,9 @@ import numpy as np
 
 import keras_posenc
 from keras_posenc import ops
-from keras_posenc._arguments import int_at_least
-from keras_posenc.bench import compiled
-from keras_posenc.bench import timing
+from keras_posenc_lab._arguments import int_at_least
+from keras_posenc_lab.bench import compiled
+from keras_posenc_lab.bench import timing
 
 GRID = (32, 32)
 BATCH = 8

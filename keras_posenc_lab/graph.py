@@ -35,25 +35,26 @@ import keras
 import numpy as np
 
 import keras_posenc
-from keras_posenc import demo
-from keras_posenc.demo_config import GRAPH_ENCODINGS
-from keras_posenc.demo_config import GRAPH_LABELS
+from keras_posenc_lab import encodings
+from keras_posenc_lab import training
+from keras_posenc_lab.config import GRAPH_ENCODINGS
+from keras_posenc_lab.config import GRAPH_LABELS
 
 WIDTH = 64
 NUM_HEADS = 4
 FEED_FORWARD_DIM = 128
 NUM_LAYERS = 2
 STEPS_PER_EXECUTION = 10
-# Hop distances from this on share the last class, and the shortest-path
-# bias's last entry of its own.
-MAX_HOPS = 6
+# Hop distances from this on share the last class, as they share the
+# shortest-path bias's last entry.
+MAX_HOPS = encodings.GRAPH["shortest_path"].arguments["max_distance"]
 NUM_CLASSES = MAX_HOPS + 1
 # One extra edge for this many nodes, on top of the tree: a few cycles.
 NODES_PER_EXTRA_EDGE = 8
 # Eigenvectors of the Laplacian and random-walk steps: each node's encoding
 # has this many numbers.
-LAPLACIAN_K = 8
-RANDOM_WALK_STEPS = 8
+LAPLACIAN_K = encodings.GRAPH["laplacian"].arguments["k"]
+RANDOM_WALK_STEPS = encodings.GRAPH["random_walk"].arguments["steps"]
 # The label of the nodes that are not scored: the marked node and padding.
 UNSCORED = -1
 # The held-out graphs are the same for every training seed: a seed changes
@@ -174,17 +175,6 @@ def make_graphs(count, sizes, rng):
     return inputs, labels
 
 
-def _encode_nodes(encoding, nodes, adjacency, node_mask, seed):
-    """The node features with `encoding`'s positions added, if it adds any."""
-    if encoding == "laplacian":
-        layer = keras_posenc.LaplacianPositionEncoding(LAPLACIAN_K, seed=seed)
-    elif encoding == "random_walk":
-        layer = keras_posenc.RandomWalkPositionEncoding(RANDOM_WALK_STEPS)
-    else:
-        return nodes
-    return layer(nodes, adjacency, mask=node_mask)
-
-
 def build_model(encoding, jit_compile=False, seed=None):
     """The graph transformer with one encoding, for graphs of any size.
 
@@ -209,12 +199,14 @@ def build_model(encoding, jit_compile=False, seed=None):
     node_mask = keras.Input(shape=(None,), dtype="bool", name="node_mask")
     # The mark is the only feature: every other node starts the same.
     nodes = keras.layers.Embedding(2, WIDTH)(marked)  # (b, nodes, width)
-    nodes = _encode_nodes(encoding, nodes, adjacency, node_mask, seed)
+    node_encoding = encodings.build("graph", encoding, role="nodes", seed=seed)
+    if node_encoding is not None:
+        nodes = node_encoding(nodes, adjacency, mask=node_mask)
     for _ in range(NUM_LAYERS):
         normed = keras.layers.LayerNormalization()(nodes)
-        position = None
-        if encoding == "shortest_path":
-            position = keras_posenc.ShortestPathBias(NUM_HEADS, MAX_HOPS)
+        position = encodings.build(
+            "graph", encoding, role="attention", num_heads=NUM_HEADS
+        )
         attention = keras_posenc.PositionalMultiHeadAttention(
             NUM_HEADS, WIDTH // NUM_HEADS, position=position
         )
@@ -237,7 +229,7 @@ def build_model(encoding, jit_compile=False, seed=None):
         name=f"graph_{encoding}",
     )
     model.compile(
-        optimizer=keras.optimizers.Adam(demo.LEARNING_RATE),
+        optimizer=keras.optimizers.Adam(training.LEARNING_RATE),
         loss=keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, ignore_class=UNSCORED
         ),
@@ -275,7 +267,7 @@ def _train(encoding, config, train_data, test_sets, out_dir, label, seed):
     inputs, labels = train_data
     keras.utils.set_random_seed(seed)
     model = build_model(encoding, jit_compile=config.jit_compile, seed=seed)
-    demo.fit(
+    training.fit(
         model,
         inputs,
         labels,
@@ -288,7 +280,7 @@ def _train(encoding, config, train_data, test_sets, out_dir, label, seed):
         {name: value[: config.batch_size] for name, value in test_sets[sizes][0].items()}
         for sizes in dict.fromkeys((config.sizes[0], config.sizes[-1]))
     ]  # the training sizes and the largest
-    return demo.save_and_reload(model, path, probes)
+    return training.save_and_reload(model, path, probes)
 
 
 def most_common_class(labels):
@@ -378,12 +370,12 @@ def run(config, out_dir):
         f"{WIDTH}, {NUM_HEADS} heads, feed-forward {FEED_FORWARD_DIM}; the mark "
         f"is the only node feature. Training: {config.steps} steps of "
         f"{config.batch_size} graphs of {size_header(config.sizes[0])}. "
-        + demo.seeds_line(config)
+        + training.seeds_line(config)
     )
     runs, guesses = [], []
     total = len(config.encodings) * config.num_seeds
     number = 0
-    for seed in demo.seeds(config):
+    for seed in training.seeds(config):
         train_data = make_graphs(
             config.steps * config.batch_size,
             config.sizes[0],
@@ -420,25 +412,25 @@ def run(config, out_dir):
                     f"Accuracy on {size_header(sizes)}: {scores[encoding][sizes]:.3f}"
                 )
         runs.append(scores)
-    results = demo.combine(runs)
+    results = training.combine(runs)
     labelled = {GRAPH_LABELS[key]: scores for key, scores in results.items()}
     headers = [size_header(sizes) for sizes in config.sizes]
     title = (
         "Accuracy of every node's hop distance to the marked node on held-out "
         f"graphs, trained on {size_header(config.sizes[0])}"
     )
-    table = demo.format_markdown(labelled, config.sizes, headers)
+    table = training.format_markdown(labelled, config.sizes, headers)
     markdown_path = os.path.join(out_dir, "graph_accuracy.md")
     with open(markdown_path, "w") as file:
-        file.write(f"{title}. {demo.seeds_line(config)}\n\n{table}\n")
+        file.write(f"{title}. {training.seeds_line(config)}\n\n{table}\n")
     csv_path = os.path.join(out_dir, "graph_accuracy.csv")
-    demo.write_csv(csv_path, labelled, config.sizes, headers)
+    training.write_csv(csv_path, labelled, config.sizes, headers)
     means = {
-        key: {sizes: demo.mean(values) for sizes, values in scores.items()}
+        key: {sizes: training.mean(values) for sizes, values in scores.items()}
         for key, scores in results.items()
     }
     guess_means = {
-        sizes: demo.mean([guess[sizes] for guess in guesses]) for sizes in config.sizes
+        sizes: training.mean([guess[sizes] for guess in guesses]) for sizes in config.sizes
     }
     print(f"\n{title}:\n\n{table}\n")
     print("\n".join(findings(means, config, guess_means)))

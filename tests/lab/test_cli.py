@@ -12,17 +12,19 @@ import numpy as np
 import pytest
 
 import keras_posenc
-from keras_posenc import cli
-from keras_posenc import demo
-from keras_posenc import demo_graph
-from keras_posenc import demo_vision
-from keras_posenc.demo_config import GRAPH_ENCODINGS
-from keras_posenc.demo_config import GRAPH_LABELS
-from keras_posenc.demo_config import GRAPH_QUICK
-from keras_posenc.demo_config import VISION_ENCODINGS
-from keras_posenc.demo_config import VISION_LABELS
-from keras_posenc.demo_config import VISION_QUICK
-from keras_posenc.cli import main
+from keras_posenc_lab import cli
+from keras_posenc_lab import runner
+from keras_posenc_lab import language
+from keras_posenc_lab import graph
+from keras_posenc_lab import vision
+from keras_posenc_lab.config import GRAPH_ENCODINGS
+from keras_posenc_lab.config import GRAPH_LABELS
+from keras_posenc_lab.config import GRAPH_QUICK
+from keras_posenc_lab.config import VISION_ENCODINGS
+from keras_posenc_lab.config import VISION_LABELS
+from keras_posenc_lab.config import VISION_QUICK
+from keras_posenc_lab.cli import main
+from keras_posenc_lab import config as demo_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PLOT_NAMES = ["encoding_heatmap.png", "similarity.png", "rope_wavelengths.png"]
@@ -68,11 +70,11 @@ COMMAND = str(pathlib.Path(sys.executable).parent / "keras-posenc")
 
 @pytest.mark.parametrize(
     "command",
-    [[COMMAND], [sys.executable, "-m", "keras_posenc"]],
-    ids=["keras-posenc", "python -m keras_posenc"],
+    [[COMMAND], [sys.executable, "-m", "keras_posenc_lab"]],
+    ids=["keras-posenc", "python -m keras_posenc_lab"],
 )
 @pytest.mark.parametrize("option", ["--help", "--version"])
-def test_help_and_version_import_neither_keras_nor_tensorflow(command, option):
+def test_help_and_version_import_neither_keras_nor_the_layers(command, option):
     # -X importtime lists every module imported, on stderr.
     result = subprocess.run(
         command + [option],
@@ -87,12 +89,34 @@ def test_help_and_version_import_neither_keras_nor_tensorflow(command, option):
         for line in result.stderr.splitlines()
         if line.startswith("import time:")
     }
-    assert "keras_posenc" in imported
-    assert not imported & {"keras", "tensorflow", "numpy", "matplotlib"}
+    assert "keras_posenc_lab" in imported
+    assert not imported & {
+        "keras",
+        "keras_posenc",
+        "tensorflow",
+        "numpy",
+        "matplotlib",
+    }
     if option == "--help":
         assert result.stdout.startswith("usage: keras-posenc")
     else:
         assert result.stdout == f"keras-posenc {keras_posenc.__version__}\n"
+
+
+def test_importing_the_package_registers_the_layers_whatever_the_program(tmp_path):
+    # A program named as the command imports the library as any other does.
+    program = tmp_path / "keras-posenc"
+    program.write_text(
+        "import keras\n"
+        "import keras_posenc\n"
+        "print(keras.saving.get_registered_object("
+        "'keras_posenc>RotaryEmbedding') is keras_posenc.RotaryEmbedding)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(program)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "True\n"
 
 
 def test_command_hides_tensorflow_logging_unless_verbose(tmp_path):
@@ -110,29 +134,6 @@ def test_command_hides_tensorflow_logging_unless_verbose(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert result.stdout.split() == [str(tmp_path / name) for name in PLOT_NAMES]
-
-
-def test_the_command_imports_the_layers_on_first_use():
-    # As `keras-posenc` does: the package imports without Keras, and the
-    # layers come (and register with Keras) when first used.
-    script = (
-        "import sys; sys.argv[0] = '/bin/keras-posenc'; "
-        "import keras_posenc; "
-        "assert 'keras' not in sys.modules; "
-        "layer = keras_posenc.RotaryEmbedding; "
-        "from keras_posenc import AlibiBias, ops; "
-        "import keras; "
-        "assert keras.saving.get_registered_object("
-        "'keras_posenc>RotaryEmbedding') is layer; "
-        "print(layer.__name__, AlibiBias.__name__, ops.__name__)"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [
-        "RotaryEmbedding", "AlibiBias", "keras_posenc.ops"
-    ]
 
 
 MATPLOTLIB = '"matplotlib<4,>=3.8"'
@@ -260,9 +261,9 @@ def test_bad_arguments_exit_with_a_one_line_message(argv, message, capsys):
     assert message in error_lines[0]
 
 
-QUICK_LENGTHS = [str(length) for length in demo.QUICK.lengths]
+QUICK_LENGTHS = [str(length) for length in demo_config.QUICK.lengths]
 QUICK_GRIDS = [f"{grid}x{grid}" for grid in VISION_QUICK.grids]
-QUICK_SIZES = [demo_graph.size_header(sizes) for sizes in GRAPH_QUICK.sizes]
+QUICK_SIZES = [graph.size_header(sizes) for sizes in GRAPH_QUICK.sizes]
 SPEED_HEADERS = ["train tokens/s", "÷ sinusoidal", "Press et al. ÷ sinusoidal"]
 
 
@@ -304,7 +305,7 @@ def test_quick_demo_runs_every_task(quick_demo):
     assert printed.index("accuracy.png in ") < graph
     assert graph < printed.index("graph_accuracy.csv in ")
     assert "The vision and graph tasks done in" in printed[graph:done]
-    assert printed.count("predictions identical") == len(demo.ENCODINGS) + len(
+    assert printed.count("predictions identical") == len(demo_config.ENCODINGS) + len(
         VISION_ENCODINGS
     ) + len(GRAPH_ENCODINGS)
     # Not a terminal: one line per model and length, no progress bars (the
@@ -316,22 +317,22 @@ def test_quick_demo_runs_every_task(quick_demo):
 def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
     status, out_dir, printed = quick_demo
     assert status == 0
-    names = list(demo.ENCODINGS) + [
-        f"rope + {schedule}" for schedule in demo.ROPE_SCALINGS
+    names = list(demo_config.ENCODINGS) + [
+        f"rope + {schedule}" for schedule in demo_config.ROPE_SCALINGS
     ]
     with open(out_dir / "nll.csv", newline="") as file:
         rows = list(csv.reader(file))
     assert rows[0] == ["encoding"] + QUICK_LENGTHS + ["train tokens/s"]
     assert sorted(row[0] for row in rows[1:]) == sorted(names)
-    ceiling = math.log(demo.VOCABULARY_SIZE) + 2.0
+    ceiling = math.log(language.VOCABULARY_SIZE) + 2.0
     for name, *cells, speed in rows[1:]:
-        for length, cell in zip(demo.QUICK.lengths, cells):
-            if name == "learned" and length > demo.QUICK.train_length:
+        for length, cell in zip(demo_config.QUICK.lengths, cells):
+            if name == "learned" and length > demo_config.QUICK.train_length:
                 assert cell == "n/a"
             else:
                 assert 0.0 < float(cell) < ceiling, (name, length, cell)
         # The scalings are the trained RoPE model's: not trained again.
-        if name in demo.ENCODINGS:
+        if name in demo_config.ENCODINGS:
             assert float(speed) > 0, name
         else:
             assert speed == "", name
@@ -339,7 +340,7 @@ def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
         markdown = file.read()
     title = (
         "Mean negative log-likelihood per token (nats), trained at length "
-        f"{demo.QUICK.train_length}"
+        f"{demo_config.QUICK.train_length}"
     )
     assert markdown.startswith(f"{title}; entropy rate ")
     assert f"{title}; entropy rate " in printed
@@ -353,30 +354,30 @@ def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
     assert table["rope"][-1] == "0.70x" and table["t5"][-1] == "0.51x"
     assert table["none"][-1] == ""
     assert table["rope + yarn"][-3:] == ["", "", ""]
-    for name in demo.ENCODINGS:
+    for name in demo_config.ENCODINGS:
         tokens_per_second, ratio, _ = table[name][-3:]
         assert float(tokens_per_second.replace(",", "")) > 0
         assert ratio.endswith("x") and float(ratio[:-1]) > 0
     assert "entropy rate" in printed and "nats per symbol" in printed
     assert "Entropy rate of the source (the floor)" in printed
     assert "Training speed against sinusoidal: " in printed
-    assert printed.count(f"Trained {demo.QUICK.steps} steps in") == len(
-        demo.ENCODINGS
+    assert printed.count(f"Trained {demo_config.QUICK.steps} steps in") == len(
+        demo_config.ENCODINGS
     )
-    assert f"NLL per token at length {demo.QUICK.lengths[-1]}:" in printed
+    assert f"NLL per token at length {demo_config.QUICK.lengths[-1]}:" in printed
     with open(out_dir / "nll.png", "rb") as file:
         assert file.read(8) == PNG_SIGNATURE
 
 
-@pytest.mark.parametrize("encoding", demo.ENCODINGS)
+@pytest.mark.parametrize("encoding", demo_config.ENCODINGS)
 def test_quick_demo_models_reload(quick_demo, encoding):
     _, out_dir, _ = quick_demo
     model = keras.models.load_model(
         out_dir / f"lm_{encoding}.keras", safe_mode=True
     )
-    token_ids = np.zeros((2, demo.QUICK.train_length), "int32")
+    token_ids = np.zeros((2, demo_config.QUICK.train_length), "int32")
     logits = model.predict(token_ids, verbose=0)
-    assert logits.shape == (2, demo.QUICK.train_length, demo.VOCABULARY_SIZE)
+    assert logits.shape == (2, demo_config.QUICK.train_length, language.VOCABULARY_SIZE)
     assert np.all(np.isfinite(logits))
 
 
@@ -438,9 +439,9 @@ def test_quick_demo_writes_the_graph_table(quick_demo):
         model = keras.models.load_model(
             out_dir / f"graph_{encoding}.keras", safe_mode=True
         )
-        inputs, _ = demo_graph.make_graphs(2, (5, 9), np.random.default_rng(0))
+        inputs, _ = graph.make_graphs(2, (5, 9), np.random.default_rng(0))
         logits = model.predict(inputs, verbose=0)
-        assert logits.shape == (2, 9, demo_graph.NUM_CLASSES)
+        assert logits.shape == (2, 9, graph.NUM_CLASSES)
         assert np.all(np.isfinite(logits))
 
 
@@ -449,13 +450,13 @@ def test_quick_demo_vision_models_reload(quick_demo, encoding):
     _, out_dir, _ = quick_demo
     model = keras.models.load_model(out_dir / f"vit_{encoding}.keras", safe_mode=True)
     assert any(
-        isinstance(layer, demo_vision.PatchTokens) for layer in model.layers
+        isinstance(layer, vision.PatchTokens) for layer in model.layers
     )
     rng = np.random.default_rng(0)
     for size in (8, 16):  # the trained grid, 2 x 2 patches, and 4 x 4
         images = rng.random((2, size, size, 1)).astype("float32")
         logits = model.predict(images, verbose=0)
-        assert logits.shape == (2, demo_vision.NUM_CLASSES)
+        assert logits.shape == (2, vision.NUM_CLASSES)
         assert np.all(np.isfinite(logits))
 
 
@@ -481,7 +482,7 @@ def test_the_second_process_gets_the_other_tasks_configs(options):
     configs = cli._demo_configs(parser, args)
     assert list(configs)[0] == "language"
     others = list(configs)[1:]
-    child_args = parser.parse_args(cli._side_argv(args, others))
+    child_args = parser.parse_args(runner._side_argv(args, others))
     assert cli._demo_configs(parser, child_args) == {
         task: configs[task] for task in others
     }
@@ -514,14 +515,14 @@ def test_the_second_process_ends_with_the_language_task(
     tmp_path, capsys, monkeypatch, failure
 ):
     children = _Children()
-    monkeypatch.setattr(cli.subprocess, "Popen", children)
+    monkeypatch.setattr(runner.subprocess, "Popen", children)
 
     def failing_run(config, out_dir, before_timing=None):
         if failure == "interrupt":
             raise KeyboardInterrupt
         return 1
 
-    monkeypatch.setattr(demo, "run", failing_run)
+    monkeypatch.setattr(language, "run", failing_run)
     argv = ["demo", "--quick", "--out", str(tmp_path)]
     if failure == "interrupt":
         with pytest.raises(KeyboardInterrupt):

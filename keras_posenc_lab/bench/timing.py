@@ -12,8 +12,8 @@ import random
 import statistics
 import time
 
-from keras_posenc._arguments import int_at_least
-from keras_posenc.bench import compiled as backend_programs
+from keras_posenc_lab._arguments import int_at_least
+from keras_posenc_lab.bench import compiled as backend_programs
 
 _wait_for = backend_programs.wait_for
 
@@ -137,7 +137,7 @@ def noise_band(self_ratio):
 
 
 def argument_parser(module, description, repeats_help="timed rounds"):
-    """The argument parser of `python -m keras_posenc.bench.<module>`.
+    """The argument parser of `python -m keras_posenc_lab.bench.<module>`.
 
     Every benchmark takes `--repeats`, a positive number of timed rounds
     (default 30); the caller adds its own sizes.
@@ -152,7 +152,7 @@ def argument_parser(module, description, repeats_help="timed rounds"):
         An `argparse.ArgumentParser`.
     """
     parser = argparse.ArgumentParser(
-        prog=f"python -m keras_posenc.bench.{module}", description=description
+        prog=f"python -m keras_posenc_lab.bench.{module}", description=description
     )
     parser.add_argument(
         "--repeats",

@@ -29,10 +29,11 @@ import numpy as np
 import tensorflow as tf
 
 import keras_posenc
-from keras_posenc import demo
 from keras_posenc import ops
-from keras_posenc.demo_config import VISION_ENCODINGS
-from keras_posenc.demo_config import VISION_LABELS
+from keras_posenc_lab import encodings
+from keras_posenc_lab import training
+from keras_posenc_lab.config import VISION_ENCODINGS
+from keras_posenc_lab.config import VISION_LABELS
 
 PATCH_SIZE = 4
 WIDTH = 64
@@ -45,9 +46,8 @@ STEPS_PER_EXECUTION = 10
 # seed: a seed changes the weights and the order of training, not the test.
 TEST_FRACTION = 0.25
 SPLIT_SEED = 0
-# Qwen2-VL's M-RoPE gives its (time, row, column) sections 16, 24 and 24 of
-# 64 rotary pairs; these are the same shares of a head's 8 pairs.
-MROPE_SECTIONS = (2, 3, 3)
+# The encodings added to the patch grid before it is flattened.
+GRID_EMBEDDINGS = ("learned", "sinusoidal_2d")
 # Images scored per batch of evaluation.
 EVALUATION_BATCH = 512
 
@@ -150,24 +150,6 @@ def render(images, grid):
     return tf.image.resize(images[..., None], (size, size), method="bilinear").numpy()
 
 
-def _attention_position(encoding, train_grid):
-    """A fresh position layer for one attention block, or `None`."""
-    if encoding == "axial_rope":
-        return keras_posenc.RotaryEmbedding(num_axes=2, num_prefix_tokens=1)
-    if encoding == "mrope":
-        return keras_posenc.RotaryEmbedding(
-            num_axes=3,
-            axis_layout="sections",
-            axis_sections=list(MROPE_SECTIONS),
-            num_prefix_tokens=1,
-        )
-    if encoding == "swin_bias":
-        return keras_posenc.GridRelativePositionBias(
-            NUM_HEADS, (train_grid, train_grid), num_prefix_tokens=1
-        )
-    return None
-
-
 def build_model(encoding, train_grid, table_grid=None, jit_compile=False):
     """The ViT with one encoding, for images of any size.
 
@@ -190,27 +172,37 @@ def build_model(encoding, train_grid, table_grid=None, jit_compile=False):
     patches = keras.layers.Conv2D(WIDTH, PATCH_SIZE, strides=PATCH_SIZE)(
         images
     )  # (b, h, w, width)
-    if encoding == "learned":
+    # Added to the patch grid: the learned table and the 2-D sinusoidal one.
+    if encoding in GRID_EMBEDDINGS:
         if table_grid is None:
-            table = keras_posenc.PositionEmbedding(grid_shape=(train_grid, train_grid))
+            table = encodings.build("vision", encoding, grid_shape=(train_grid, train_grid))
         else:
-            table = keras_posenc.PositionEmbedding(
-                grid_shape=(table_grid, table_grid), interpolation=None
+            table = encodings.build(
+                "vision",
+                encoding,
+                grid_shape=(table_grid, table_grid),
+                interpolation=None,
             )
         patches = table(patches)
-    elif encoding == "sinusoidal_2d":
-        patches = keras_posenc.SinusoidalPositionEncoding(num_axes=2)(patches)
-    tokens, positions = PatchTokens(3 if encoding == "mrope" else 2)(
+    rotary = encodings.VISION[encoding].arguments
+    tokens, positions = PatchTokens(rotary.get("num_axes", 2))(
         patches
     )  # (b, 1 + h * w, width), (h * w, axes)
+    # Added to the flattened tokens, the class token first.
     if encoding == "sinusoidal_raster":
-        tokens = keras_posenc.SinusoidalPositionEncoding(num_prefix_tokens=1)(tokens)
+        tokens = encodings.build("vision", encoding)(tokens)
     for _ in range(NUM_LAYERS):
         normed = keras.layers.LayerNormalization()(tokens)
         attention = keras_posenc.PositionalMultiHeadAttention(
             NUM_HEADS,
             WIDTH // NUM_HEADS,
-            position=_attention_position(encoding, train_grid),
+            position=encodings.build(
+                "vision",
+                encoding,
+                role="attention",
+                num_heads=NUM_HEADS,
+                grid_shape=(train_grid, train_grid),
+            ),
         )
         if attention.position is None:
             attended = attention(normed, normed)
@@ -226,7 +218,7 @@ def build_model(encoding, train_grid, table_grid=None, jit_compile=False):
     class_token = keras.layers.LayerNormalization()(tokens)[:, 0]  # (b, width)
     logits = keras.layers.Dense(NUM_CLASSES)(class_token)  # (b, classes)
     model = keras.Model(images, logits, name=f"vit_{encoding}")
-    return demo.compiled(model, jit_compile, STEPS_PER_EXECUTION)
+    return training.compiled(model, jit_compile, STEPS_PER_EXECUTION)
 
 
 def unresized_copy(model, grid, train_grid):
@@ -272,7 +264,7 @@ def _train(encoding, config, data, out_dir, label, seed):
     )[:count]  # shuffled afresh at each pass over the training digits
     keras.utils.set_random_seed(seed)
     model = build_model(encoding, config.grids[0], jit_compile=config.jit_compile)
-    demo.fit(
+    training.fit(
         model,
         train_images[order],
         train_labels[order],
@@ -283,7 +275,7 @@ def _train(encoding, config, data, out_dir, label, seed):
     suffix = f"_seed{seed}" if config.num_seeds > 1 else ""
     path = os.path.join(out_dir, f"vit_{encoding}{suffix}.keras")
     probes = [test_images[grid][: config.batch_size] for grid in config.grids[::2]]
-    return demo.save_and_reload(model, path, probes)
+    return training.save_and_reload(model, path, probes)
 
 
 def _evaluate(model, encoding, config, test_images, test_labels):
@@ -390,12 +382,12 @@ def run(config, out_dir):
         f"Model: a ViT of {NUM_LAYERS} pre-norm blocks, width {WIDTH}, "
         f"{NUM_HEADS} heads, feed-forward {FEED_FORWARD_DIM}, a class token. "
         f"Training: {config.steps} steps of {config.batch_size} images at "
-        f"{config.grids[0]}x{config.grids[0]}. " + demo.seeds_line(config)
+        f"{config.grids[0]}x{config.grids[0]}. " + training.seeds_line(config)
     )
     runs = []
     total = len(config.encodings) * config.num_seeds
     number = 0
-    for seed in demo.seeds(config):
+    for seed in training.seeds(config):
         scores = {}
         for encoding in config.encodings:
             number += 1
@@ -416,21 +408,21 @@ def run(config, out_dir):
                 _evaluate(model, encoding, config, test_images, test_labels)
             )
         runs.append(scores)
-    results = demo.combine(runs)
+    results = training.combine(runs)
     labelled = {VISION_LABELS[key]: scores for key, scores in results.items()}
     headers = [f"{grid}x{grid}" for grid in config.grids]
     title = (
         f"Test accuracy on held-out digits, trained at "
         f"{config.grids[0]}x{config.grids[0]} patches"
     )
-    table = demo.format_markdown(labelled, config.grids, headers)
+    table = training.format_markdown(labelled, config.grids, headers)
     markdown_path = os.path.join(out_dir, "accuracy.md")
     with open(markdown_path, "w") as file:
-        file.write(f"{title}. {demo.seeds_line(config)}\n\n{table}\n")
+        file.write(f"{title}. {training.seeds_line(config)}\n\n{table}\n")
     csv_path = os.path.join(out_dir, "accuracy.csv")
-    demo.write_csv(csv_path, labelled, config.grids, headers)
+    training.write_csv(csv_path, labelled, config.grids, headers)
     means = {
-        key: {grid: demo.mean(values) for grid, values in scores.items()}
+        key: {grid: training.mean(values) for grid, values in scores.items()}
         for key, scores in results.items()
     }
     spread = None

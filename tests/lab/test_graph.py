@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 
 import keras_posenc
-from keras_posenc import demo_graph
-from keras_posenc.cli import main
-from keras_posenc.demo_config import GRAPH_ENCODINGS
-from keras_posenc.demo_config import GRAPH_LABELS
-from keras_posenc.demo_config import GRAPH_QUICK
-from keras_posenc.demo_config import GraphConfig
+from keras_posenc_lab import graph
+from keras_posenc_lab.cli import main
+from keras_posenc_lab.config import GRAPH_ENCODINGS
+from keras_posenc_lab.config import GRAPH_LABELS
+from keras_posenc_lab.config import GRAPH_QUICK
+from keras_posenc_lab.config import GraphConfig
 
-MAX_HOPS = demo_graph.MAX_HOPS
-UNSCORED = demo_graph.UNSCORED
+MAX_HOPS = graph.MAX_HOPS
+UNSCORED = graph.UNSCORED
 
 
 def floyd_warshall(adjacency):
@@ -50,7 +50,7 @@ def adjacency_of(edges, count):
 def test_random_tree_edges_make_a_tree(count):
     rng = np.random.default_rng(count)
     for _ in range(20):
-        edges = demo_graph.random_tree_edges(count, rng)
+        edges = graph.random_tree_edges(count, rng)
         assert edges.shape == (count - 1, 2)
         assert np.all(edges[:, 0] != edges[:, 1])
         assert len({frozenset(edge) for edge in edges.tolist()}) == count - 1
@@ -72,7 +72,7 @@ def test_random_trees_are_uniform_over_the_labelled_trees():
     draws = 4800
     counts = {tree: 0 for tree in trees}
     for _ in range(draws):
-        edges = demo_graph.random_tree_edges(4, rng)
+        edges = graph.random_tree_edges(4, rng)
         counts[frozenset(tuple(sorted(edge)) for edge in edges.tolist())] += 1
     # Each has probability 1/16: 300 expected, standard deviation 16.8.
     assert sum(counts.values()) == draws
@@ -84,11 +84,11 @@ def test_random_trees_are_uniform_over_the_labelled_trees():
 def test_random_graph_is_connected_and_undirected(count):
     rng = np.random.default_rng(count)
     for _ in range(10):
-        adjacency = demo_graph.random_graph(count, rng)
+        adjacency = graph.random_graph(count, rng)
         assert adjacency.dtype == bool and adjacency.shape == (count, count)
         np.testing.assert_array_equal(adjacency, adjacency.T)
         assert not np.any(np.diag(adjacency))
-        edges = count - 1 + count // demo_graph.NODES_PER_EXTRA_EDGE
+        edges = count - 1 + count // graph.NODES_PER_EXTRA_EDGE
         assert np.sum(np.triu(adjacency)) == edges
         assert is_connected(adjacency)
 
@@ -111,7 +111,7 @@ HAND_CHECKED = {
 @pytest.mark.parametrize("name", list(HAND_CHECKED))
 def test_hop_distances_on_hand_checked_graphs(name):
     edges, count, source, expected = HAND_CHECKED[name]
-    distances = demo_graph.hop_distances(adjacency_of(edges, count), source)
+    distances = graph.hop_distances(adjacency_of(edges, count), source)
     assert distances.tolist() == expected
 
 
@@ -125,13 +125,13 @@ def test_hop_distances_match_floyd_warshall():
             for source in range(count):
                 expected = np.where(np.isinf(reference[source]), -1, reference[source])
                 np.testing.assert_array_equal(
-                    demo_graph.hop_distances(adjacency, source), expected
+                    graph.hop_distances(adjacency, source), expected
                 )
 
 
 @pytest.fixture(scope="module")
 def graphs():
-    return demo_graph.make_graphs(200, (8, 16), np.random.default_rng(7))
+    return graph.make_graphs(200, (8, 16), np.random.default_rng(7))
 
 
 def test_make_graphs_pads_marks_and_labels(graphs):
@@ -164,7 +164,7 @@ def test_make_graphs_pads_marks_and_labels(graphs):
 
 
 def test_make_graphs_clips_far_nodes_into_the_last_class():
-    _, labels = demo_graph.make_graphs(100, (48, 64), np.random.default_rng(1))
+    _, labels = graph.make_graphs(100, (48, 64), np.random.default_rng(1))
     scored = labels[labels != UNSCORED]
     assert scored.min() == 1 and scored.max() == MAX_HOPS
     # Large trees have many nodes past MAX_HOPS hops.
@@ -173,13 +173,13 @@ def test_make_graphs_clips_far_nodes_into_the_last_class():
 
 def test_make_graphs_is_seeded(graphs):
     inputs, labels = graphs
-    again_inputs, again_labels = demo_graph.make_graphs(
+    again_inputs, again_labels = graph.make_graphs(
         200, (8, 16), np.random.default_rng(7)
     )
     np.testing.assert_array_equal(labels, again_labels)
     for name in inputs:
         np.testing.assert_array_equal(inputs[name], again_inputs[name])
-    other_inputs, _ = demo_graph.make_graphs(200, (8, 16), np.random.default_rng(8))
+    other_inputs, _ = graph.make_graphs(200, (8, 16), np.random.default_rng(8))
     assert not np.array_equal(other_inputs["adjacency"], inputs["adjacency"])
 
 
@@ -187,8 +187,8 @@ def test_accuracy_scores_the_labelled_nodes_only():
     labels = np.array([[UNSCORED, 1, 2, UNSCORED], [3, UNSCORED, 1, 1]])
     predicted = np.array([[0, 1, 0, 5], [3, 2, 1, 6]])
     # Scored: 1, 2 | 3, 1, 1; right: 1 | 3, 1: 3 of 5.
-    assert demo_graph.accuracy(predicted, labels) == pytest.approx(3 / 5)
-    assert demo_graph.most_common_class(labels) == 1
+    assert graph.accuracy(predicted, labels) == pytest.approx(3 / 5)
+    assert graph.most_common_class(labels) == 1
 
 
 def small_batch(graphs, count=4, indices=None):
@@ -222,15 +222,15 @@ EXPECTED_POSITION = {
     "none": None,
     "laplacian": (
         keras_posenc.LaplacianPositionEncoding,
-        {"k": demo_graph.LAPLACIAN_K, "merge_mode": "add"},
+        {"k": graph.LAPLACIAN_K, "merge_mode": "add"},
     ),
     "random_walk": (
         keras_posenc.RandomWalkPositionEncoding,
-        {"steps": demo_graph.RANDOM_WALK_STEPS, "merge_mode": "add"},
+        {"steps": graph.RANDOM_WALK_STEPS, "merge_mode": "add"},
     ),
     "shortest_path": (
         keras_posenc.ShortestPathBias,
-        {"num_heads": demo_graph.NUM_HEADS, "max_distance": MAX_HOPS},
+        {"num_heads": graph.NUM_HEADS, "max_distance": MAX_HOPS},
     ),
 }
 POSITION_CLASSES = tuple(value[0] for value in EXPECTED_POSITION.values() if value)
@@ -244,13 +244,13 @@ def test_every_graph_encoding_has_an_expectation_and_a_label():
 @pytest.mark.parametrize("encoding", GRAPH_ENCODINGS)
 def test_graph_transformer_uses_its_encoding_and_ignores_padding(encoding, graphs):
     keras.utils.set_random_seed(0)
-    model = demo_graph.build_model(encoding, seed=0)
+    model = graph.build_model(encoding, seed=0)
     attention = [
         layer
         for layer in model.layers
         if isinstance(layer, keras_posenc.PositionalMultiHeadAttention)
     ]
-    assert len(attention) == demo_graph.NUM_LAYERS
+    assert len(attention) == graph.NUM_LAYERS
     found = [
         layer
         for layer in list(model.layers) + [block.position for block in attention]
@@ -264,7 +264,7 @@ def test_graph_transformer_uses_its_encoding_and_ignores_padding(encoding, graph
         if encoding == "shortest_path":
             # A table of its own in each attention block.
             assert [block.position for block in attention] == found
-            assert len({id(layer) for layer in found}) == demo_graph.NUM_LAYERS
+            assert len({id(layer) for layer in found}) == graph.NUM_LAYERS
         else:
             assert all(block.position is None for block in attention)
             assert len(found) == 1
@@ -281,13 +281,13 @@ def test_graph_transformer_uses_its_encoding_and_ignores_padding(encoding, graph
             for index in range(len(mask))
             if laplacian_is_determined(
                 adjacency[index][mask[index]][:, mask[index]].astype("float64"),
-                demo_graph.LAPLACIAN_K,
+                graph.LAPLACIAN_K,
             )
         ][:4]
         assert len(indices) == 4
     inputs, _ = small_batch(graphs, indices=indices)
     logits = keras.ops.convert_to_numpy(model(inputs, training=False))
-    assert logits.shape == (4, 16, demo_graph.NUM_CLASSES)
+    assert logits.shape == (4, 16, graph.NUM_CLASSES)
     assert np.all(np.isfinite(logits))
     # The same graphs padded to 24 nodes: the real nodes' logits are the same.
     padded = {
@@ -302,7 +302,7 @@ def test_graph_transformer_uses_its_encoding_and_ignores_padding(encoding, graph
 
 def test_loss_is_the_mean_cross_entropy_of_the_scored_nodes(graphs):
     keras.utils.set_random_seed(1)
-    model = demo_graph.build_model("shortest_path")
+    model = graph.build_model("shortest_path")
     inputs, labels = small_batch(graphs, 8)
     logits = keras.ops.convert_to_numpy(model(inputs, training=False)).astype("float64")
     shifted = logits - logits.max(axis=-1, keepdims=True)
@@ -319,15 +319,15 @@ def test_loss_is_the_mean_cross_entropy_of_the_scored_nodes(graphs):
 
 def test_predict_classes_is_the_argmax_over_batches(graphs):
     keras.utils.set_random_seed(2)
-    model = demo_graph.build_model("random_walk")
+    model = graph.build_model("random_walk")
     inputs, labels = graphs
     # More graphs than one evaluation batch, the last one partial.
-    count = demo_graph.EVALUATION_BATCH + 9
+    count = graph.EVALUATION_BATCH + 9
     many = {
         name: np.concatenate([value] * (-(-count // len(value))))[:count]
         for name, value in inputs.items()
     }
-    predicted = demo_graph.predict_classes(model, many)
+    predicted = graph.predict_classes(model, many)
     assert predicted.shape == (count, 16)
     expected = np.argmax(keras.ops.convert_to_numpy(model(many, training=False)), -1)
     np.testing.assert_array_equal(predicted, expected)
@@ -343,7 +343,7 @@ def test_findings_compare_with_none_and_say_which_holds():
         "shortest_path": {small: 1.0, middle: 0.99, large: 0.7},
     }
     guesses = {small: 0.3, middle: 0.2, large: 0.1}
-    lines = demo_graph.findings(means, config, guesses)
+    lines = graph.findings(means, config, guesses)
     assert (
         "shortest-path bias: 1.000 on 4–6 nodes, 0.700 on 12–16 nodes (-0.300)."
         in lines
@@ -360,9 +360,9 @@ def test_findings_compare_with_none_and_say_which_holds():
     del means["random_walk"]
     assert (
         "On the training sizes every encoding beats none (0.300): yes."
-        in demo_graph.findings(means, config)
+        in graph.findings(means, config)
     )
-    assert demo_graph.findings({"laplacian": means["laplacian"]}, config) == [
+    assert graph.findings({"laplacian": means["laplacian"]}, config) == [
         "Laplacian eigenvectors: 0.800 on 4–6 nodes, 0.100 on 12–16 nodes (-0.700)."
     ]
 
@@ -421,9 +421,9 @@ def test_the_command_runs_the_tiny_graph_task(tmp_path, capsys):
     )
     # A saved model loads with safe_mode and takes graphs of any size.
     model = keras.models.load_model(tmp_path / "graph_shortest_path.keras", safe_mode=True)
-    inputs, _ = demo_graph.make_graphs(3, (20, 24), np.random.default_rng(0))
+    inputs, _ = graph.make_graphs(3, (20, 24), np.random.default_rng(0))
     logits = model.predict(inputs, verbose=0)
-    assert logits.shape == (3, 24, demo_graph.NUM_CLASSES)
+    assert logits.shape == (3, 24, graph.NUM_CLASSES)
     assert np.all(np.isfinite(logits))
 
 
@@ -438,7 +438,7 @@ def test_run_fails_when_a_reloaded_model_differs(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(keras.models, "load_model", load_perturbed_model)
     config = GRAPH_QUICK.replace(encodings=["none"], steps=1)
-    assert demo_graph.run(config, tmp_path) == 1
+    assert graph.run(config, tmp_path) == 1
     assert "predicts differently" in capsys.readouterr().err
     assert not (tmp_path / "graph_accuracy.csv").exists()
     assert (tmp_path / "graph_none.keras").exists()

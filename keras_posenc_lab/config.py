@@ -1,13 +1,15 @@
 """What the demo trains and evaluates: its tasks, encodings and configurations.
 
-Plain Python, apart from `keras_posenc.demo`, `keras_posenc.demo_vision` and
-`keras_posenc.demo_graph`, which import TensorFlow: the `keras-posenc` command reads these for its
+Plain Python, unlike the tasks' modules (`language`, `vision`, `graph`),
+which import TensorFlow: the `keras-posenc` command reads these for its
 `--help` without importing them.
 """
 
 import dataclasses
 
-ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "shaw", "t5")
+from keras_posenc_lab import encodings
+
+ENCODINGS = tuple(encodings.LANGUAGE)
 # RoPE schedules applied to the trained RoPE model at evaluation time, with
 # no retraining: each extends the trained length to the evaluated one.
 ROPE_SCALINGS = ("yarn", "linear", "dynamic")
@@ -16,33 +18,23 @@ ROPE_SCALINGS = ("yarn", "linear", "dynamic")
 DATA = ("markov", "python-source")
 # The vision task's encodings of a ViT's patch grid, and their rows in its
 # table: the learned table is scored without and with a bicubic resize.
-VISION_ENCODINGS = (
-    "none",
-    "learned",
-    "sinusoidal_raster",
-    "sinusoidal_2d",
-    "axial_rope",
-    "mrope",
-    "swin_bias",
-)
-VISION_LABELS = {
-    "none": "none",
-    "learned": "learned, not resized",
-    "learned_bicubic": "learned + bicubic resize",
-    "sinusoidal_raster": "sinusoidal 1-D, raster order",
-    "sinusoidal_2d": "sinusoidal 2-D",
-    "axial_rope": "axial RoPE",
-    "mrope": "M-RoPE sections",
-    "swin_bias": "Swin relative bias",
-}
+VISION_ENCODINGS = tuple(encodings.VISION)
+
+
+def _vision_rows():
+    """The vision table's rows: the registry's, the resized table after `learned`."""
+    rows = {}
+    for name, label in encodings.labels("vision").items():
+        rows[name] = label
+        if name == "learned":
+            rows["learned_bicubic"] = "learned + bicubic resize"
+    return rows
+
+
+VISION_LABELS = _vision_rows()
 # The graph task's encodings of a graph's nodes, and their rows in its table.
-GRAPH_ENCODINGS = ("none", "laplacian", "random_walk", "shortest_path")
-GRAPH_LABELS = {
-    "none": "none",
-    "laplacian": "Laplacian eigenvectors",
-    "random_walk": "random-walk probabilities",
-    "shortest_path": "shortest-path bias",
-}
+GRAPH_ENCODINGS = tuple(encodings.GRAPH)
+GRAPH_LABELS = encodings.labels("graph")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,17 +5,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_posenc.bench import absolute
-from keras_posenc.bench import attention
-from keras_posenc.bench import decoding
-from keras_posenc.bench import grid
-from keras_posenc.bench import rotary_embedding
-from keras_posenc.bench import suite
-from keras_posenc.bench import timing
-from keras_posenc.cli import main
+from keras_posenc_lab.bench import absolute
+from keras_posenc_lab.bench import attention
+from keras_posenc_lab.bench import decoding
+from keras_posenc_lab.bench import grid
+from keras_posenc_lab.bench import rotary_embedding
+from keras_posenc_lab.bench import suite
+from keras_posenc_lab.bench import timing
+from keras_posenc_lab.cli import main
 
 # A tiny shape: these tests check that the benchmark runs, not its speed,
-# which only `python -m keras_posenc.bench.rotary_embedding` measures.
+# which only `python -m keras_posenc_lab.bench.rotary_embedding` measures.
 TINY_SHAPE = (1, 16, 2, 8)
 # A ratio against keras-hub, the ratio of two identical copies, and the
 # verdict the tables print for a target of 1.0x.
@@ -127,7 +127,7 @@ def test_rotary_table_judges_a_start_index_read_at_run_time():
 
 
 # A tiny attention: these tests check that the benchmark runs, not the
-# numbers, which only `python -m keras_posenc.bench.attention` measures.
+# numbers, which only `python -m keras_posenc_lab.bench.attention` measures.
 TINY_ATTENTION = {"batch": 1, "length": 8, "heads": 2, "key_dim": 4}
 
 
@@ -315,7 +315,7 @@ def test_logits_writes_counts_the_passes_that_write_the_logits():
 
 
 # Tiny sizes: these tests check that the benchmark runs and that its
-# candidates agree, not their speed, which `python -m keras_posenc.bench.absolute`
+# candidates agree, not their speed, which `python -m keras_posenc_lab.bench.absolute`
 # measures.
 TINY_ABSOLUTE = {"shape": (1, 16, 8), "vocabulary_size": 50}
 

@@ -15,7 +15,7 @@ names (`compiled`): XLA on TensorFlow and JAX, eager on PyTorch.
 
 Run from the repository root:
 
-    python -m keras_posenc.bench.rotary_embedding [--shape 8 2048 8 64] [--repeats 30]
+    python -m keras_posenc_lab.bench.rotary_embedding [--shape 8 2048 8 64] [--repeats 30]
 """
 
 import statistics
@@ -26,9 +26,9 @@ import keras_hub
 import numpy as np
 
 import keras_posenc
-from keras_posenc._arguments import int_at_least
-from keras_posenc.bench import compiled
-from keras_posenc.bench import timing
+from keras_posenc_lab._arguments import int_at_least
+from keras_posenc_lab.bench import compiled
+from keras_posenc_lab.bench import timing
 
 SHAPE = (8, 2048, 8, 64)
 # The most each ratio may be: keras_posenc's time over the other's.

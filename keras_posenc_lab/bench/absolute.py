@@ -23,7 +23,7 @@ and JAX, eager on PyTorch.
 
 Run from the repository root:
 
-    python -m keras_posenc.bench.absolute [--shape 8 2048 512] [--repeats 30]
+    python -m keras_posenc_lab.bench.absolute [--shape 8 2048 512] [--repeats 30]
 """
 
 import statistics
@@ -35,9 +35,9 @@ import numpy as np
 
 import keras_posenc
 from keras_posenc import ops
-from keras_posenc._arguments import int_at_least
-from keras_posenc.bench import compiled
-from keras_posenc.bench import timing
+from keras_posenc_lab._arguments import int_at_least
+from keras_posenc_lab.bench import compiled
+from keras_posenc_lab.bench import timing
 
 SHAPE = (8, 2048, 512)
 VOCABULARY_SIZE = 32000

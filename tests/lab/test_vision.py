@@ -6,12 +6,12 @@ import pytest
 from sklearn import datasets
 
 import keras_posenc
-from keras_posenc import demo_vision
-from keras_posenc.demo_config import VISION_ENCODINGS
-from keras_posenc.demo_config import VISION_LABELS
-from keras_posenc.demo_config import VISION_QUICK
+from keras_posenc_lab import vision
+from keras_posenc_lab.config import VISION_ENCODINGS
+from keras_posenc_lab.config import VISION_LABELS
+from keras_posenc_lab.config import VISION_QUICK
 
-PATCH = demo_vision.PATCH_SIZE
+PATCH = vision.PATCH_SIZE
 
 
 def bilinear(images, size):
@@ -45,7 +45,7 @@ def bilinear(images, size):
 @pytest.mark.parametrize("grid", [2, 3, 4, 5])
 def test_render_is_bilinear_with_half_pixel_centres(grid):
     images = np.random.default_rng(grid).random((5, 8, 8)).astype("float32")
-    rendered = demo_vision.render(images, grid)
+    rendered = vision.render(images, grid)
     size = grid * PATCH
     assert rendered.shape == (5, size, size, 1)
     assert rendered.dtype == np.float32
@@ -56,7 +56,7 @@ def test_render_is_bilinear_with_half_pixel_centres(grid):
 
 @pytest.fixture(scope="module")
 def digits():
-    return demo_vision.load_digits((2, 3))
+    return vision.load_digits((2, 3))
 
 
 def test_load_digits_splits_every_digit_once_stratified(digits):
@@ -93,7 +93,7 @@ def test_load_digits_splits_every_digit_once_stratified(digits):
 
 
 def test_load_digits_is_the_same_split_every_time(digits):
-    again = demo_vision.load_digits((2, 3))
+    again = vision.load_digits((2, 3))
     for first, second in zip(digits[:2] + digits[3:], again[:2] + again[3:]):
         np.testing.assert_array_equal(first, second)
     np.testing.assert_array_equal(digits[2][3], again[2][3])
@@ -105,7 +105,7 @@ def grid_cells(height, width):
 
 @pytest.mark.parametrize("num_axes", [2, 3])
 def test_patch_tokens_flatten_row_major_after_a_class_token(num_axes):
-    layer = demo_vision.PatchTokens(num_axes)
+    layer = vision.PatchTokens(num_axes)
     patches = np.random.default_rng(0).normal(size=(2, 3, 4, 5)).astype("float32")
     tokens, positions = layer(patches)
     class_token = keras.ops.convert_to_numpy(layer.class_token)  # (1, 1, 5)
@@ -124,13 +124,13 @@ def test_patch_tokens_flatten_row_major_after_a_class_token(num_axes):
 
 
 def test_patch_tokens_config_and_bad_axes():
-    layer = demo_vision.PatchTokens(num_axes=3, name="patch_tokens")
-    copy = demo_vision.PatchTokens.from_config(layer.get_config())
+    layer = vision.PatchTokens(num_axes=3, name="patch_tokens")
+    copy = vision.PatchTokens.from_config(layer.get_config())
     assert copy.num_axes == 3 and copy.name == "patch_tokens"
-    assert demo_vision.PatchTokens().num_axes == 2
+    assert vision.PatchTokens().num_axes == 2
     for bad in (1, 4):
         with pytest.raises(ValueError, match=rf"`num_axes`.*num_axes={bad}"):
-            demo_vision.PatchTokens(num_axes=bad)
+            vision.PatchTokens(num_axes=bad)
 
 
 POSITION_CLASSES = (
@@ -170,13 +170,13 @@ def test_every_vision_encoding_has_an_expectation():
 @pytest.mark.parametrize("encoding", VISION_ENCODINGS)
 def test_vit_uses_its_encoding_at_any_size(encoding):
     keras.utils.set_random_seed(0)
-    model = demo_vision.build_model(encoding, 2)
+    model = vision.build_model(encoding, 2)
     attention = [
         layer
         for layer in model.layers
         if isinstance(layer, keras_posenc.PositionalMultiHeadAttention)
     ]
-    assert len(attention) == demo_vision.NUM_LAYERS
+    assert len(attention) == vision.NUM_LAYERS
     found = [
         layer
         for layer in list(model.layers) + [block.position for block in attention]
@@ -190,7 +190,7 @@ def test_vit_uses_its_encoding_at_any_size(encoding):
         if encoding in IN_ATTENTION:
             # A layer of its own in each attention block.
             assert [block.position for block in attention] == found
-            assert len({id(layer) for layer in found}) == demo_vision.NUM_LAYERS
+            assert len({id(layer) for layer in found}) == vision.NUM_LAYERS
         else:
             assert all(block.position is None for block in attention)
             assert len(found) == 1
@@ -201,7 +201,7 @@ def test_vit_uses_its_encoding_at_any_size(encoding):
     for grid in (2, 4):
         images = rng.random((3, grid * PATCH, grid * PATCH, 1)).astype("float32")
         logits = model.predict(images, verbose=0)
-        assert logits.shape == (3, demo_vision.NUM_CLASSES)
+        assert logits.shape == (3, vision.NUM_CLASSES)
         assert np.all(np.isfinite(logits))
 
 
@@ -216,7 +216,7 @@ def position_table(model):
 
 def test_unresized_copy_pads_the_table_with_zeros():
     keras.utils.set_random_seed(1)
-    model = demo_vision.build_model("learned", 2)
+    model = vision.build_model("learned", 2)
     # Every weight away from its initial value, the table included.
     rng = np.random.default_rng(1)
     model.set_weights(
@@ -225,7 +225,7 @@ def test_unresized_copy_pads_the_table_with_zeros():
             for weight in model.get_weights()
         ]
     )
-    copy = demo_vision.unresized_copy(model, 4, 2)
+    copy = vision.unresized_copy(model, 4, 2)
     table, copied_table = position_table(model), position_table(copy)
     assert copied_table.grid_shape == (4, 4)
     assert copied_table.interpolation is None
@@ -242,7 +242,7 @@ def test_unresized_copy_pads_the_table_with_zeros():
             )
     trained_rows = keras.ops.convert_to_numpy(table.embeddings)  # (4, width)
     copied_rows = keras.ops.convert_to_numpy(copied_table.embeddings)  # (16, width)
-    assert copied_rows.shape == (16, demo_vision.WIDTH)
+    assert copied_rows.shape == (16, vision.WIDTH)
     for row in range(4):
         for column in range(4):
             copied_row = copied_rows[row * 4 + column]
@@ -253,21 +253,21 @@ def test_unresized_copy_pads_the_table_with_zeros():
             else:
                 np.testing.assert_array_equal(copied_row, 0.0)
     images = rng.random((2, 16, 16, 1)).astype("float32")
-    assert copy.predict(images, verbose=0).shape == (2, demo_vision.NUM_CLASSES)
+    assert copy.predict(images, verbose=0).shape == (2, vision.NUM_CLASSES)
 
 
 def test_accuracy_is_the_fraction_predicted_right():
     keras.utils.set_random_seed(2)
-    model = demo_vision.build_model("sinusoidal_2d", 2)
+    model = vision.build_model("sinusoidal_2d", 2)
     # More images than one evaluation batch, the last batch partial.
-    count = 2 * demo_vision.EVALUATION_BATCH + 44
+    count = 2 * vision.EVALUATION_BATCH + 44
     images = np.random.default_rng(2).random((count, 8, 8, 1)).astype("float32")
     predicted = np.argmax(model.predict(images, verbose=0), axis=-1)
     labels = np.where(
         np.arange(count) % 3 == 0, predicted, (predicted + 1) % 10
     ).astype("int32")
     expected = np.mean(np.argmax(model.predict(images, verbose=0), axis=-1) == labels)
-    assert demo_vision.accuracy(model, images, labels) == pytest.approx(expected)
+    assert vision.accuracy(model, images, labels) == pytest.approx(expected)
     assert expected == pytest.approx(len(range(0, count, 3)) / count)
 
 
@@ -280,7 +280,7 @@ def test_findings_compare_with_none_and_the_resize():
         "sinusoidal_raster": {2: 0.45, 3: 0.3, 4: 0.25},
         "axial_rope": {2: 0.9, 3: 0.85, 4: 0.7},
     }
-    lines = demo_vision.findings(means, config)
+    lines = vision.findings(means, config)
     assert "axial RoPE: 0.900 at 2x2, 0.700 at 4x4 (-0.200)." in lines
     assert "learned + bicubic resize: 0.800 at 2x2, 0.500 at 4x4 (-0.300)." in lines
     assert (
@@ -302,13 +302,13 @@ def test_findings_compare_with_none_and_the_resize():
     assert (
         "At the training grid every encoding beats none (0.500): "
         "no, not learned, not resized; sinusoidal 1-D, raster order."
-        in demo_vision.findings(weak, config)
+        in vision.findings(weak, config)
     )
     del means["sinusoidal_raster"]
-    lines = demo_vision.findings(means, config)
+    lines = vision.findings(means, config)
     assert "At the training grid every encoding beats none (0.500): yes." in lines
     # One row alone: nothing to compare.
-    lines = demo_vision.findings({"mrope": {2: 0.7, 3: 0.6, 4: 0.5}}, config)
+    lines = vision.findings({"mrope": {2: 0.7, 3: 0.6, 4: 0.5}}, config)
     assert lines == ["M-RoPE sections: 0.700 at 2x2, 0.500 at 4x4 (-0.200)."]
 
 
@@ -328,7 +328,7 @@ def test_run_fails_when_a_reloaded_model_differs(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(keras.models, "load_model", load_perturbed_model)
     config = VISION_QUICK.replace(encodings=["none"], steps=1)
-    assert demo_vision.run(config, tmp_path) == 1
+    assert vision.run(config, tmp_path) == 1
     assert "predicts differently" in capsys.readouterr().err
     assert not (tmp_path / "accuracy.csv").exists()
     assert (tmp_path / "vit_none.keras").exists()

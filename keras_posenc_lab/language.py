@@ -24,7 +24,6 @@ the same shapes in the same process, in interleaved rounds after training,
 next to Press et al.'s Table 1.
 """
 
-import csv
 import math
 import os
 import sys
@@ -36,12 +35,10 @@ import numpy as np
 import tensorflow as tf
 
 import keras_posenc
-# The configurations are this module's too: `demo.QUICK`, `demo.Config`.
-from keras_posenc.demo_config import DEFAULT  # noqa: F401
-from keras_posenc.demo_config import ENCODINGS
-from keras_posenc.demo_config import QUICK  # noqa: F401
-from keras_posenc.demo_config import ROPE_SCALINGS
-from keras_posenc.demo_config import Config  # noqa: F401
+from keras_posenc_lab import encodings
+from keras_posenc_lab import training
+from keras_posenc_lab.config import ENCODINGS
+from keras_posenc_lab.config import ROPE_SCALINGS
 
 VOCABULARY_SIZE = 16
 # The Dirichlet concentration of each row of the transition table: small
@@ -51,13 +48,7 @@ WIDTH = 64
 NUM_HEADS = 4
 FEED_FORWARD_DIM = 256
 NUM_LAYERS = 2
-LEARNING_RATE = 2e-3
 STEPS_PER_EXECUTION = 20
-# Shaw et al.'s clipping distance, and T5's bucketing (its defaults,
-# unidirectional for a causal model).
-SHAW_MAX_DISTANCE = 16
-T5_NUM_BUCKETS = 32
-T5_MAX_DISTANCE = 128
 # Tokens scored per batch of evaluation: the batch holds this many over the
 # evaluation length sequences.
 EVALUATION_BATCH_TOKENS = 8192
@@ -261,24 +252,6 @@ class PythonSource:
         return self.test_bytes[starts[:, None] + np.arange(width)]
 
 
-def _attention_position(encoding, scaling=None):
-    """A fresh position layer for one attention block, or `None`."""
-    if encoding == "rope":
-        return keras_posenc.RotaryEmbedding(scaling=scaling)
-    if encoding == "alibi":
-        return keras_posenc.AlibiBias(NUM_HEADS)
-    if encoding == "shaw":
-        return keras_posenc.RelativePositionEmbedding(SHAW_MAX_DISTANCE)
-    if encoding == "t5":
-        return keras_posenc.RelativePositionBias(
-            NUM_HEADS,
-            num_buckets=T5_NUM_BUCKETS,
-            max_distance=T5_MAX_DISTANCE,
-            bidirectional=False,
-        )
-    return None
-
-
 def build_model(
     encoding,
     train_length,
@@ -307,16 +280,23 @@ def build_model(
     """
     token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
     x = keras.layers.Embedding(vocabulary_size, WIDTH)(token_ids)  # (b, seq, width)
-    if encoding == "sinusoidal":
-        x = keras_posenc.SinusoidalPositionEncoding()(x)
-    elif encoding == "learned":
-        x = keras_posenc.PositionEmbedding(train_length)(x)
+    embedding = encodings.build(
+        "language", encoding, role="embeddings", sequence_length=train_length
+    )
+    if embedding is not None:
+        x = embedding(x)
     for _ in range(NUM_LAYERS):
         normed = keras.layers.LayerNormalization()(x)
         attention = keras_posenc.PositionalMultiHeadAttention(
             NUM_HEADS,
             WIDTH // NUM_HEADS,
-            position=_attention_position(encoding, scaling),
+            position=encodings.build(
+                "language",
+                encoding,
+                role="attention",
+                num_heads=NUM_HEADS,
+                **({} if scaling is None else {"scaling": scaling}),
+            ),
         )
         x = x + attention(normed, normed, use_causal_mask=True)
         normed = keras.layers.LayerNormalization()(x)
@@ -327,23 +307,7 @@ def build_model(
     x = keras.layers.LayerNormalization()(x)
     logits = keras.layers.Dense(vocabulary_size)(x)  # (b, seq, vocab)
     model = keras.Model(token_ids, logits, name=f"lm_{encoding}")
-    return compiled(model, jit_compile, STEPS_PER_EXECUTION)
-
-
-def compiled(model, jit_compile, steps_per_execution):
-    """`model` compiled with Adam at `LEARNING_RATE` and cross-entropy on logits.
-
-    Under XLA each call of the training function runs `steps_per_execution`
-    steps: the demos' steps are tiny, and running several per call saves
-    Python's overhead, at the cost of compiling a loop.
-    """
-    model.compile(
-        optimizer=keras.optimizers.Adam(LEARNING_RATE),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        steps_per_execution=steps_per_execution if jit_compile else 1,
-        jit_compile=jit_compile,
-    )
-    return model
+    return training.compiled(model, jit_compile, STEPS_PER_EXECUTION)
 
 
 def rope_scaling(schedule, length, train_length):
@@ -485,193 +449,6 @@ def training_speeds(models, inputs, targets, batch_size, rounds=SPEED_ROUNDS):
     }
 
 
-def fit(model, inputs, targets, batch_size, label):
-    """Train `model` one pass over `inputs`, printing a line where it helps.
-
-    Keras' progress bar redraws one line; in a file or a CI log it is
-    thousands of characters of ANSI codes, so there one line says it.
-
-    Args:
-        model: a compiled `keras.Model`.
-        inputs: array, or a dict of arrays for a model of several inputs.
-            One row per example, in training order.
-        targets: array. One row per example.
-        batch_size: int. Examples per step.
-        label: str. What is trained, printed first.
-
-    """
-    steps = len(targets) // batch_size
-    interactive = sys.stdout.isatty()
-    print(f"\n{label}:", flush=True)
-    started = time.perf_counter()
-    history = model.fit(
-        inputs,
-        targets,
-        batch_size=batch_size,
-        epochs=1,
-        shuffle=False,
-        verbose=1 if interactive else 0,
-    )
-    if not interactive:
-        print(
-            f"Trained {steps} steps in {time.perf_counter() - started:.0f} s; "
-            f"final loss {history.history['loss'][-1]:.3f}."
-        )
-
-
-def save_and_reload(model, path, probes):
-    """Save `model` to `path`, reload it, and check it predicts identically.
-
-    Args:
-        model: a `keras.Model`.
-        path: str. A `.keras` file.
-        probes: list of arrays. Inputs both models must map to bit-identical
-            outputs.
-
-    Returns:
-        The reloaded model, loaded with `safe_mode=True`.
-
-    Raises:
-        RuntimeError: when the reloaded model predicts differently.
-    """
-    model.save(path)
-    reloaded = keras.models.load_model(path, safe_mode=True)
-    for probe in probes:
-        if not np.array_equal(
-            model(probe, training=False), reloaded(probe, training=False)
-        ):
-            raise RuntimeError(
-                f"the model reloaded from {path} predicts differently from "
-                "the trained model."
-            )
-    print(f"Saved to {path}; reloaded with safe_mode=True, predictions identical.")
-    return reloaded
-
-
-def seeds(config):
-    """The training seeds of `config`: `num_seeds` from `config.seed` on."""
-    return range(config.seed, config.seed + config.num_seeds)
-
-
-def seeds_line(config):
-    """One line saying which seeds the table averages, and how to get more."""
-    if config.num_seeds == 1:
-        return (
-            f"One seed ({config.seed}): `--seeds 3` trains each model three "
-            "times and gives the mean and the spread."
-        )
-    return (
-        f"{config.num_seeds} seeds ({', '.join(map(str, seeds(config)))}): "
-        "each cell is the mean, with the sample standard deviation after ±."
-    )
-
-
-def combine(runs):
-    """Per-seed tables as one: `{row: {column: [value per seed] or None}}`.
-
-    Args:
-        runs: list of dicts, one per seed, each `{row: {column: value or
-            None}}`, with the same rows and columns.
-
-    Returns:
-        A dict in the first run's row order.
-    """
-    return {
-        row: {
-            column: (
-                None
-                if value is None
-                else [run[row][column] for run in runs]
-            )
-            for column, value in columns.items()
-        }
-        for row, columns in runs[0].items()
-    }
-
-
-def mean(values):
-    """The mean of a list of floats, or `None` for `None` or an empty list."""
-    return float(np.mean(values)) if values else None
-
-
-def cell(values):
-    """A table cell: `n/a`, a value, or the mean ± the sample deviation."""
-    if values is None:
-        return "n/a"
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
-
-
-def format_markdown(results, columns, headers=None, extra=()):
-    """A Markdown table: one row per entry of `results`, a column per `columns`.
-
-    Args:
-        results: dict from row name to `{column: [values] or None}`, as
-            `combine` gives.
-        columns: list. The columns' keys, in order.
-        headers: list of str or None. Their headers; `None` for the keys.
-            Defaults to `None`.
-        extra: list of `(header, {row: str})` pairs: more columns after
-            those, blank where a row has no entry. Defaults to `()`.
-
-    Returns:
-        A str.
-    """
-    headers = [str(column) for column in columns] if headers is None else headers
-    names = list(headers) + [header for header, _ in extra]
-    lines = [
-        "| encoding | " + " | ".join(names) + " |",
-        "|---|" + "---:|" * len(names),
-    ]
-    for name, scores in results.items():
-        cells = [cell(scores[column]) for column in columns]
-        cells += [texts.get(name, "") for _, texts in extra]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def write_csv(path, results, columns, headers=None, extra=()):
-    """Write the table as CSV: the mean of each column, `n/a` where undefined.
-
-    With more than one seed each column is followed by its sample standard
-    deviation, headed `<column> std`. `extra` is a list of `(header, {row:
-    float or None})` columns written after them.
-    """
-    headers = [str(column) for column in columns] if headers is None else headers
-    spread = any(
-        values is not None and len(values) > 1
-        for scores in results.values()
-        for values in scores.values()
-    )
-    with open(path, "w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(
-            ["encoding"]
-            + [
-                name
-                for header in headers
-                for name in ([header, f"{header} std"] if spread else [header])
-            ]
-            + [header for header, _ in extra]
-        )
-        for name, scores in results.items():
-            row = [name]
-            for column in columns:
-                values = scores[column]
-                row.append("n/a" if values is None else f"{np.mean(values):.4f}")
-                if spread:
-                    row.append(
-                        "n/a"
-                        if values is None
-                        else f"{np.std(values, ddof=1):.4f}"
-                    )
-            for _, numbers in extra:
-                value = numbers.get(name)
-                row.append("" if value is None else f"{value:.1f}")
-            writer.writerow(row)
-
-
 def _train(encoding, config, source, out_dir, label, seed):
     """Train, save, reload and check one model.
 
@@ -689,7 +466,7 @@ def _train(encoding, config, source, out_dir, label, seed):
         jit_compile=config.jit_compile,
         vocabulary_size=source.vocabulary_size,
     )
-    fit(
+    training.fit(
         model,
         sequences[:, :-1],
         sequences[:, 1:],
@@ -699,7 +476,7 @@ def _train(encoding, config, source, out_dir, label, seed):
     prefix = "lm_python_source" if config.data == "python-source" else "lm"
     suffix = f"_seed{seed}" if config.num_seeds > 1 else ""
     path = os.path.join(out_dir, f"{prefix}_{encoding}{suffix}.keras")
-    reloaded = save_and_reload(model, path, [sequences[: config.batch_size, :-1]])
+    reloaded = training.save_and_reload(model, path, [sequences[: config.batch_size, :-1]])
     return model, reloaded, sequences
 
 
@@ -758,7 +535,7 @@ def speed_columns(speeds):
         second, its ratio to sinusoidal's, and Press et al.'s ratio (Table
         1) where they measured the encoding.
     """
-    means = {name: mean(values) for name, values in speeds.items() if values}
+    means = {name: training.mean(values) for name, values in speeds.items() if values}
     reference = means.get("sinusoidal")
     return [
         ("train tokens/s", {name: f"{value:,.0f}" for name, value in means.items()}),
@@ -892,12 +669,12 @@ def run(config, out_dir, before_timing=None):
     print(
         "Evaluation: mean negative log-likelihood per token on the same "
         f"{stream.shape[0] * longest} tokens at lengths "
-        f"{', '.join(map(str, config.lengths))}. " + seeds_line(config)
+        f"{', '.join(map(str, config.lengths))}. " + training.seeds_line(config)
     )
     runs, speed_runs = [], []
     total = len(config.encodings) * config.num_seeds
     number = 0
-    for seed in seeds(config):
+    for seed in training.seeds(config):
         scores, trained = {}, {}
         for encoding in config.encodings:
             number += 1
@@ -929,7 +706,7 @@ def run(config, out_dir, before_timing=None):
                 trained, sequences[:, :-1], sequences[:, 1:], config.batch_size
             )
         )
-    results = combine(runs)
+    results = training.combine(runs)
     speeds = {name: [run[name] for run in speed_runs] for name in speed_runs[0]}
 
     title = (
@@ -942,21 +719,21 @@ def run(config, out_dir, before_timing=None):
         else f"; entropy rate {source.entropy_rate:.3f}"
     )
     extra = speed_columns(speeds)
-    table = format_markdown(results, config.lengths, extra=extra)
+    table = training.format_markdown(results, config.lengths, extra=extra)
     stem = "nll_python_source" if config.data == "python-source" else "nll"
     markdown_path = os.path.join(out_dir, f"{stem}.md")
     with open(markdown_path, "w") as file:
-        file.write(f"{title}{floor}. {seeds_line(config)}\n\n{table}\n")
+        file.write(f"{title}{floor}. {training.seeds_line(config)}\n\n{table}\n")
     csv_path = os.path.join(out_dir, f"{stem}.csv")
-    speed_means = {name: mean(values) for name, values in speeds.items()}
-    write_csv(
+    speed_means = {name: training.mean(values) for name, values in speeds.items()}
+    training.write_csv(
         csv_path,
         results,
         config.lengths,
         extra=[("train tokens/s", speed_means)],
     )
     means = {
-        name: {length: mean(values) for length, values in scores.items()}
+        name: {length: training.mean(values) for length, values in scores.items()}
         for name, scores in results.items()
     }
     figure = plot.extrapolation_curves(

@@ -1,21 +1,21 @@
 """All the speed and memory benchmarks in one run: `keras-posenc bench`.
 
-Runs, in this one process, `keras_posenc.bench.absolute` (the additive encodings
+Runs, in this one process, `keras_posenc_lab.bench.absolute` (the additive encodings
 against keras-hub and the precomputed-table floor),
-`keras_posenc.bench.rotary_embedding` (RoPE against keras-hub and its floor) and
-`keras_posenc.bench.attention` (one self-attention call per position scheme against
+`keras_posenc_lab.bench.rotary_embedding` (RoPE against keras-hub and its floor) and
+`keras_posenc_lab.bench.attention` (one self-attention call per position scheme against
 plain `keras.layers.MultiHeadAttention`, and the peak memory of each, Shaw's
-included), `keras_posenc.bench.decoding` (cached generation, a token at a
+included), `keras_posenc_lab.bench.decoding` (cached generation, a token at a
 time after a prompt, per scheme against plain attention with the same
-cache) and `keras_posenc.bench.grid` (the layers on a grid of patches
+cache) and `keras_posenc_lab.bench.grid` (the layers on a grid of patches
 against their floors, their 1-D paths and plain attention), and prints a description of the machine followed by each
 benchmark's table of ratios, as Markdown. They run on the backend that
 `KERAS_BACKEND` names (TensorFlow by default), which the description
 states: on TensorFlow and JAX every call is compiled with XLA, on PyTorch
-it runs eagerly (`keras_posenc.bench.compiled`); ratios are medians over
-rounds of paired calls (see `keras_posenc.bench.timing`).
+it runs eagerly (`keras_posenc_lab.bench.compiled`); ratios are medians over
+rounds of paired calls (see `keras_posenc_lab.bench.timing`).
 
-Peak memory is not timed but read from XLA: `keras_posenc.bench.attention` takes
+Peak memory is not timed but read from XLA: `keras_posenc_lab.bench.attention` takes
 each candidate's compiled call's buffer assignment (its temporary buffers,
 output and constants; not its input and weights), which is exact and the
 same from run to run. PyTorch compiles no XLA program: there the memory
@@ -34,12 +34,12 @@ import platform
 import keras
 import keras_hub
 
-from keras_posenc.bench import absolute
-from keras_posenc.bench import attention
-from keras_posenc.bench import compiled
-from keras_posenc.bench import decoding
-from keras_posenc.bench import grid
-from keras_posenc.bench import rotary_embedding
+from keras_posenc_lab.bench import absolute
+from keras_posenc_lab.bench import attention
+from keras_posenc_lab.bench import compiled
+from keras_posenc_lab.bench import decoding
+from keras_posenc_lab.bench import grid
+from keras_posenc_lab.bench import rotary_embedding
 
 # Sizes of `tiny=True`: enough to run every candidate, too small to time.
 TINY_ABSOLUTE = {"shape": (1, 16, 8), "vocabulary_size": 50}

@@ -1,5 +1,5 @@
 """The speed and memory benchmarks: `keras-posenc bench`, not timed tests.
 
 They need the `bench` extra (keras-hub, the baseline). Each module also runs
-alone: `python -m keras_posenc.bench.attention --help`.
+alone: `python -m keras_posenc_lab.bench.attention --help`.
 """

@@ -1,0 +1,184 @@
+"""The encodings the lab trains and times: their names, labels and layers.
+
+One registry serves every task of the demo, the benchmarks and the tables
+they write: an encoding's name, the label of its row, the public layer
+that makes it, where a model puts that layer, and the arguments it is made
+with. A new encoding is one entry here.
+
+Plain Python: the command reads the names for its `--help` without
+importing Keras, and `build` imports the package only when called.
+"""
+
+import dataclasses
+
+# Where a model puts an encoding's layer.
+ROLES = (
+    # No layer: the model without positions.
+    "none",
+    # Added to the token (or patch) embeddings before the first block.
+    "embeddings",
+    # The `position` of every `PositionalMultiHeadAttention` block.
+    "attention",
+    # Added to the node features, from the graph's adjacency.
+    "nodes",
+)
+
+# What a model gives `build`, each taken by the encodings that name it.
+MODEL_VALUES = ("num_heads", "sequence_length", "grid_shape", "seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoding:
+    """One encoding of the lab.
+
+    Args:
+        label: str. Its row's name in the tables.
+        layer: str or None. The name of the public `keras_posenc` layer
+            that makes it; `None` for no encoding.
+        role: str. Where the model puts the layer, from `ROLES`.
+        arguments: dict. The layer's constructor arguments.
+        takes: tuple of str. The constructor arguments that come from the
+            model (`num_heads`, `sequence_length`, `grid_shape`, `seed`),
+            given to `build`.
+    """
+
+    label: str
+    layer: str = None
+    role: str = "none"
+    arguments: dict = dataclasses.field(default_factory=dict)
+    takes: tuple = ()
+
+
+# The language task: a causal language model over a sequence.
+LANGUAGE = {
+    "none": Encoding("none"),
+    "sinusoidal": Encoding(
+        "sinusoidal", "SinusoidalPositionEncoding", "embeddings"
+    ),
+    "learned": Encoding(
+        "learned", "PositionEmbedding", "embeddings", takes=("sequence_length",)
+    ),
+    "rope": Encoding("rope", "RotaryEmbedding", "attention"),
+    "alibi": Encoding("alibi", "AlibiBias", "attention", takes=("num_heads",)),
+    "shaw": Encoding(
+        "shaw", "RelativePositionEmbedding", "attention", {"max_distance": 16}
+    ),
+    # Causal: T5's buckets of the decoder, 32 of them saturating at 128.
+    "t5": Encoding(
+        "t5",
+        "RelativePositionBias",
+        "attention",
+        {"num_buckets": 32, "max_distance": 128, "bidirectional": False},
+        takes=("num_heads",),
+    ),
+}
+
+# The vision task: a ViT over a grid of patches, with one class token.
+# `learned` and `sinusoidal_2d` are added to the patch grid before it is
+# flattened; `sinusoidal_raster` to the flattened tokens, the class token
+# first; the rotary schemes and Swin's bias act in the attention, on the
+# patches' grid positions.
+VISION = {
+    "none": Encoding("none"),
+    "learned": Encoding(
+        "learned, not resized", "PositionEmbedding", "embeddings", takes=("grid_shape",)
+    ),
+    "sinusoidal_raster": Encoding(
+        "sinusoidal 1-D, raster order",
+        "SinusoidalPositionEncoding",
+        "embeddings",
+        {"num_prefix_tokens": 1},
+    ),
+    "sinusoidal_2d": Encoding(
+        "sinusoidal 2-D", "SinusoidalPositionEncoding", "embeddings", {"num_axes": 2}
+    ),
+    "axial_rope": Encoding(
+        "axial RoPE",
+        "RotaryEmbedding",
+        "attention",
+        {"num_axes": 2, "num_prefix_tokens": 1},
+    ),
+    # Qwen2-VL's multimodal RoPE gives its (time, row, column) sections 16,
+    # 24 and 24 of 64 rotary pairs; these are the same shares of a head's 8.
+    "mrope": Encoding(
+        "M-RoPE sections",
+        "RotaryEmbedding",
+        "attention",
+        {
+            "num_axes": 3,
+            "axis_layout": "sections",
+            "axis_sections": [2, 3, 3],
+            "num_prefix_tokens": 1,
+        },
+    ),
+    "swin_bias": Encoding(
+        "Swin relative bias",
+        "GridRelativePositionBias",
+        "attention",
+        {"num_prefix_tokens": 1},
+        takes=("num_heads", "grid_shape"),
+    ),
+}
+
+# The graph task: a graph transformer over a graph's nodes.
+GRAPH = {
+    "none": Encoding("none"),
+    "laplacian": Encoding(
+        "Laplacian eigenvectors",
+        "LaplacianPositionEncoding",
+        "nodes",
+        {"k": 8},
+        takes=("seed",),
+    ),
+    "random_walk": Encoding(
+        "random-walk probabilities",
+        "RandomWalkPositionEncoding",
+        "nodes",
+        {"steps": 8},
+    ),
+    "shortest_path": Encoding(
+        "shortest-path bias",
+        "ShortestPathBias",
+        "attention",
+        {"max_distance": 6},
+        takes=("num_heads",),
+    ),
+}
+
+TASKS = {"language": LANGUAGE, "vision": VISION, "graph": GRAPH}
+
+
+def build(task, name, role=None, **context):
+    """A fresh layer of encoding `name` of `task`, or `None`.
+
+    Args:
+        task: str. A key of `TASKS`.
+        name: str. An encoding of that task.
+        role: str or None. When given, `None` unless the encoding's role is
+            this one: a model asks for the layer of each place it has.
+            Defaults to `None`.
+        **context: the model's values of the arguments the encoding
+            `takes`, and any argument that replaces the registry's (a RoPE
+            scaling, a table's interpolation); the others are ignored.
+
+    Returns:
+        A `keras_posenc` layer, or `None` for an encoding with no layer or
+        of another role.
+    """
+    encoding = TASKS[task][name]
+    if encoding.layer is None or role not in (None, encoding.role):
+        return None
+    import keras_posenc
+
+    arguments = dict(encoding.arguments)
+    arguments.update(
+        (key, value)
+        for key, value in context.items()
+        if key in encoding.takes or key not in MODEL_VALUES
+    )
+    return getattr(keras_posenc, encoding.layer)(**arguments)
+
+
+def labels(task):
+    """`{name: label}` of `task`'s encodings, in the registry's order."""
+    return {name: encoding.label for name, encoding in TASKS[task].items()}

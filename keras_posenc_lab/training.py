@@ -1,0 +1,219 @@
+"""What the demo's tasks share: compiling, training, saving, and their tables.
+
+Each task (`language`, `vision`, `graph`) trains one small model per
+encoding with these, saves and reloads it, and writes its table of scores
+per seed with `combine`, `format_markdown` and `write_csv`.
+"""
+
+import csv
+import sys
+import time
+
+import keras
+import numpy as np
+
+LEARNING_RATE = 2e-3
+
+
+def compiled(model, jit_compile, steps_per_execution):
+    """`model` compiled with Adam at `LEARNING_RATE` and cross-entropy on logits.
+
+    Under XLA each call of the training function runs `steps_per_execution`
+    steps: the demos' steps are tiny, and running several per call saves
+    Python's overhead, at the cost of compiling a loop.
+    """
+    model.compile(
+        optimizer=keras.optimizers.Adam(LEARNING_RATE),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=steps_per_execution if jit_compile else 1,
+        jit_compile=jit_compile,
+    )
+    return model
+
+
+def fit(model, inputs, targets, batch_size, label):
+    """Train `model` one pass over `inputs`, printing a line where it helps.
+
+    Keras' progress bar redraws one line; in a file or a CI log it is
+    thousands of characters of ANSI codes, so there one line says it.
+
+    Args:
+        model: a compiled `keras.Model`.
+        inputs: array, or a dict of arrays for a model of several inputs.
+            One row per example, in training order.
+        targets: array. One row per example.
+        batch_size: int. Examples per step.
+        label: str. What is trained, printed first.
+
+    """
+    steps = len(targets) // batch_size
+    interactive = sys.stdout.isatty()
+    print(f"\n{label}:", flush=True)
+    started = time.perf_counter()
+    history = model.fit(
+        inputs,
+        targets,
+        batch_size=batch_size,
+        epochs=1,
+        shuffle=False,
+        verbose=1 if interactive else 0,
+    )
+    if not interactive:
+        print(
+            f"Trained {steps} steps in {time.perf_counter() - started:.0f} s; "
+            f"final loss {history.history['loss'][-1]:.3f}."
+        )
+
+
+def save_and_reload(model, path, probes):
+    """Save `model` to `path`, reload it, and check it predicts identically.
+
+    Args:
+        model: a `keras.Model`.
+        path: str. A `.keras` file.
+        probes: list of arrays. Inputs both models must map to bit-identical
+            outputs.
+
+    Returns:
+        The reloaded model, loaded with `safe_mode=True`.
+
+    Raises:
+        RuntimeError: when the reloaded model predicts differently.
+    """
+    model.save(path)
+    reloaded = keras.models.load_model(path, safe_mode=True)
+    for probe in probes:
+        if not np.array_equal(
+            model(probe, training=False), reloaded(probe, training=False)
+        ):
+            raise RuntimeError(
+                f"the model reloaded from {path} predicts differently from "
+                "the trained model."
+            )
+    print(f"Saved to {path}; reloaded with safe_mode=True, predictions identical.")
+    return reloaded
+
+
+def seeds(config):
+    """The training seeds of `config`: `num_seeds` from `config.seed` on."""
+    return range(config.seed, config.seed + config.num_seeds)
+
+
+def seeds_line(config):
+    """One line saying which seeds the table averages, and how to get more."""
+    if config.num_seeds == 1:
+        return (
+            f"One seed ({config.seed}): `--seeds 3` trains each model three "
+            "times and gives the mean and the spread."
+        )
+    return (
+        f"{config.num_seeds} seeds ({', '.join(map(str, seeds(config)))}): "
+        "each cell is the mean, with the sample standard deviation after ±."
+    )
+
+
+def combine(runs):
+    """Per-seed tables as one: `{row: {column: [value per seed] or None}}`.
+
+    Args:
+        runs: list of dicts, one per seed, each `{row: {column: value or
+            None}}`, with the same rows and columns.
+
+    Returns:
+        A dict in the first run's row order.
+    """
+    return {
+        row: {
+            column: (
+                None
+                if value is None
+                else [run[row][column] for run in runs]
+            )
+            for column, value in columns.items()
+        }
+        for row, columns in runs[0].items()
+    }
+
+
+def mean(values):
+    """The mean of a list of floats, or `None` for `None` or an empty list."""
+    return float(np.mean(values)) if values else None
+
+
+def cell(values):
+    """A table cell: `n/a`, a value, or the mean ± the sample deviation."""
+    if values is None:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
+
+
+def format_markdown(results, columns, headers=None, extra=()):
+    """A Markdown table: one row per entry of `results`, a column per `columns`.
+
+    Args:
+        results: dict from row name to `{column: [values] or None}`, as
+            `combine` gives.
+        columns: list. The columns' keys, in order.
+        headers: list of str or None. Their headers; `None` for the keys.
+            Defaults to `None`.
+        extra: list of `(header, {row: str})` pairs: more columns after
+            those, blank where a row has no entry. Defaults to `()`.
+
+    Returns:
+        A str.
+    """
+    headers = [str(column) for column in columns] if headers is None else headers
+    names = list(headers) + [header for header, _ in extra]
+    lines = [
+        "| encoding | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for name, scores in results.items():
+        cells = [cell(scores[column]) for column in columns]
+        cells += [texts.get(name, "") for _, texts in extra]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_csv(path, results, columns, headers=None, extra=()):
+    """Write the table as CSV: the mean of each column, `n/a` where undefined.
+
+    With more than one seed each column is followed by its sample standard
+    deviation, headed `<column> std`. `extra` is a list of `(header, {row:
+    float or None})` columns written after them.
+    """
+    headers = [str(column) for column in columns] if headers is None else headers
+    spread = any(
+        values is not None and len(values) > 1
+        for scores in results.values()
+        for values in scores.values()
+    )
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(
+            ["encoding"]
+            + [
+                name
+                for header in headers
+                for name in ([header, f"{header} std"] if spread else [header])
+            ]
+            + [header for header, _ in extra]
+        )
+        for name, scores in results.items():
+            row = [name]
+            for column in columns:
+                values = scores[column]
+                row.append("n/a" if values is None else f"{np.mean(values):.4f}")
+                if spread:
+                    row.append(
+                        "n/a"
+                        if values is None
+                        else f"{np.std(values, ddof=1):.4f}"
+                    )
+            for _, numbers in extra:
+                value = numbers.get(name)
+                row.append("" if value is None else f"{value:.1f}")
+            writer.writerow(row)
+
