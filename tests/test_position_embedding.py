@@ -147,6 +147,7 @@ def test_positions_outside_the_table_read_nan_rows_under_compiled_code(
 def test_start_index_past_the_table_reads_nan_rows_under_compiled_code(start):
     layer = PositionEmbedding(8, merge_mode=None)
     inputs = np.zeros((2, 4, 5), "float32")
+    layer.build(inputs.shape)
     call = compiled(lambda x, s: layer(x, start_index=s))
     if BACKEND == "torch":
         with pytest.raises(ValueError, match="sequence_length=8"):
