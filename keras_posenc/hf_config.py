@@ -6,6 +6,8 @@ constructor; the layer's own classmethod (`RotaryEmbedding.from_hf_config`)
 builds the layer from them. Nothing here computes with tensors.
 """
 
+import warnings
+
 from keras_posenc import ops
 
 # The keys under which transformers' `PretrainedConfig.get_text_config()`
@@ -107,6 +109,7 @@ def rotary_embedding_arguments(config, layer_type=None):
     # RoPE keys could read as the default RoPE.
     head_dim = _head_dim(config, name)
     parameters, base = _rope_entry(config, layer_type, name)
+    given = dict(parameters)
     if "type" in parameters:
         # transformers reads "rope_type" first; "type" is its older name.
         legacy_type = parameters.pop("type")
@@ -129,6 +132,14 @@ def rotary_embedding_arguments(config, layer_type=None):
         "partial_rotary_factor",
         config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)),
     )
+    if parameters and "rope_type" not in parameters:
+        # transformers 4 refuses it (a KeyError); transformers 5 reads it as
+        # the default RoPE, its keys unrecognized: either way not scaled.
+        key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+        raise ValueError(
+            f"`{name}['{key}']` must name its schedule: `rope_type` (or its "
+            f"older name `type`). Received: {key}={given!r}"
+        )
     layout, rotary_dim = "half", None
     if model_type in _DEEPSEEK_MODEL_TYPES:
         ops.check_positive_int(
@@ -180,6 +191,7 @@ def rotary_embedding_arguments(config, layer_type=None):
             and original
         ):
             parameters["factor"] = config["max_position_embeddings"] / original
+    _warn_as_transformers(rope_type, parameters, config, name)
     return {
         "max_wavelength": base,
         "layout": layout,
@@ -280,6 +292,9 @@ def _head_dim(config, name="config"):
     # GPT-2 style configs (GPT-J) name the widths n_embd and n_head.
     hidden_size = config.get("hidden_size", config.get("n_embd"))
     num_heads = config.get("num_attention_heads", config.get("n_head"))
+    for key in ("hidden_size", "n_embd", "num_attention_heads", "n_head"):
+        if config.get(key) is not None:
+            ops.check_positive_int(f"{name}['{key}']", config[key])
     if not (hidden_size and num_heads):
         # A composite model whose text config has a name of its own
         # ("language_config", "llm_config", "thinker_config").
@@ -300,3 +315,36 @@ def _head_dim(config, name="config"):
             f"{sorted(config)}"
         )
     return hidden_size // num_heads
+
+
+def _warn_as_transformers(rope_type, parameters, config, name):
+    """Warn where transformers' `RotaryEmbeddingConfigMixin.validate_rope` warns.
+
+    Only its warnings about values the layer takes as they are; what it
+    refuses, and the keys and values the schedules cannot take, the
+    layer's constructor refuses (`rope_scaling.check_scaling`).
+    """
+    factor = parameters.get("factor")
+    trained = config.get("max_position_embeddings")
+    original = parameters.get("original_max_position_embeddings")
+    problems = []
+    if rope_type in ("linear", "dynamic", "yarn", "llama3", "longrope") and (
+        isinstance(factor, (int, float)) and factor < 1
+    ):
+        problems.append(f"`factor` should be at least 1. Received: factor={factor!r}")
+    if rope_type == "yarn" and trained and original and factor is not None:
+        implicit = trained / original
+        if implicit not in (factor, 1):
+            problems.append(
+                "`factor` should be max_position_embeddings / "
+                f"original_max_position_embeddings = {implicit}; the explicit "
+                f"factor is used. Received: factor={factor!r}"
+            )
+    if rope_type == "llama3" and trained and original and original >= trained:
+        problems.append(
+            "`original_max_position_embeddings` should be less than "
+            f"max_position_embeddings={trained}. Received: "
+            f"original_max_position_embeddings={original!r}"
+        )
+    for problem in problems:
+        warnings.warn(f"In `{name}`'s RoPE: {problem}", UserWarning, stacklevel=3)

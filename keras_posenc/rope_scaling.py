@@ -12,6 +12,7 @@ The legacy rope type `"su"` (Phi-3 vision configs) is read as `"longrope"`.
 
 import math
 import numbers
+import warnings
 
 import keras
 
@@ -503,6 +504,20 @@ def _check_arguments(rope_type, arguments, dim=None, label="{}"):
             f"high_freq_factor={arguments['high_freq_factor']!r}, "
             f"low_freq_factor={arguments['low_freq_factor']!r}"
         )
+    if rope_type == "yarn":
+        # As transformers' _validate_yarn_rope_parameters, which logs it.
+        beta_fast, beta_slow = arguments.get("beta_fast"), arguments.get("beta_slow")
+        if (beta_fast or 32.0) < (beta_slow or 1.0):
+            warnings.warn(
+                f"`{label.format('beta_fast')}` should be greater than "
+                f"`{label.format('beta_slow')}` (the pairs turning more than "
+                "beta_fast times keep their frequency, those turning fewer "
+                "than beta_slow are interpolated): the ramp between them runs "
+                f"backwards. Received: beta_fast={beta_fast!r} (32 if None), "
+                f"beta_slow={beta_slow!r} (1 if None)",
+                UserWarning,
+                stacklevel=2,
+            )
     if rope_type == "longrope":
         short, long = (
             len(arguments[name]) for name in ("short_factor", "long_factor")

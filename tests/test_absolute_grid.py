@@ -618,3 +618,22 @@ def test_position_embedding_bad_grid_inputs_say_what_was_expected():
         layer(np.zeros((1, 7, 4), "float32"), start_index=1)
     with pytest.raises(ValueError, match=r"\(batch, sequence, features\)"):
         PositionEmbedding(grid_shape=(2, 3))(np.zeros((1, 2, 3, 4, 4), "float32"))
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        lambda: PositionEmbedding(8, num_prefix_tokens=6),
+        lambda: PositionEmbedding(grid_shape=(2, 2), num_prefix_tokens=6),
+        lambda: SinusoidalPositionEncoding(num_prefix_tokens=6),
+        lambda: SinusoidalPositionEncoding(num_axes=2, num_prefix_tokens=6),
+    ],
+    ids=["learned", "learned-grid", "sinusoidal", "sinusoidal-grid"],
+)
+def test_fewer_tokens_than_the_prefix_are_refused_naming_it(layer):
+    with pytest.raises(
+        ValueError,
+        match=r"at least the 6 prefix tokens \(num_prefix_tokens=6\)\. "
+        r"Received inputs of shape \(1, 4, 8\)",
+    ):
+        layer()(np.zeros((1, 4, 8), "float32"), positions=None)

@@ -242,6 +242,51 @@ def test_negative_or_not_finite_adjacency_is_refused_in_a_graph(case, kind):
     )
 
 
+@pytest.mark.parametrize("kind", ["directed", "negative", "nan", "inf"])
+@each_layer
+def test_compiled_code_makes_a_bad_graph_nan(case, kind):
+    # XLA drops the check, a JAX trace cannot raise: the bad graph's rows
+    # are NaN, the good graph's as eager mode gives them.
+    if kind == "directed" and not case.make().symmetric:
+        pytest.skip("a directed graph is this layer's input")
+    layer = case.make(merge_mode=None)
+    # A path's eigenvalues are distinct: one set of eigenvectors up to
+    # sign (its end entries tie for the largest), eager or not.
+    inputs, adjacency, node_mask = padded_inputs([path(4), cycle(4)])
+    expected = numpy(layer(inputs, adjacency, mask=node_mask))
+    adjacency[1] = bad_adjacencies()[kind]
+    if keras.backend.backend() == "torch":  # `compiled` runs it eagerly
+        with pytest.raises(ValueError, match="`adjacency`"):
+            compiled(layer)(inputs, adjacency, mask=node_mask)
+        return
+    outputs = numpy(compiled(layer)(inputs, adjacency, mask=node_mask))
+    assert np.isnan(outputs[1]).all()
+    np.testing.assert_allclose(
+        np.abs(outputs[0]), np.abs(expected[0]), rtol=0, atol=1e-6
+    )
+
+
+@each_layer
+def test_adjacency_of_another_batch_is_refused_naming_both_shapes(case):
+    inputs = np.zeros((1, 4, FEATURES), "float32")
+    adjacency = np.stack([cycle(4)] * 2)
+    message = (
+        rf"batch sizes must agree\. Received: inputs of shape \(1, 4, {FEATURES}\) "
+        r"and adjacency of shape \(2, 4, 4\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        case.make()(inputs, adjacency)
+    with pytest.raises(ValueError, match="batch sizes must agree"):
+        case.make()(keras.Input((4, FEATURES), batch_size=1), keras.Input((4, 4), batch_size=2))
+
+
+@each_layer
+def test_graphs_of_no_nodes_give_empty_outputs(case):
+    layer = case.make(merge_mode=None)
+    outputs = layer(np.zeros((2, 0, FEATURES), "float32"), np.zeros((2, 0, 0), "float32"))
+    assert tuple(outputs.shape) == (2, 0, layer.encoding_width)
+
+
 def directed_adjacencies():
     one_way_cycle = np.roll(np.eye(4, dtype="float32"), 1, axis=1)
     return (bad_adjacencies()["directed"], one_way_cycle)

@@ -15,8 +15,11 @@ import keras
 import numpy as np
 import pytest
 
+import keras_posenc
 from keras_posenc import ops
 from tests import references
+from tests.backend import XLA
+from tests.backend import compiled
 from tests.backend import graph_function
 from tests.backend import numpy
 from tests.backend import tensorflow_only
@@ -105,6 +108,50 @@ def test_read_positions_refuses_floats_where_integers_are_needed():
         ops.read_positions(
             np.zeros((3, 2), "float32"), 2, name="key_positions", integer=True
         )
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_read_positions_refuses_positions_that_are_not_finite(value):
+    positions = np.array([[0.0, 1.5], [2.0, value]], "float32")
+    with pytest.raises(
+        ValueError, match=rf"`positions` must be finite\. Received: positions\[1, 1\]={value}"
+    ):
+        ops.read_positions(positions)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize(
+    "make, call",
+    [
+        (
+            lambda: keras_posenc.SinusoidalPositionEncoding(merge_mode=None),
+            lambda layer, p: layer(np.zeros((1, 4, 6), "float32"), positions=p),
+        ),
+        (
+            lambda: keras_posenc.RotaryEmbedding(),
+            lambda layer, p: layer(np.ones((1, 4, 2, 6), "float32"), positions=p),
+        ),
+        (
+            lambda: keras_posenc.SinusoidalPositionEncoding(num_axes=2, merge_mode=None),
+            lambda layer, p: layer(
+                np.zeros((1, 4, 6), "float32"),
+                positions=keras.ops.stack([p, p], axis=-1),
+            ),
+        ),
+    ],
+    ids=["sinusoidal", "rotary", "sinusoidal-grid"],
+)
+def test_positions_that_are_not_finite_raise_or_show_compiled(make, call, value):
+    positions = np.array([0.0, 1.5, value, 3.0], "float32")
+    layer = make()
+    with pytest.raises(ValueError, match=r"`positions` must be finite"):
+        call(layer, positions)
+    if not XLA:
+        return  # PyTorch runs `compiled` eagerly
+    # Compiled code cannot raise: the position's row is NaN, the others not.
+    outputs = numpy(compiled(lambda p: call(layer, p))(positions))
+    assert np.isnan(outputs[0, 2]).all()
+    assert np.isfinite(np.delete(outputs[0], 2, axis=0)).all()
 
 
 @pytest.mark.parametrize("num_axes", [0, -1, 1.5, True])

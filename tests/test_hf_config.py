@@ -211,3 +211,90 @@ def test_configs_that_lack_fields_say_so(config, message):
 def test_config_must_be_a_dict():
     with pytest.raises(ValueError, match=r"config='config\.json'"):
         hf_config.rotary_embedding_arguments("config.json")
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (
+            # transformers 4 refuses it; 5 reads it as unscaled RoPE.
+            {"head_dim": 64, "rope_scaling": {"factor": 4.0}},
+            r"`config\['rope_scaling'\]` must name its schedule: `rope_type`.*"
+            r"Received: rope_scaling=\{'factor': 4\.0\}",
+        ),
+        (
+            {"head_dim": 64, "rope_parameters": {"rope_theta": 1e4, "factor": 2.0}},
+            r"`config\['rope_parameters'\]` must name its schedule.*"
+            r"rope_parameters=\{'rope_theta': 10000\.0, 'factor': 2\.0\}",
+        ),
+        (
+            {"hidden_size": 64, "num_attention_heads": 0},
+            r"`config\['num_attention_heads'\]` must be a positive integer\. "
+            r"Received: config\['num_attention_heads'\]=0",
+        ),
+        (
+            {"hidden_size": -64, "num_attention_heads": 4},
+            r"`config\['hidden_size'\]` must be a positive integer\. "
+            r"Received: config\['hidden_size'\]=-64",
+        ),
+        (
+            {"head_dim": 64, "rope_theta": float("inf")},
+            r"`max_wavelength` must be a finite number greater than 1\. "
+            r"Received: max_wavelength=inf",
+        ),
+    ],
+    ids=["untyped-rope-scaling", "untyped-rope-parameters", "no-heads",
+         "negative-width", "infinite-theta"],
+)
+def test_configs_that_transformers_refuses_are_refused(config, message):
+    with pytest.raises(ValueError, match=message):
+        RotaryEmbedding.from_hf_config(config)
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (
+            {"head_dim": 64, "rope_scaling": {**YARN, "beta_fast": 1.0, "beta_slow": 32.0}},
+            r"`scaling\['beta_fast'\]` should be greater than `scaling\['beta_slow'\]`"
+            r".*beta_fast=1\.0 \(32 if None\), beta_slow=32\.0",
+        ),
+        (
+            {"head_dim": 64, "rope_scaling": {**YARN, "beta_fast": 0.5}},
+            r"beta_fast=0\.5 \(32 if None\), beta_slow=None",
+        ),
+        (
+            {"head_dim": 64, "rope_scaling": {"rope_type": "linear", "factor": 0.5}},
+            r"`factor` should be at least 1\. Received: factor=0\.5",
+        ),
+        (
+            {"head_dim": 64, "max_position_embeddings": 512, "rope_scaling": YARN},
+            r"`factor` should be max_position_embeddings / "
+            r"original_max_position_embeddings = 8\.0.*Received: factor=4\.0",
+        ),
+        (
+            {
+                "head_dim": 64,
+                "max_position_embeddings": 8192,
+                "rope_scaling": {
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                },
+            },
+            r"`original_max_position_embeddings` should be less than "
+            r"max_position_embeddings=8192\. Received: "
+            r"original_max_position_embeddings=8192",
+        ),
+    ],
+    ids=["yarn-betas", "yarn-beta-fast-below-default-slow", "factor-below-one",
+         "yarn-factor", "llama3-lengths"],
+)
+def test_configs_that_transformers_warns_of_warn(config, message):
+    with pytest.warns(UserWarning, match=message):
+        RotaryEmbedding.from_hf_config(config)

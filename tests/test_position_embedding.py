@@ -4,6 +4,8 @@ import pytest
 
 from keras_posenc import PositionEmbedding
 from tests import references
+from tests.backend import BACKEND
+from tests.backend import compiled
 from tests.backend import graph_function
 from tests.backend import numpy
 from tests.backend import tensorflow_only
@@ -108,6 +110,54 @@ def test_positions_past_the_table_name_sequence_length():
         layer(np.zeros((1, 2, 4), "float32"), positions=[3, 8])
     with pytest.raises(ValueError, match="sequence_length=8"):
         layer(np.zeros((1, 2, 4), "float32"), positions=[-1, 0])
+
+
+@pytest.mark.parametrize(
+    "grid_shape, positions, outside",
+    [
+        (None, [0, 50, 3, -1], [False, True, False, True]),
+        ((2, 3), [[0, 0], [2, 0], [1, 2], [0, -1]], [False, True, False, True]),
+    ],
+    ids=["line", "grid"],
+)
+def test_positions_outside_the_table_read_nan_rows_under_compiled_code(
+    grid_shape, positions, outside
+):
+    # XLA drops the check and a JAX trace cannot raise: the rows show it.
+    layer = PositionEmbedding(
+        sequence_length=None if grid_shape else 8, grid_shape=grid_shape,
+        merge_mode=None,
+    )
+    inputs = np.zeros((2, 4, 5), "float32")
+    layer.build(inputs.shape)
+    call = compiled(lambda x, p: layer(x, positions=p))
+    if BACKEND == "torch":  # `compiled` runs it eagerly: an error
+        with pytest.raises(ValueError, match="PositionEmbedding holds"):
+            call(inputs, np.int32(positions))
+        return
+    outputs = numpy(call(inputs, np.int32(positions)))  # (batch, seq, dim)
+    np.testing.assert_array_equal(np.isnan(outputs).all(-1), [outside] * 2)
+    assert np.isfinite(outputs[:, ~np.array(outside)]).all()
+    inside = np.int32(positions)[~np.array(outside)]
+    expected = numpy(layer(inputs[:, :2], positions=inside))
+    np.testing.assert_array_equal(outputs[:, ~np.array(outside)], expected)
+
+
+@pytest.mark.parametrize("start", [6, -1, 9])
+def test_start_index_past_the_table_reads_nan_rows_under_compiled_code(start):
+    layer = PositionEmbedding(8, merge_mode=None)
+    inputs = np.zeros((2, 4, 5), "float32")
+    layer.build(inputs.shape)
+    call = compiled(lambda x, s: layer(x, start_index=s))
+    if BACKEND == "torch":
+        with pytest.raises(ValueError, match="sequence_length=8"):
+            call(inputs, np.int32(start))
+        return
+    # The slice cannot start there: every row is NaN, none another's.
+    assert np.isnan(numpy(call(inputs, np.int32(start)))).all()
+    np.testing.assert_array_equal(
+        numpy(call(inputs, np.int32(3))), numpy(layer(inputs, start_index=3))
+    )
 
 
 def test_float_positions_are_refused():

@@ -1392,6 +1392,32 @@ def test_cache_index_read_at_run_time_is_checked():
             call(keras.ops.convert_to_tensor(CACHE_SLOTS - 1, "int32"))
 
 
+@pytest.mark.parametrize("index", [CACHE_SLOTS - 1, CACHE_SLOTS + 5, -1])
+@pytest.mark.parametrize("scheme", ["alibi", "rotary"])
+def test_cache_index_past_the_slots_gives_nan_under_compiled_code(scheme, index):
+    # XLA drops the check and a JAX trace cannot raise: the outputs show it.
+    layer = cached_attention(scheme)
+    tokens = random_inputs((BATCH, 2, FEATURES))
+    layer(tokens, tokens, cache=empty_cache(), cache_update_index=0)  # built
+
+    @compiled
+    def attend(index):
+        return layer(tokens, tokens, cache=empty_cache(), cache_update_index=index)
+
+    index = keras.ops.convert_to_tensor(index, "int32")
+    if BACKEND == "torch":  # `compiled` runs it eagerly
+        with pytest.raises(ValueError, match="cache_update_index"):
+            attend(index)
+        return
+    outputs, cache = attend(index)
+    assert np.isnan(numpy(outputs)).all()
+    assert np.isnan(numpy(cache)).any()
+    in_range = attend(keras.ops.convert_to_tensor(3, "int32"))
+    expected = layer(tokens, tokens, cache=empty_cache(), cache_update_index=3)
+    for actual, wanted in zip(in_range, expected):
+        np.testing.assert_allclose(numpy(actual), numpy(wanted), rtol=0, atol=1e-6)
+
+
 def test_cache_refuses_masks_of_the_new_tokens_and_other_lengths():
     layer = cached_attention("alibi")
     ids = np.array([[1, 2, 0], [3, 0, 0]])

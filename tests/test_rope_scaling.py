@@ -860,3 +860,39 @@ def test_longrope_divides_default_by_its_factors(half_dim, base, data, sequence_
         references.rope_inverse_frequencies(dim, base)[0],
         rtol=frequency_rtol(dim, base),
     )
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64},
+        {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64},
+        LLAMA_3_1,
+        longrope_scaling(8),
+        {"rope_type": "proportional", "partial_rotary_factor": 0.5},
+    ],
+    ids=lambda scaling: "default" if scaling is None else scaling["rope_type"],
+)
+def test_every_schedule_refuses_an_infinite_base(scaling):
+    with pytest.raises(ValueError, match=r"finite.*max_wavelength=inf"):
+        rope_scaling.rope_parameters(scaling, 8, float("inf"))
+
+
+@pytest.mark.parametrize(
+    "keys, received",
+    [
+        ({"beta_fast": 1.0, "beta_slow": 32.0}, r"beta_fast=1\.0 \(32 if None\), beta_slow=32\.0"),
+        ({"beta_fast": 0.5}, r"beta_fast=0\.5 \(32 if None\), beta_slow=None"),
+        ({"beta_slow": 64.0}, r"beta_fast=None \(32 if None\), beta_slow=64\.0"),
+    ],
+)
+def test_yarn_warns_of_a_ramp_that_runs_backwards(keys, received):
+    # transformers' _validate_yarn_rope_parameters logs the same warning.
+    with pytest.warns(UserWarning, match=r"`beta_fast` should be greater than `beta_slow`"):
+        rope_scaling.yarn(8, 10000.0, 4.0, 64, **keys)
+    with pytest.warns(UserWarning, match=r"`scaling\['beta_fast'\]` should be.*" + received):
+        rope_scaling.check_scaling(
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, **keys}
+        )

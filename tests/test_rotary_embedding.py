@@ -1616,6 +1616,8 @@ def test_config_round_trip():
             "short_factor",
         ),
         ({"sequence_axis": -1}, "sequence_axis=-1"),
+        # All but the first pair would turn at frequency 0: unrotated.
+        ({"max_wavelength": float("inf")}, r"finite.*max_wavelength=inf"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_them(kwargs, message):

@@ -556,3 +556,22 @@ def test_bad_adjacency_values_are_refused_in_a_graph(kind, complaint):
 
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         attend(nodes, adjacency)
+
+
+@BAD_VALUES
+def test_compiled_code_makes_a_bad_graphs_bias_nan(kind, complaint):
+    # XLA drops the check, a JAX trace cannot raise: the bias shows it.
+    if not XLA:
+        pytest.skip("PyTorch runs `compiled` eagerly, and refuses")
+    layer = ShortestPathBias(2, 3)
+    adjacency = np.concatenate([cycle(4)[None], bad_adjacency(kind)])
+    expected = numpy(layer(adjacency[:1]))[0]  # built eagerly
+    bias = numpy(compiled(layer)(adjacency))  # (batch, heads, nodes, nodes)
+    assert np.isnan(bias[1]).all()
+    np.testing.assert_array_equal(bias[0], expected)
+    attention = graph_attention()
+    nodes = node_features(np.ones((2, 4), bool))
+    outputs = numpy(
+        compiled(lambda n, a: attention(n, n, adjacency=a))(nodes, adjacency)
+    )
+    assert np.isnan(outputs[1]).all() and np.isfinite(outputs[0]).all()

@@ -205,6 +205,8 @@ def test_config_round_trip():
         ({"max_wavelength": 0}, "max_wavelength=0"),
         ({"max_wavelength": "long"}, "max_wavelength='long'"),
         ({"max_wavelength": np.float32(1.0)}, "max_wavelength="),
+        ({"max_wavelength": np.inf}, "finite number greater than 1. Received: max_wavelength=inf"),
+        ({"max_wavelength": float("nan")}, "max_wavelength=nan"),
         ({"layout": "half"}, "layout='half'"),
         ({"merge_mode": "multiply"}, "merge_mode='multiply'"),
         ({"merge_mode": "concat"}, "output_dim=None"),

@@ -251,6 +251,12 @@ class AbsoluteEncoding(keras.layers.Layer):
                 outputs, tuple(sizes) + (width if width is not None else -1,)
             )  # (batch, *grid, width)
         prefix = self.num_prefix_tokens
+        if inputs.shape[1] is not None and inputs.shape[1] < prefix:
+            raise ValueError(
+                f"Inputs must hold at least the {prefix} prefix tokens "
+                f"(num_prefix_tokens={prefix}). Received inputs of shape "
+                f"{tuple(inputs.shape)}"
+            )
         encoding = self._encode_tokens(
             inputs[:, prefix:] if prefix else inputs,
             start_index,

@@ -61,6 +61,14 @@ class GraphEncoding(keras.layers.Layer):
             )
         if adjacency_shape is not None:
             ops.check_adjacency_shape(adjacency_shape, num_nodes=inputs_shape[1])
+            batch_sizes = {inputs_shape[0], tuple(adjacency_shape)[0]} - {None}
+            if len(batch_sizes) > 1:
+                raise ValueError(
+                    f"{type(self).__name__} takes one adjacency per graph of "
+                    "node features: their batch sizes must agree. Received: "
+                    f"inputs of shape {inputs_shape} and adjacency of shape "
+                    f"{tuple(adjacency_shape)}"
+                )
 
     def build(self, inputs_shape, adjacency_shape=None):
         self._check_shapes(inputs_shape, adjacency_shape)
@@ -87,6 +95,8 @@ class GraphEncoding(keras.layers.Layer):
             node_mask=mask,
         )  # (batch, nodes, nodes), padded nodes without edges
         encoding = self._encode(adjacency, mask, training)  # (batch, nodes, width)
+        # Compiled code cannot raise on a bad adjacency: its graph shows it.
+        encoding = ops.nan_where_nan_graphs(encoding, adjacency)
         encoding = keras.ops.cast(encoding, self.compute_dtype)
         if self.projection is not None:
             encoding = self.projection(encoding)  # (batch, nodes, projected)

@@ -20,7 +20,12 @@ class PositionEmbedding(AbsoluteEncoding):
     by row `p`. On a line (`sequence_length`) the table covers positions
     `0 .. sequence_length - 1` only: a longer sequence (or a `start_index` or
     `positions` reaching past the end) raises an error naming
-    `sequence_length` rather than reading outside the table.
+    `sequence_length` rather than reading outside the table. Where the
+    positions are known only when the program runs, a TensorFlow graph
+    raises then; compiled code cannot raise (XLA drops run-time checks, a
+    JAX trace has none), and there a position outside the table, or a grid
+    coordinate outside the grid, reads a row of NaN (and a `start_index`
+    that runs past the table, every row), never another position's row.
 
     On a grid (`grid_shape=(height, width)`, or `(time, height, width)`, as
     ViT, DeiT and timm's `pos_embed`) the table has
@@ -276,19 +281,37 @@ class PositionEmbedding(AbsoluteEncoding):
                 "PositionEmbedding needs integer `positions`. "
                 f"Received positions of dtype {dtype}"
             )
-        positions = self._checked_range(positions, positions)
+        limits = keras.ops.convert_to_tensor(self._table_grid, positions.dtype)
+        if self.grid_shape is None:
+            limits = limits[0]
+        in_range = (positions >= 0) & (positions < limits)  # (..., seq[, axes])
         if self.grid_shape is not None:
-            strides = [1]
-            for size in reversed(self.grid_shape[1:]):
-                strides.insert(0, strides[0] * size)
-            rows = keras.ops.sum(
-                keras.ops.cast(positions, "int32")
-                * keras.ops.convert_to_tensor(strides, "int32"),
-                axis=-1,
-            )  # (..., seq): row-major index
-        else:
-            rows = positions
-        return keras.ops.take(self._grid_rows(), rows, axis=0)  # (..., dim)
+            in_range = keras.ops.all(in_range, axis=-1)  # (..., seq)
+        if _backend.static_value(in_range) is not None:
+            self._check_positions(positions, in_range)
+            return keras.ops.take(
+                self._grid_rows(), self._rows(positions), axis=0
+            )  # (..., seq, dim)
+        # Compiled: one gather of rows clipped into the table; a row read
+        # for a position outside it is NaN (and a TensorFlow graph raises).
+        rows = self._rows(keras.ops.clip(positions, 0, limits - 1))  # (..., seq)
+        embedding = _backend.take_in_range(self._grid_rows(), rows)  # (..., seq, dim)
+        return _backend.checked_or_nan(
+            embedding, in_range[..., None], self._range_message()
+        )
+
+    def _rows(self, positions):
+        """The table rows of positions in range: `(...)` from `(...[, axes])`."""
+        if self.grid_shape is None:
+            return positions
+        strides = [1]
+        for size in reversed(self.grid_shape[1:]):
+            strides.insert(0, strides[0] * size)
+        return keras.ops.sum(
+            keras.ops.cast(positions, "int32")
+            * keras.ops.convert_to_tensor(strides, "int32"),
+            axis=-1,
+        )  # (..., seq): row-major index
 
     def _encode_consecutive(self, inputs, start_index, dim):
         # A slice of the table, not a gather of its rows: XLA copies gathered
@@ -308,11 +331,22 @@ class PositionEmbedding(AbsoluteEncoding):
                     [keras.ops.maximum(length, self.sequence_length)]
                 )  # (max(seq, sequence_length), dim)
                 return stretched[:length]  # (seq, dim)
-        start = self._checked_range(
-            positions, keras.ops.cast(start_index, "int32")
+        start = keras.ops.cast(start_index, "int32")
+        in_range = (positions >= 0) & (positions < self.sequence_length)  # (seq,)
+        if _backend.static_value(in_range) is not None:
+            self._check_positions(positions, in_range)
+            return keras.ops.slice(
+                self._grid_rows(), (start, 0), (length, dim)
+            )  # (seq, dim)
+        # Compiled: the slice starts where it fits in the table, so one
+        # position outside it moves every row: all are NaN then (and a
+        # TensorFlow graph raises).
+        start = keras.ops.clip(
+            start, 0, keras.ops.maximum(self.sequence_length - length, 0)
         )
-        return keras.ops.slice(
-            self._grid_rows(), (start, 0), (length, dim)
+        rows = keras.ops.slice(self._grid_rows(), (start, 0), (length, dim))
+        return _backend.checked_or_nan(
+            rows, keras.ops.all(in_range), self._range_message()
         )  # (seq, dim)
 
     def _default_grid_shape(self, inputs):
@@ -396,43 +430,27 @@ class PositionEmbedding(AbsoluteEncoding):
             [keras.ops.cast(self._encode_prefix(None), "float32"), rows], axis=0
         )  # (prefix + cells, width)
 
-    def _checked_range(self, positions, value):
-        """`value`, once `positions` are known to be rows of the table.
-
-        Where the positions have a value (eager, or constants) the check runs
-        at once and names them. In a TensorFlow graph its result is known
-        only when the graph runs: it runs before `value` is read there. XLA
-        drops it, and a JAX or PyTorch trace cannot raise; the static and
-        eager checks are the ones they keep.
+    def _check_positions(self, positions, in_range):
+        """Fail, naming the positions, where `in_range` (known) is not all true.
 
         Args:
             positions: integer tensor of shape `(...)` (a line) or
-                `(..., num_axes)` (a grid).
-            value: tensor. What the lookup reads after the check.
-
-        Returns:
-            `value`, in TensorFlow graphs after the check.
+                `(..., num_axes)` (a grid), its value known.
+            in_range: bool tensor of shape `(...)`, its value known.
         """
-        limits = keras.ops.convert_to_tensor(self._table_grid, positions.dtype)
-        if self.grid_shape is None:
-            limits = limits[0]
-        in_range = keras.ops.all((positions >= 0) & (positions < limits))
-        known = _backend.static_value(in_range)
-        if known is None:
-            return _backend.checked(value, in_range, self._range_message())
-        values = None if known else _backend.static_value(positions)
-        if values is not None:
-            if self.grid_shape is not None:
-                coordinates = np.reshape(values, (-1, self.num_axes))
-                raise ValueError(
-                    f"{self._range_message()} Received coordinates from "
-                    f"{coordinates.min(0).tolist()} to "
-                    f"{coordinates.max(0).tolist()}"
-                )
-            self._check_range(int(values.min()), int(values.max()))
-        if not known:
+        if np.all(_backend.static_value(in_range)):
+            return
+        values = _backend.static_value(positions)
+        if values is None:
             raise ValueError(self._range_message())
-        return value
+        if self.grid_shape is not None:
+            coordinates = np.reshape(values, (-1, self.num_axes))
+            raise ValueError(
+                f"{self._range_message()} Received coordinates from "
+                f"{coordinates.min(0).tolist()} to "
+                f"{coordinates.max(0).tolist()}"
+            )
+        self._check_range(int(values.min()), int(values.max()))
 
     def _range_message(self):
         if self.grid_shape is not None:

@@ -207,8 +207,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     get no weight, so with `use_causal_mask=True` a prefill of the prompt
     and then one token per call equal one causal pass over the whole
     sequence. Under `jit_compile=True` an index read at run time compiles
-    once; outside XLA an index past the slots raises an error (XLA drops
-    that check: keep the index in range).
+    once. An index below 0, or whose new tokens run past the slots, raises
+    an error in eager mode and when a TensorFlow graph runs; compiled code
+    cannot raise (XLA drops the check, a JAX trace has none), and there the
+    outputs are NaN, as is the cache but for the slots written.
 
     Keras' own `call` does the projections, masks, dropout and output; the
     layer puts the position's contributions in `_compute_attention`, the
@@ -479,7 +481,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         self._check_causal(use_causal_mask)
         start_index = 0
         if cache is not None:
-            cache = self._check_cache(
+            cache, query, cache_update_index = self._check_cache(
                 cache, cache_update_index, query, value, key, value_mask, key_mask
             )
             start_index = cache_update_index
@@ -579,7 +581,12 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     def _check_cache(
         self, cache, cache_update_index, query, value, key, value_mask, key_mask
     ):
-        """`cache` as a tensor, once it is known to fit this layer and call."""
+        """`(cache, query, cache_update_index)`, once they fit this layer and call.
+
+        The cache as a tensor; where the index is read at run time and
+        compiled code cannot raise, the index clipped into the slots and,
+        for one that does not fit, the cache and the queries NaN.
+        """
         cache = keras.ops.convert_to_tensor(cache)
         expected = (2, self.num_heads, self.key_dim)
         if self.value_dim != self.key_dim:
@@ -638,19 +645,20 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         if keras.ops.is_tensor(cache_update_index):
             # Read at run time; an index past the slots would otherwise be
-            # moved back by the update, silently. XLA drops the check.
-            cache = _backend.checked(
-                cache,
-                0 <= cache_update_index,
-                "`cache_update_index` must be at least 0",
+            # moved back by the update, silently. Compiled code cannot
+            # raise: there the index is clipped into the slots, the queries
+            # and the cache made NaN, so that the outputs show it.
+            index = keras.ops.cast(cache_update_index, "int32")
+            last = keras.ops.shape(cache)[2] - keras.ops.shape(new_keys)[1]
+            fits = keras.ops.logical_and(0 <= index, index <= last)
+            message = (
+                "`cache_update_index` must be at least 0, and plus the new "
+                "tokens fit the cache's slots"
             )
-            cache = _backend.checked(
-                cache,
-                keras.ops.cast(cache_update_index, "int32")
-                + keras.ops.shape(new_keys)[1]
-                <= keras.ops.shape(cache)[2],
-                "`cache_update_index` plus the new tokens must fit the "
-                "cache's slots",
+            cache = _backend.checked_or_nan(cache, fits, message)
+            query = _backend.checked_or_nan(query, fits, message)
+            cache_update_index = keras.ops.clip(
+                index, 0, keras.ops.maximum(last, 0)
             )
         if query.shape[1] is not None and new is not None and query.shape[1] != new:
             raise ValueError(
@@ -659,7 +667,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"length. Received: query of shape {tuple(query.shape)} and "
                 f"value of shape {tuple(new_keys.shape)}"
             )
-        return cache
+        return cache, query, cache_update_index
 
     def _compute_sliding_window_mask(self, query, value=None):
         # Keras 3.15 and later: the window compares positions, as the causal

@@ -106,12 +106,13 @@ class ShortestPathBias(HeadBias):
 
     def logits_bias(self, query, query_positions, key_positions, consecutive=False):
         # On a graph, the attention passes the adjacency as both positions.
-        hops = ops.hop_counts(
-            ops.read_adjacency(query_positions), self.max_distance
-        )  # (batch, nodes, nodes)
+        adjacency = ops.read_adjacency(query_positions)  # (batch, nodes, nodes)
+        hops = ops.hop_counts(adjacency, self.max_distance)  # (batch, nodes, nodes)
         bias = keras.ops.take(
             keras.ops.cast(self.embeddings, "float32"), hops, axis=0
         )  # (batch, nodes, nodes, heads)
+        # Compiled code cannot raise on a bad adjacency: its graph shows it.
+        bias = ops.nan_where_nan_graphs(bias, adjacency)
         # (batch, heads, nodes, nodes)
         return keras.ops.transpose(bias, (0, 3, 1, 2))
 

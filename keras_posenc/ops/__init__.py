@@ -64,6 +64,7 @@ from keras_posenc.ops.graph import (
     laplacian_eigenvectors,
     random_walk_probabilities,
     hop_counts,
+    nan_where_nan_graphs,
 )
 
 __all__ = [
@@ -92,6 +93,7 @@ __all__ = [
     "grid_positions",
     "grid_relative_position_index",
     "hop_counts",
+    "nan_where_nan_graphs",
     "inverse_frequencies",
     "laplacian",
     "laplacian_eigenvectors",

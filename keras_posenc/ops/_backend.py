@@ -118,6 +118,34 @@ def checked(value, condition, message, summary=(), summarize=3):
     return value
 
 
+def checked_or_nan(value, valid, message):
+    """`value`, checked: an error where one can be raised, NaN where not.
+
+    Where `valid` has a value (eager mode, any backend), a false entry
+    raises `ValueError(message)` at once. Elsewhere the entries of `value`
+    where `valid` is false become NaN, as JAX's `take(..., mode="fill")`
+    fills rows it cannot read, so that compiled code shows a bad input
+    rather than a plausible number: XLA drops run-time assertions, and a
+    JAX or PyTorch trace cannot raise. A TensorFlow graph run without XLA
+    also raises `InvalidArgumentError` with `message` (see `checked`).
+
+    Args:
+        value: float tensor.
+        valid: bool tensor that broadcasts to `value`'s shape.
+        message: str. Static: XLA has no strings at run time.
+
+    Returns:
+        A tensor of `value`'s shape and dtype, equal to it where `valid`.
+    """
+    known = static_value(valid)
+    if known is not None:
+        if not np.all(known):
+            raise ValueError(message)
+        return value
+    value = keras.ops.where(valid, value, float("nan"))
+    return checked(value, keras.ops.all(valid), message)
+
+
 def float32_matmul_is_exact():
     """Whether float32 matmuls on this machine keep float32's precision.
 

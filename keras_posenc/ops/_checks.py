@@ -1,5 +1,6 @@
 """The validators of the ops' and the layers' arguments: plain Python, no tensors."""
 
+import math
 import numbers
 
 import keras
@@ -29,14 +30,15 @@ def check_rope_layout(layout):
 
 
 def check_number_above_one(name, value):
-    """Raise a `ValueError` naming `name` unless `value` is a number above 1."""
+    """Raise a `ValueError` naming `name` unless `value` is a finite number above 1."""
     if (
         isinstance(value, bool)
         or not isinstance(value, numbers.Real)
         or not value > 1
+        or not math.isfinite(value)
     ):
         raise ValueError(
-            f"`{name}` must be a number greater than 1. "
+            f"`{name}` must be a finite number greater than 1. "
             f"Received: {name}={value!r}"
         )
 

@@ -38,10 +38,13 @@ def read_adjacency(adjacency, symmetric=True, num_nodes=None, node_mask=None):
     The shape is checked where it is known, when the graph is traced; the
     entries (finite, non-negative, and symmetric if `symmetric`) when they
     are known then (eagerly, or a constant: a `ValueError`), and otherwise
-    when a TensorFlow graph runs (an `InvalidArgumentError`), except under
-    XLA, which drops run-time assertions, as a JAX or PyTorch trace passes
-    them (see `_backend.checked`). Rows and columns of the nodes that `node_mask`
-    marks as padding are set to zero: those nodes have no edges.
+    when a TensorFlow graph runs (an `InvalidArgumentError`). XLA drops
+    run-time assertions, and a JAX or PyTorch trace cannot raise (see
+    `_backend.checked`): there a graph that fails the check comes back NaN
+    throughout, so that what is computed from it shows it (the layers make
+    its outputs NaN with `nan_where_nan_graphs`). Rows and columns of the
+    nodes that `node_mask` marks as padding are set to zero: those nodes
+    have no edges.
 
     Args:
         adjacency: float, integer or bool tensor of shape `(batch, nodes,
@@ -65,46 +68,85 @@ def read_adjacency(adjacency, symmetric=True, num_nodes=None, node_mask=None):
         if problem is not None:
             raise ValueError(f"`adjacency` is not a graph's: {problem}")
     else:
-        # One check for all (XLA, which drops them, logs a line for each),
-        # its message static (XLA has no strings at run time).
         rows, columns = keras.ops.shape(adjacency)[1:]
         square = rows == columns  # a bool, or a bool tensor where unknown
         problems = {
-            "square": keras.ops.logical_not(square),
-            "finite": keras.ops.logical_not(
-                keras.ops.all(keras.ops.isfinite(adjacency))
+            "square": keras.ops.broadcast_to(
+                keras.ops.logical_not(square), keras.ops.shape(adjacency)[:1]
             ),
-            "non-negative": keras.ops.any(adjacency < 0),
-        }
+            "finite": keras.ops.logical_not(
+                keras.ops.all(keras.ops.isfinite(adjacency), axis=(1, 2))
+            ),
+            "non-negative": keras.ops.any(adjacency < 0, axis=(1, 2)),
+        }  # each (batch,)
         requirements = "square, (batch, nodes, nodes), with finite, non-negative entries"
         if symmetric:
 
             def asymmetric():
-                return keras.ops.any(adjacency != keras.ops.swapaxes(adjacency, -1, -2))
+                return keras.ops.any(
+                    adjacency != keras.ops.swapaxes(adjacency, -1, -2), axis=(1, 2)
+                )
 
             if isinstance(square, bool):  # known, so square: the shape is checked
                 problems["symmetric"] = asymmetric()
             else:  # not square: no transpose to compare with (the check fails)
                 problems["symmetric"] = keras.ops.cond(
-                    square, asymmetric, lambda: keras.ops.convert_to_tensor(False)
+                    square,
+                    asymmetric,
+                    lambda: keras.ops.zeros(keras.ops.shape(adjacency)[:1], "bool"),
                 )
             requirements += ", and symmetric (an undirected graph)"
         failed = keras.ops.stack(
-            [keras.ops.convert_to_tensor(problem) for problem in problems.values()]
+            [keras.ops.convert_to_tensor(problem) for problem in problems.values()],
+            axis=-1,
+        )  # (batch, problems)
+        # A bad graph is NaN throughout, where no check can raise (XLA drops
+        # them, a JAX or PyTorch trace has none): what is computed from it
+        # shows it (`nan_where_nan_graphs`).
+        adjacency = keras.ops.where(
+            keras.ops.any(failed, axis=-1)[:, None, None], float("nan"), adjacency
         )
+        # One check for all (XLA, which drops them, logs a line for each),
+        # its message static (XLA has no strings at run time).
         adjacency = _backend.checked(
             adjacency,
             keras.ops.logical_not(keras.ops.any(failed)),
             f"`adjacency` must be {requirements}. Failed, of "
-            f"({', '.join(problems)}):",
+            f"({', '.join(problems)}), per graph:",
             summary=(failed,),
-            summarize=len(problems),
+            summarize=3 * len(problems),
         )
     if node_mask is not None:
         node_mask = keras.ops.cast(node_mask, "float32")  # (batch, nodes)
         adjacency = adjacency * node_mask[:, :, None] * node_mask[:, None]
     # An encoding of the graph, the model's input: nothing to differentiate.
     return keras.ops.stop_gradient(adjacency)  # (batch, nodes, nodes)
+
+
+def nan_where_nan_graphs(values, adjacency):
+    """`values`, NaN for each graph whose adjacency holds a NaN.
+
+    `read_adjacency` returns a graph that fails its check NaN throughout
+    where the check cannot raise (compiled code); a computation from it need
+    not show that (an eigendecomposition, hop counts), so the layers pass
+    their outputs through here. Where the adjacency is known (eager mode)
+    `read_adjacency` has raised already, and `values` come back as they are.
+
+    Args:
+        values: float tensor of shape `(batch, ...)`.
+        adjacency: float tensor of shape `(batch, nodes, nodes)`, as
+            `read_adjacency` returns it.
+
+    Returns:
+        A tensor of the shape and dtype of `values`.
+    """
+    if _backend.static_value(adjacency) is not None:
+        return values
+    nan_graph = keras.ops.any(keras.ops.isnan(adjacency), axis=(1, 2))  # (batch,)
+    nan_graph = keras.ops.reshape(
+        nan_graph, (-1,) + (1,) * (len(values.shape) - 1)
+    )  # (batch, 1, ...)
+    return keras.ops.where(nan_graph, float("nan"), values)
 
 
 def _nodes(adjacency):
@@ -215,18 +257,22 @@ def laplacian_eigenvectors(adjacency, k, normalization="sym", node_mask=None):
     )  # (batch, nodes)
     matrix = keras.ops.where(diagonal, padded_diagonal[:, :, None], matrix)
     eigenvalues, eigenvectors = keras.ops.eigh(matrix)  # ascending
-    # Columns 1 .. k; a graph of fewer than k + 1 nodes has fewer: k zero
-    # columns are appended first, so that the k taken exist at any size.
-    eigenvalues = keras.ops.pad(eigenvalues, [[0, 0], [0, k]])[:, 1 : 1 + k]
-    eigenvectors = keras.ops.pad(eigenvectors, [[0, 0], [0, 0], [0, k]])[
+    # Columns 1 .. k; a graph of fewer than k + 1 nodes has fewer: k + 1
+    # zero columns are appended first, so that the k taken exist at any
+    # size, none included.
+    eigenvalues = keras.ops.pad(eigenvalues, [[0, 0], [0, k + 1]])[:, 1 : 1 + k]
+    eigenvectors = keras.ops.pad(eigenvectors, [[0, 0], [0, 0], [0, k + 1]])[
         :, :, 1 : 1 + k
     ] * real[:, :, None]  # (batch, nodes, k)
     exists = keras.ops.arange(k)[None] < keras.ops.sum(
         keras.ops.cast(node_mask, "int32"), axis=-1, keepdims=True
     ) - 1  # (batch, k)
+    # A zero row appended: a graph of no nodes has a largest entry too (0),
+    # and elsewhere the first largest is where it was.
+    padded = keras.ops.pad(eigenvectors, [[0, 0], [0, 1], [0, 0]])
     largest = keras.ops.take_along_axis(
-        eigenvectors,
-        keras.ops.argmax(keras.ops.abs(eigenvectors), axis=1)[:, None],
+        padded,
+        keras.ops.argmax(keras.ops.abs(padded), axis=1)[:, None],
         axis=1,
     )[:, 0]  # (batch, k): each column's entry of largest magnitude
     sign = keras.ops.where(largest < 0, -1.0, 1.0)  # (batch, k)

@@ -3,7 +3,9 @@
 import numbers
 
 import keras
+import numpy as np
 
+from keras_posenc.ops import _backend
 from keras_posenc.ops._checks import (
     check_grid_shape,
     check_integer_scalar,
@@ -83,6 +85,12 @@ def read_positions(
         integer: bool. Whether positions must be integers. Defaults to
             `False`.
 
+    Float positions must be finite: NaN or Inf raises a `ValueError` where
+    their values are known (eager mode), an `InvalidArgumentError` when a
+    TensorFlow graph runs. Compiled code cannot raise: there a position
+    that is not finite is made NaN, so that the encoding shows it (an
+    infinite one could give finite numbers).
+
     Returns:
         A tensor of shape `(sequence,)` or `(batch, sequence)` for one axis,
         `(sequence, num_axes)` or `(batch, sequence, num_axes)` for more, in
@@ -124,6 +132,23 @@ def read_positions(
         )
     if num_axes == 1 and len(shape) == 3:
         positions = positions[..., 0]  # (batch, sequence)
+    if is_integer:
+        return positions
+    finite = keras.ops.isfinite(positions)
+    known = _backend.static_value(finite)
+    if known is None:
+        # Compiled code cannot raise: an infinite position is made NaN,
+        # which every encoding shows, where Inf could give finite numbers.
+        return _backend.checked_or_nan(
+            positions, finite, f"`{name}` must be finite (no NaN or Inf)."
+        )
+    if not known.all():
+        index = tuple(int(i) for i in np.argwhere(~known)[0])
+        value = _backend.static_value(positions)[index]
+        raise ValueError(
+            f"`{name}` must be finite. Received: {name}[{', '.join(map(str, index))}]"
+            f"={value} (shape {shape})"
+        )
     return positions
 
 

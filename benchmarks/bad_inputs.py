@@ -1,0 +1,328 @@
+"""Bad inputs, and what each layer makes of them: eager, in a graph, under XLA.
+
+Each case calls a layer on one bad argument or input value and says what
+came of it:
+
+- clear: a `ValueError` (or TensorFlow's `InvalidArgumentError`, or a
+  `UserWarning` where transformers only warns) whose message names the
+  argument;
+- cryptic: any other exception;
+- shows: NaN in the output (all that compiled code, which cannot raise,
+  can do);
+- silently wrong: a finite output;
+- empty: an output with no entries (right for a graph of no nodes).
+
+Run from the repository root (TensorFlow runs all three modes; on JAX,
+`graph` is skipped and `xla` is `jax.jit`; on PyTorch only `eager`):
+
+    python benchmarks/bad_inputs.py
+"""
+
+import collections
+import sys
+import warnings
+
+import keras
+import numpy as np
+
+import keras_posenc as kp
+
+BACKEND = keras.backend.backend()
+VERBOSE = "-v" in sys.argv  # print the cryptic errors
+
+
+def compiled(function, mode):
+    """`function` run eagerly, as a `tf.function`, or compiled by XLA."""
+    if mode == "eager":
+        return function
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(function, jit_compile=mode == "xla")
+    import jax
+
+    return jax.jit(function)
+
+
+def outcome(run, argument):
+    """What `run()` gave: clear, cryptic, shows or silently wrong."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            output = run()
+    except Exception as error:  # noqa: BLE001 - classifying every failure
+        kinds = ["ValueError", "InvalidArgumentError", "UserWarning"]
+        if type(error).__name__ in kinds and argument and argument in str(error):
+            return "clear"
+        if VERBOSE:
+            print(f"  {type(error).__name__}: {str(error)[:300]}")
+        return "cryptic"
+    if isinstance(output, keras.layers.Layer):
+        return "silently wrong"  # made without a word
+    value = keras.ops.convert_to_numpy(output)
+    if value.size == 0:
+        return "empty"
+    if np.isnan(value).any():
+        return "shows"
+    return "silently wrong"
+
+
+tokens = np.zeros((1, 4, 8), "float32")
+ring = np.roll(np.eye(4), 1, axis=1)
+ring = (ring + ring.T)[None].astype("float32")
+nodes = np.zeros((1, 4, 8), "float32")
+
+
+def called(layer, *arguments, **keywords):
+    """A case: the layer called on tensors, in a mode."""
+
+    def run(mode):
+        tensors = [keras.ops.convert_to_tensor(value) for value in arguments]
+        return lambda: compiled(lambda *t: layer(*t, **keywords), mode)(*tensors)
+
+    return run
+
+
+def calling(function, *arguments):
+    """A case: `function` of tensors, in a mode."""
+
+    def run(mode):
+        tensors = [keras.ops.convert_to_tensor(value) for value in arguments]
+        return lambda: compiled(function, mode)(*tensors)
+
+    return run
+
+
+def constructed(function):
+    """A case settled as the layer is made: run once, in the eager column."""
+    return lambda mode: function if mode == "eager" else None
+
+
+def cached_attention(index):
+    attention = kp.PositionalMultiHeadAttention(2, 4, position=kp.RotaryEmbedding())
+    cache = np.zeros((1, 2, 4, 2, 4), "float32")
+    return calling(
+        lambda x, c, i: attention(x, x, cache=c, cache_update_index=i)[0],
+        tokens[:, :1],
+        cache,
+        np.int32(index),
+    )
+
+
+attention = kp.PositionalMultiHeadAttention(2, 4, position=kp.RotaryEmbedding())
+
+
+def positions_of(value):
+    return np.array([0.0, 1.0, value, 3.0], "float32")
+
+
+def rotary_positions(value):
+    rotary = kp.RotaryEmbedding()
+    return called(
+        lambda x, p: rotary(x, positions=p),
+        np.ones((1, 4, 2, 8), "float32"),
+        positions_of(value),
+    )
+
+
+def learned_table():
+    layer = kp.PositionEmbedding(8)
+    layer.build(tokens.shape)
+    return layer
+
+
+def grid_table():
+    layer = kp.PositionEmbedding(grid_shape=(2, 2))
+    layer.build(tokens.shape)
+    return layer
+
+
+def bad_graph(kind):
+    adjacency = ring.copy()
+    if kind == "NaN":
+        adjacency[0, 0, 1] = adjacency[0, 1, 0] = np.nan
+    elif kind == "negative":
+        adjacency[0, 0, 1] = adjacency[0, 1, 0] = -1.0
+    else:
+        adjacency[0, 0, 2] = 1.0
+    return adjacency
+
+
+CASES = {
+    "1 learned: position 50 of 8": (
+        lambda l=learned_table(): called(
+            lambda x, p: l(x, positions=p), tokens, np.int32([0, 1, 50, 3])
+        ),
+        "sequence_length",
+    ),
+    "1 learned: position -1": (
+        lambda l=learned_table(): called(
+            lambda x, p: l(x, positions=p), tokens, np.int32([-1, 1, 2, 3])
+        ),
+        "sequence_length",
+    ),
+    "1 learned grid: coordinate (2, 0) of 2 x 2": (
+        lambda l=grid_table(): called(
+            lambda x, p: l(x, positions=p),
+            tokens,
+            np.int32([[0, 0], [0, 1], [2, 0], [1, 1]]),
+        ),
+        "grid_shape",
+    ),
+    "1 token and learned position: 50 of 8": (
+        lambda l=kp.TokenAndPositionEmbedding(10, 8, 8, position="learned"): called(
+            lambda x, p: l(x, positions=p),
+            np.int32([[1, 2, 3, 4]]),
+            np.int32([0, 1, 50, 3]),
+        ),
+        "sequence_length",
+    ),
+    "2 learned: start_index 6 of 8, 4 tokens": (
+        lambda l=learned_table(): called(
+            lambda x, s: l(x, start_index=s), tokens, np.int32(6)
+        ),
+        "sequence_length",
+    ),
+    **{
+        f"3 {name}: {kind} adjacency": (
+            lambda layer=layer, kind=kind, first=nodes_first: called(
+                layer, *(([nodes] if first else []) + [bad_graph(kind)])
+            ),
+            "adjacency",
+        )
+        for name, layer, nodes_first in (
+            ("laplacian", kp.LaplacianPositionEncoding(2, merge_mode=None), True),
+            ("random walk", kp.RandomWalkPositionEncoding(3, merge_mode=None), True),
+            ("shortest path", kp.ShortestPathBias(2, 3), False),
+        )
+        for kind in ("NaN", "negative", "non-symmetric")
+        if not (name == "random walk" and kind == "non-symmetric")
+    },
+    **{
+        f"4 {name}: {value} position": (
+            lambda make=make, value=value: make(value),
+            "positions",
+        )
+        for name, make in (
+            (
+                "sinusoidal",
+                lambda value: called(
+                    lambda x, p: kp.SinusoidalPositionEncoding()(x, positions=p),
+                    tokens,
+                    positions_of(value),
+                ),
+            ),
+            ("rotary", rotary_positions),
+            (
+                "rotary attention",
+                lambda value: called(
+                    lambda x, p: attention(x, x, query_positions=p, key_positions=p),
+                    tokens,
+                    positions_of(value),
+                ),
+            ),
+        )
+        for value in (np.nan, np.inf)
+    },
+    "5 cached attention: index 6 of 4 slots": (
+        lambda: cached_attention(6),
+        "cache_update_index",
+    ),
+    "6 from_hf_config: rope_scaling without a type": (
+        lambda: constructed(
+            lambda: kp.RotaryEmbedding.from_hf_config(
+                {"head_dim": 8, "rope_scaling": {"factor": 4.0}}
+            )
+        ),
+        "rope_type",
+    ),
+    "7 max_wavelength=inf": (
+        lambda: constructed(lambda: kp.RotaryEmbedding(max_wavelength=np.inf)),
+        "max_wavelength",
+    ),
+    "7 from_hf_config: rope_theta Infinity": (
+        lambda: constructed(
+            lambda: kp.RotaryEmbedding.from_hf_config(
+                {"head_dim": 8, "rope_theta": float("inf")}
+            )
+        ),
+        "max_wavelength",
+    ),
+    "7 sinusoidal max_wavelength=inf": (
+        lambda: constructed(
+            lambda: kp.SinusoidalPositionEncoding(max_wavelength=np.inf)
+        ),
+        "max_wavelength",
+    ),
+    "8 yarn beta_fast < beta_slow": (
+        lambda: constructed(
+            lambda: kp.RotaryEmbedding(
+                scaling={
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                    "beta_fast": 1.0,
+                    "beta_slow": 32.0,
+                }
+            )
+        ),
+        "beta_fast",
+    ),
+    "9 laplacian: zero nodes": (
+        lambda: called(
+            kp.LaplacianPositionEncoding(2, merge_mode=None),
+            np.zeros((1, 0, 8), "float32"),
+            np.zeros((1, 0, 0), "float32"),
+        ),
+        None,  # any error is cryptic: the other graph layers return empty outputs
+    ),
+    "9 graph: adjacency batch 2, nodes batch 1": (
+        lambda: called(
+            kp.RandomWalkPositionEncoding(3),
+            nodes,
+            np.concatenate([ring, ring]),
+        ),
+        "adjacency",
+    ),
+    "9 learned: num_prefix_tokens=6, 4 tokens": (
+        lambda: called(kp.PositionEmbedding(8, num_prefix_tokens=6), tokens),
+        "num_prefix_tokens",
+    ),
+    "9 sinusoidal: num_prefix_tokens=6, 4 tokens": (
+        lambda: called(kp.SinusoidalPositionEncoding(num_prefix_tokens=6), tokens),
+        "num_prefix_tokens",
+    ),
+    "9 from_hf_config: num_attention_heads 0": (
+        lambda: constructed(
+            lambda: kp.RotaryEmbedding.from_hf_config(
+                {"hidden_size": 64, "num_attention_heads": 0}
+            )
+        ),
+        "num_attention_heads']=0",
+    ),
+}
+
+MODES = {"tensorflow": ("eager", "graph", "xla"), "jax": ("eager", "xla")}
+
+
+def main():
+    modes = MODES.get(BACKEND, ("eager",))
+    print(f"{'case':52}" + "".join(f"{mode:>16}" for mode in modes))
+    counts = collections.Counter()
+    for name, (case, argument) in CASES.items():
+        results = []
+        for mode in modes:
+            try:
+                run = case()(mode)
+            except Exception as error:  # noqa: BLE001 - made, not yet called
+                run = lambda error=error: (_ for _ in ()).throw(error)  # noqa: E731
+            results.append("" if run is None else outcome(run, argument))
+        counts.update(result for result in results if result)
+        print(f"{name:52}" + "".join(f"{result:>16}" for result in results))
+    print(", ".join(f"{kind}: {counts[kind]}" for kind in (
+        "clear", "cryptic", "shows", "silently wrong", "empty"
+    )))
+
+
+if __name__ == "__main__":
+    main()
