@@ -507,6 +507,19 @@ def test_grid_shape_gives_queries_and_keys_the_grid_positions(position):
     assert_close(layer(tokens, tokens, grid_shape=(2, 3)), numpy(expected), atol=1e-6)
 
 
+def test_grid_shape_in_a_functional_model_round_trips(tmp_path):
+    tokens = keras.Input(shape=(1 + 6, FEATURES))
+    attention = PositionalMultiHeadAttention(
+        HEADS, KEY_DIM, position=RotaryEmbedding(num_axes=2, num_prefix_tokens=1)
+    )
+    model = keras.Model(tokens, attention(tokens, tokens, grid_shape=(2, 3)))
+    path = str(tmp_path / "grid.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path, safe_mode=True)
+    inputs = random_inputs((BATCH, 7, FEATURES))
+    np.testing.assert_array_equal(numpy(restored(inputs)), numpy(model(inputs)))
+
+
 def test_grid_shape_on_one_axis_is_the_default_positions():
     layer = grid_attention(AlibiBias(HEADS))
     tokens = random_inputs((BATCH, 5, FEATURES))

@@ -1071,7 +1071,12 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         cache=None,
         cache_update_index=None,
         adjacency=None,
+        grid_shape=None,
     ):
+        if grid_shape is not None:
+            query_positions, key_positions = self._grid_positions(
+                grid_shape, query_positions, key_positions, adjacency
+            )
         self._check_graph(
             adjacency, query, value, key, query_positions, key_positions, cache
         )
