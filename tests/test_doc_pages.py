@@ -2,7 +2,8 @@
 
 Each page's ```python blocks run in order in one namespace, in a fresh
 folder, as a reader pasting them into one session would. A line
-`print(...)  # expected` must print exactly what its comment says.
+`print(...)  # expected` must print exactly what its comment says. A model
+an example saves, it loads back and checks.
 """
 
 import contextlib
@@ -20,6 +21,10 @@ PAGES = sorted(
 )
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 CHECKED_PRINT = re.compile(r"^(\s*)print\((.*)\)\s+# (.+)$")
+# A model saved by an example, `model.save("model.keras")` (not NumPy's
+# `np.save`), and what loads it back and compares outputs.
+SAVED = re.compile(r"(?<![\w.])(?!np\.)\w+\.save\(\s*([\"'])(.+?)\1")
+COMPARED = re.compile(r"allclose|array_equal|assert ")
 
 # The saving page shows `tf.lite.Interpreter` and says that TensorFlow warns
 # it is deprecated in favour of the separate `ai_edge_litert` package.
@@ -49,6 +54,23 @@ def _check_print(*values, expected):
     assert printed == expected, f"printed {printed!r}, the page says {expected!r}"
 
 
+def saved_without_loading_back(code):
+    """Each file `code` saves a model to and does not load back and check.
+
+    A file counts as loaded back where `load_model` reads it later in the
+    page's code and, after that, outputs are compared (`np.allclose`,
+    `np.array_equal` or an `assert`), as the examples print them.
+    """
+    missing = []
+    for saved in SAVED.finditer(code):
+        path = saved.group(2)
+        after = code[saved.end() :]
+        loaded = re.search(r"load_model\(\s*[\"']" + re.escape(path) + "[\"']", after)
+        if loaded is None or not COMPARED.search(after[loaded.end() :]):
+            missing.append(path)
+    return missing
+
+
 PAGES_WITH_CODE = [page for page in PAGES if python_blocks(page)]
 
 
@@ -66,6 +88,27 @@ def test_checked_prints_are_rewritten():
     ]
     with pytest.raises(AssertionError, match="the page says '3'"):
         _check_print(1, 2, expected="3")
+
+
+def test_a_save_without_loading_back_is_found():
+    assert saved_without_loading_back('np.save("x.npy", x)\nmodel.save("a.keras")\n') == [
+        "a.keras"
+    ]
+    loaded = 'vit.save("a.keras")\nr = keras.saving.load_model("a.keras")\n'
+    assert saved_without_loading_back(loaded) == ["a.keras"]
+    checked = loaded + "print(np.allclose(r(x), vit(x)))  # True\n"
+    assert saved_without_loading_back(checked) == []
+
+
+@pytest.mark.parametrize(
+    "page", PAGES_WITH_CODE, ids=lambda page: str(page.relative_to(ROOT))
+)
+def test_every_saved_model_is_loaded_back_and_checked(page):
+    code = "\n".join(python_blocks(page))
+    assert saved_without_loading_back(code) == [], (
+        "saved and never loaded back with keras.saving.load_model and its "
+        "outputs compared"
+    )
 
 
 @pytest.mark.parametrize(
