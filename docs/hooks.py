@@ -1,7 +1,8 @@
 """mkdocs hooks: draw the site's figures, and turn its TeX into MathML.
 
-The encoding figures come from `keras_posenc.plot`. Two small ones that
-`plot` does not have, ALiBi's bias matrix and T5's buckets, are drawn here.
+The encoding figures come from `keras_posenc.plot`. Three small ones that
+`plot` does not have, ALiBi's bias matrix, T5's buckets and what the graph
+layers read of a small graph, are drawn here.
 The results figure redraws the train-short-test-long table of README.md,
 since running the demo takes minutes. A figure is written only when its
 bytes change, so that `mkdocs serve` does not rebuild forever.
@@ -113,6 +114,72 @@ def _t5_buckets_figure(num_buckets=32, max_distance=128, span=160):
     return figure
 
 
+def _graph_encodings_figure():
+    """What the graph layers read of one small graph: a ring of 5 and one of 7, joined.
+
+    Its nodes coloured by their entry in the Laplacian's first non-trivial
+    eigenvector, their random-walk return probabilities, and the hop counts
+    between every two of them.
+    """
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    import keras_posenc
+
+    sizes, nodes = (5, 7), 12
+    adjacency = np.zeros((nodes, nodes), "float32")
+    coordinates = []
+    start = 0
+    for size, (center, turn) in zip(sizes, ((-1.4, 0.0), (1.6, np.pi))):
+        angles = turn + 2 * np.pi * np.arange(size) / size
+        coordinates += [(center + np.cos(a), np.sin(a)) for a in angles]
+        for node in range(size):
+            i, j = start + node, start + (node + 1) % size
+            adjacency[i, j] = adjacency[j, i] = 1.0
+        start += size
+    adjacency[0, 5] = adjacency[5, 0] = 1.0  # the bridge
+    coordinates = np.array(coordinates)  # (nodes, 2), for drawing only
+    graph = adjacency[np.newaxis]  # (1, nodes, nodes)
+    _, eigenvectors = keras_posenc.ops.laplacian_eigenvectors(graph, k=1)
+    first = eigenvectors.numpy()[0, :, 0]  # (nodes,)
+    walks = keras_posenc.ops.random_walk_probabilities(graph, steps=6).numpy()[0]
+    hops = keras_posenc.ops.hop_counts(graph, max_distance=8).numpy()[0]
+
+    figure = Figure(figsize=(13, 4), layout="constrained")
+    drawing, walk_axes, hop_axes = figure.subplots(
+        1, 3, gridspec_kw={"width_ratios": [1.4, 0.9, 1.0]}
+    )
+    for i, j in zip(*np.nonzero(np.triu(adjacency))):
+        drawing.plot(*coordinates[[i, j]].T, color="gray", linewidth=1, zorder=1)
+    limit = np.abs(first).max()
+    points = drawing.scatter(
+        *coordinates.T, s=320, c=first, cmap="coolwarm", vmin=-limit, vmax=limit,
+        edgecolors="black", zorder=2,
+    )
+    for node, (x, y) in enumerate(coordinates):
+        drawing.annotate(str(node), (x, y), ha="center", va="center", fontsize=8)
+    figure.colorbar(points, ax=drawing, shrink=0.8)
+    drawing.set_aspect("equal")
+    drawing.margins(0.12)
+    drawing.axis("off")
+    drawing.set_title("first Laplacian eigenvector")
+    image = walk_axes.imshow(walks, cmap="viridis", aspect="auto")
+    figure.colorbar(image, ax=walk_axes, shrink=0.8)
+    walk_axes.set_xticks(range(6), [str(step) for step in range(1, 7)])
+    walk_axes.set_yticks(range(0, nodes, 2))
+    walk_axes.set_xlabel("steps")
+    walk_axes.set_ylabel("node")
+    walk_axes.set_title("random-walk return probabilities")
+    image = hop_axes.imshow(hops, cmap="viridis")
+    figure.colorbar(image, ax=hop_axes, shrink=0.8, label="hops")
+    hop_axes.set_xticks(range(0, nodes, 2))
+    hop_axes.set_yticks(range(0, nodes, 2))
+    hop_axes.set_xlabel("node j")
+    hop_axes.set_ylabel("node i")
+    hop_axes.set_title("hop counts (ShortestPathBias)")
+    return figure
+
+
 def _readme_tables(readme_path, header):
     """Every table of README.md whose header matches `header`, in order.
 
@@ -186,6 +253,7 @@ def on_pre_build(config):
         "rope_axis_assignment.png": plot.rope_axis_assignment(),
         "alibi_bias.png": _alibi_bias_figure(),
         "t5_buckets.png": _t5_buckets_figure(),
+        "graph_encodings.png": _graph_encodings_figure(),
         "extrapolation.png": plot.extrapolation_curves(
             [int(length) for length in lengths],
             _means(markov),

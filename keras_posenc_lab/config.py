@@ -57,6 +57,9 @@ class Config:
         jit_compile: bool. Whether training runs under XLA. Evaluation
             calls the models eagerly either way: a few calls per shape,
             where tracing and compiling would cost more than they save.
+        judged: bool. Whether the run is long enough to compare the
+            encodings: it prints its findings after the table; `--quick`
+            runs print a note instead.
     """
 
     encodings: tuple = ENCODINGS
@@ -69,6 +72,7 @@ class Config:
     seed: int = 0
     num_seeds: int = 1
     jit_compile: bool = True
+    judged: bool = True
 
     def replace(self, **changes):
         """A copy with the changes that are not `None`, checked.
@@ -130,6 +134,9 @@ class VisionConfig:
         num_seeds: int. How many times each model is trained, with seeds
             `seed, seed + 1, ...`; the table gives the mean and the spread.
         jit_compile: bool. Whether training runs under XLA.
+        judged: bool. Whether the run is long enough to compare the
+            encodings: it prints its findings after the table; `--quick`
+            runs print a note instead.
     """
 
     encodings: tuple = VISION_ENCODINGS
@@ -139,6 +146,7 @@ class VisionConfig:
     seed: int = 0
     num_seeds: int = 1
     jit_compile: bool = True
+    judged: bool = True
 
     def replace(self, **changes):
         """A copy with the changes that are not `None`, checked.
@@ -172,6 +180,9 @@ class GraphConfig:
         num_seeds: int. How many times each model is trained, with seeds
             `seed, seed + 1, ...`; the table gives the mean and the spread.
         jit_compile: bool. Whether training runs under XLA.
+        judged: bool. Whether the run is long enough to compare the
+            encodings: it prints its findings after the table; `--quick`
+            runs print a note instead.
     """
 
     encodings: tuple = GRAPH_ENCODINGS
@@ -182,6 +193,7 @@ class GraphConfig:
     seed: int = 0
     num_seeds: int = 1
     jit_compile: bool = True
+    judged: bool = True
 
     def replace(self, **changes):
         """A copy with the changes that are not `None`, checked.
@@ -207,10 +219,11 @@ QUICK = Config(
     lengths=(16, 32, 64),
     evaluation_tokens=1024,
     jit_compile=False,
+    judged=False,
 )
 VISION_DEFAULT = VisionConfig()
 VISION_QUICK = VisionConfig(
-    steps=12, batch_size=16, grids=(2, 3, 4), jit_compile=False
+    steps=12, batch_size=16, grids=(2, 3, 4), jit_compile=False, judged=False
 )
 GRAPH_DEFAULT = GraphConfig()
 GRAPH_QUICK = GraphConfig(
@@ -219,4 +232,5 @@ GRAPH_QUICK = GraphConfig(
     sizes=((4, 6), (8, 10), (12, 16)),
     test_graphs=16,
     jit_compile=False,
+    judged=False,
 )

@@ -433,7 +433,10 @@ def run(config, out_dir):
         sizes: training.mean([guess[sizes] for guess in guesses]) for sizes in config.sizes
     }
     print(f"\n{title}:\n\n{table}\n")
-    print("\n".join(findings(means, config, guess_means)))
+    if config.judged:
+        print("\n".join(findings(means, config, guess_means)))
+    else:
+        print(training.QUICK_NOTE)
     print(
         f"\nWrote {markdown_path} and {csv_path} in "
         f"{time.perf_counter() - started:.0f} s."

@@ -749,7 +749,10 @@ def run(config, out_dir, before_timing=None):
     figure.savefig(plot_path, dpi=100)
 
     print(f"\n{title}{floor}:\n\n{table}\n")
-    print("\n".join(findings(means, config, source.entropy_rate, speed_means)))
+    if config.judged:
+        print("\n".join(findings(means, config, source.entropy_rate, speed_means)))
+    else:
+        print(training.QUICK_NOTE)
     print(
         f"\nWrote {markdown_path}, {csv_path} and {plot_path} in "
         f"{time.perf_counter() - started:.0f} s."

@@ -13,6 +13,13 @@ import keras
 import numpy as np
 
 LEARNING_RATE = 2e-3
+# What a `--quick` run prints in place of its findings, as `bench --tiny`
+# judges no ratio.
+QUICK_NOTE = (
+    "A quick run: it checks that every model trains, saves, loads back and "
+    "is scored, too briefly for its numbers to compare the encodings, so it "
+    "draws no conclusions from them. Run without --quick for those."
+)
 
 
 def compiled(model, jit_compile, steps_per_execution):

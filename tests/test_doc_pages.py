@@ -2,7 +2,8 @@
 
 Each page's ```python blocks run in order in one namespace, in a fresh
 folder, as a reader pasting them into one session would. A line
-`print(...)  # expected` must print exactly what its comment says.
+`print(...)  # expected` must print exactly what its comment says. A model
+an example saves, it loads back and checks.
 """
 
 import contextlib
@@ -20,6 +21,10 @@ PAGES = sorted(
 )
 BLOCK = re.compile(r"^```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 CHECKED_PRINT = re.compile(r"^(\s*)print\((.*)\)\s+# (.+)$")
+# A model saved by an example, `model.save("model.keras")` (not NumPy's
+# `np.save`), and what loads it back and compares outputs.
+SAVED = re.compile(r"(?<![\w.])(?!np\.)\w+\.save\(\s*([\"'])(.+?)\1")
+COMPARED = re.compile(r"allclose|array_equal|assert ")
 
 # The saving page shows `tf.lite.Interpreter` and says that TensorFlow warns
 # it is deprecated in favour of the separate `ai_edge_litert` package.
@@ -49,6 +54,23 @@ def _check_print(*values, expected):
     assert printed == expected, f"printed {printed!r}, the page says {expected!r}"
 
 
+def saved_without_loading_back(code):
+    """Each file `code` saves a model to and does not load back and check.
+
+    A file counts as loaded back where `load_model` reads it later in the
+    page's code and, after that, outputs are compared (`np.allclose`,
+    `np.array_equal` or an `assert`), as the examples print them.
+    """
+    missing = []
+    for saved in SAVED.finditer(code):
+        path = saved.group(2)
+        after = code[saved.end() :]
+        loaded = re.search(r"load_model\(\s*[\"']" + re.escape(path) + "[\"']", after)
+        if loaded is None or not COMPARED.search(after[loaded.end() :]):
+            missing.append(path)
+    return missing
+
+
 PAGES_WITH_CODE = [page for page in PAGES if python_blocks(page)]
 
 
@@ -68,6 +90,26 @@ def test_checked_prints_are_rewritten():
         _check_print(1, 2, expected="3")
 
 
+def test_a_save_without_loading_back_is_found():
+    saved = 'np.save("x.npy", x)\nmodel.save("a.keras")\n'
+    assert saved_without_loading_back(saved) == ["a.keras"]
+    loaded = 'vit.save("a.keras")\nr = keras.saving.load_model("a.keras")\n'
+    assert saved_without_loading_back(loaded) == ["a.keras"]
+    checked = loaded + "print(np.allclose(r(x), vit(x)))  # True\n"
+    assert saved_without_loading_back(checked) == []
+
+
+@pytest.mark.parametrize(
+    "page", PAGES_WITH_CODE, ids=lambda page: str(page.relative_to(ROOT))
+)
+def test_every_saved_model_is_loaded_back_and_checked(page):
+    code = "\n".join(python_blocks(page))
+    assert saved_without_loading_back(code) == [], (
+        "saved and never loaded back with keras.saving.load_model and its "
+        "outputs compared"
+    )
+
+
 @pytest.mark.parametrize(
     "page", PAGES_WITH_CODE, ids=lambda page: str(page.relative_to(ROOT))
 )
@@ -81,3 +123,239 @@ def test_page_examples_run(page, tmp_path, monkeypatch):
     finally:
         keras.mixed_precision.set_global_policy("float32")
         keras.backend.clear_session()
+
+
+# One number per fact. README's tables are the source of the demo's results
+# and of the benchmarks' summary (docs/hooks.py draws the figures from them
+# too); the Results page's grid benchmark table is the source of the grid
+# timings README leaves out. A page that repeats a table repeats it whole;
+# a number in a sentence is checked against its source below.
+
+
+def markdown_tables(text):
+    """`{header line: {first cell: [cells]}}` of every table in `text`."""
+    tables, lines = {}, text.splitlines()
+    for index, line in enumerate(lines[:-1]):
+        if line.startswith("| ") and lines[index + 1].startswith("|---"):
+            rows = {}
+            for row in lines[index + 2 :]:
+                if not row.startswith("|"):
+                    break
+                name, *cells = [cell.strip() for cell in row.strip("|").split("|")]
+                rows[name] = cells
+            tables[line] = rows
+    return tables
+
+
+README_TABLES = markdown_tables((ROOT / "README.md").read_text())
+RESULTS_TABLES = markdown_tables((ROOT / "docs" / "results.md").read_text())
+
+
+def numbers(cell):
+    """The decimal numbers of a cell, in order: `0.932 ± 0.011` gives two."""
+    return [float(number) for number in re.findall(r"-?\d+\.\d+", cell)]
+
+
+def table(tables, header):
+    """The rows of the one table whose header is `header` or starts with it."""
+    if header in tables:
+        return tables[header]
+    (rows,) = [rows for line, rows in tables.items() if line.startswith(header)]
+    return rows
+
+
+def readme(header, row, column, index=0):
+    """The number README's table prints there, as written."""
+    return re.findall(r"-?\d+\.\d+", table(README_TABLES, header)[row][column])[index]
+
+
+MARKOV = "| encoding | 64 | 128 | 256 | 512 | train tokens/s"
+PYTHON_SOURCE = "| encoding | 64 | 128 | 256 | 512 |"
+VISION = "| encoding | 8x8"
+GRAPHS = "| encoding | 8–16 nodes"
+SPEED = "| layer | against | time | target |"
+ATTENTION = "RoPE, ALiBi, T5, Shaw attention"
+MEMORY = "the same, peak memory at length 2048"
+JAX = "the same on JAX 0.10.2 (time; memory at 2048)"
+DECODING = (
+    "RoPE, ALiBi, T5, Shaw: a token decoded with a key/value cache, after a "
+    "512-token prompt"
+)
+GRID_SPEED = table(RESULTS_TABLES, "| layer | median (ms) | against | ratio")
+
+
+# The rows whose rise from 64 to 512 README's and the Results page's prose give.
+RISES = ("alibi", "shaw", "sinusoidal", "rope", "t5")
+
+
+def rise(header, row, first=0, last=3):
+    return float(readme(header, row, last)) - float(readme(header, row, first))
+
+
+# (page, a pattern whose groups are numbers, their values from the source,
+# how far a figure may be from its source: half its last digit by default,
+# one digit for a difference of two rounded cells).
+FACTS = [
+    ("docs/index.md", r"others \(([\d.]+)x plain", [readme(SPEED, ATTENTION, 1, 3)]),
+    (
+        "docs/encodings/attention.md",
+        r"takes ([\d.]+)x to ([\d.]+)x the\s+time",
+        [readme(SPEED, JAX, 1, 0), readme(SPEED, JAX, 1, 3)],
+    ),
+    *(
+        (
+            "docs/results.md",
+            rf"\| {re.escape(row)} \| [\d.]+ \| ([\d.]+)x \|"
+            r".* \| ([\d.]+)x \| <= [\d.]+x \| \w+ \|$",
+            [readme(SPEED, ATTENTION, 1, index), readme(SPEED, MEMORY, 1, index)],
+        )
+        for index, row in enumerate(
+            [
+                "RoPE (`RotaryEmbedding`)",
+                "ALiBi (`AlibiBias`)",
+                "T5 (`RelativePositionBias`)",
+                "Shaw, k = 16 (`RelativePositionEmbedding`)",
+            ]
+        )
+    ),
+    *(
+        (
+            "docs/results.md",
+            rf"^\| {re.escape(row)} \| [\d.]+x, \d, \d+ MiB \(([\d.]+)x\) \| "
+            r"([\d.]+)x, \d, \d+ MiB \(([\d.]+)x\)",
+            [
+                readme(SPEED, MEMORY, 1, index),
+                readme(SPEED, JAX, 1, index),
+                readme(SPEED, JAX, 1, 4 + index),
+            ],
+        )
+        for index, row in enumerate(["RoPE", "ALiBi", "T5", "Shaw, k = 16"])
+    ),
+    *(
+        (
+            "docs/results.md",
+            rf"^\| {re.escape(row)} \| \d+ \| [\d.]+ \| ([\d.]+)x \|",
+            [readme(SPEED, DECODING, 1, index)],
+        )
+        for index, row in enumerate(
+            [
+                "RoPE (`RotaryEmbedding`)",
+                "ALiBi (`AlibiBias`)",
+                "T5 (`RelativePositionBias`)",
+                "Shaw, k = 16 (`RelativePositionEmbedding`)",
+            ]
+        )
+    ),
+    (
+        "README.md",
+        r"RoPE ([\d.]+)x\s+sinusoidal's, ALiBi and T5 ([\d.]+)x, Shaw ([\d.]+)x",
+        [readme(MARKOV, name, 5) for name in ("rope", "alibi", "shaw")],
+    ),
+    (
+        "README.md",
+        r"ALiBi \(([-+\d.]+) nats from 64 to 512\) and Shaw \(([-+\d.]+)\)\s+hold, "
+        r"sinusoidal \(([-+\d.]+)\) and RoPE \(([-+\d.]+)\) degrade, T5 \(([-+\d.]+)\)",
+        [rise(PYTHON_SOURCE, name) for name in RISES],
+        0.0015,
+    ),
+    (
+        "docs/results.md",
+        r"ALiBi \(([-+\d.]+) nats\s+from 64 to 512\) and Shaw's clipped positions "
+        r"\(([-+\d.]+)\) hold; sinusoidal\s+degrades most \(([-+\d.]+)\), RoPE next "
+        r"\(([-+\d.]+)\), T5 in between \(([-+\d.]+)\)",
+        [rise(PYTHON_SOURCE, name) for name in RISES],
+        0.0015,
+    ),
+    (
+        "docs/results.md",
+        r"its loss at 512 is ([\d.]+) nats below",
+        [-rise(MARKOV, "alibi")],
+        0.0015,
+    ),
+    (
+        "docs/results.md",
+        r"Sinusoidal degrades past the trained length \(([-+\d.]+) nats at 8x\)",
+        [rise(MARKOV, "sinusoidal")],
+        0.0065,
+    ),
+    (
+        "docs/results.md",
+        r"T5 \(([-+\d.]+)\) and RoPE \(([-+\d.]+)\) fall in between",
+        [rise(MARKOV, "t5"), rise(MARKOV, "rope")],
+        0.0065,
+    ),
+    (
+        "README.md",
+        r"resized bicubically holds \(([\d.]+) at 2x\)",
+        [readme(VISION, "learned + bicubic resize", 2)],
+    ),
+    (
+        "docs/grids.md",
+        r"resized bicubically held \(([\d.]+) at 8 x 8,\s+([\d.]+) at 16 x 16\), "
+        r"while axial RoPE, the best at the training grid\s+\(([\d.]+)\)",
+        [
+            readme(VISION, "learned + bicubic resize", 0),
+            readme(VISION, "learned + bicubic resize", 2),
+            readme(VISION, "axial RoPE", 0),
+        ],
+    ),
+    (
+        "README.md",
+        r"training-size graph well enough for\s+([\d.]+),",
+        [readme(GRAPHS, "Laplacian eigenvectors", 0)],
+    ),
+    (
+        "docs/graphs.md",
+        r"training-size graph well enough for ([\d.]+) ",
+        [readme(GRAPHS, "Laplacian eigenvectors", 0)],
+    ),
+    (
+        "docs/graphs.md",
+        r"training sizes and ([\d.]+) on\s+graphs twice as large",
+        [readme(GRAPHS, "shortest-path bias", 1)],
+    ),
+    (
+        "docs/grids.md",
+        r"rotations at ([\d.]+)x to ([\d.]+)x their floors and ([\d.]+)x to "
+        r"([\d.]+)x their 1-D\s+paths, attention with 2-D RoPE at ([\d.]+)x and "
+        r"with Swin's bias at ([\d.]+)x",
+        [
+            min(numbers(cells[2])[0] for cells in list(GRID_SPEED.values())[:4]),
+            max(numbers(cells[2])[0] for cells in list(GRID_SPEED.values())[:4]),
+            min(numbers(cells[5])[0] for cells in list(GRID_SPEED.values())[:4]),
+            max(numbers(cells[5])[0] for cells in list(GRID_SPEED.values())[:4]),
+            numbers(GRID_SPEED["attention, 2-D RoPE"][2])[0],
+            numbers(GRID_SPEED["attention, Swin's grid bias"][2])[0],
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "fact", FACTS, ids=lambda fact: f"{fact[0]}: {fact[1][:40]}"
+)
+def test_a_repeated_number_agrees_with_its_source(fact):
+    page, pattern, expected, *tolerance = fact
+    match = re.search(pattern, (ROOT / page).read_text(), re.MULTILINE)
+    assert match, f"{page} no longer says {pattern!r}: update the fact"
+    for written, value in zip(match.groups(), expected):
+        # A figure and its source agree to the coarser one's last digit.
+        digits = min(decimals(written), decimals(value))
+        allowed = tolerance[0] if tolerance else 0.5 * 10**-digits + 1e-9
+        assert abs(float(written) - float(value)) <= allowed, (
+            f"{page} says {written} where its source says {value}"
+        )
+
+
+def decimals(number):
+    """The digits after the point of a number as written (a float: all)."""
+    return len(number.split(".")[1]) if isinstance(number, str) else 16
+
+
+@pytest.mark.parametrize(
+    "page", PAGES, ids=lambda page: str(page.relative_to(ROOT))
+)
+def test_a_repeated_table_is_readmes(page):
+    for header, rows in markdown_tables(page.read_text()).items():
+        if header in README_TABLES and page.name != "README.md":
+            assert rows == README_TABLES[header], f"{header} differs from README's"

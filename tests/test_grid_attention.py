@@ -494,6 +494,69 @@ def test_grid_positions_have_no_default():
 @pytest.mark.parametrize(
     "position",
     [
+        lambda: GridRelativePositionBias(HEADS, (2, 3), num_prefix_tokens=1),
+        lambda: RotaryEmbedding(num_axes=2, num_prefix_tokens=1),
+    ],
+    ids=["swin", "rope"],
+)
+def test_grid_shape_gives_queries_and_keys_the_grid_positions(position):
+    layer = grid_attention(position())
+    tokens = random_inputs((BATCH, 7, FEATURES))
+    positions = ops.grid_positions((2, 3))
+    expected = layer(tokens, tokens, query_positions=positions, key_positions=positions)
+    assert_close(layer(tokens, tokens, grid_shape=(2, 3)), numpy(expected), atol=1e-6)
+
+
+def test_grid_shape_in_a_functional_model_round_trips(tmp_path):
+    tokens = keras.Input(shape=(1 + 6, FEATURES))
+    attention = PositionalMultiHeadAttention(
+        HEADS, KEY_DIM, position=RotaryEmbedding(num_axes=2, num_prefix_tokens=1)
+    )
+    model = keras.Model(tokens, attention(tokens, tokens, grid_shape=(2, 3)))
+    path = str(tmp_path / "grid.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path, safe_mode=True)
+    inputs = random_inputs((BATCH, 7, FEATURES))
+    np.testing.assert_array_equal(numpy(restored(inputs)), numpy(model(inputs)))
+
+
+def test_grid_shape_on_one_axis_is_the_default_positions():
+    layer = grid_attention(AlibiBias(HEADS))
+    tokens = random_inputs((BATCH, 5, FEATURES))
+    assert_close(layer(tokens, tokens, grid_shape=(5,)), numpy(layer(tokens, tokens)))
+
+
+@pytest.mark.parametrize(
+    "position, call_kwargs, message",
+    [
+        (
+            lambda: AlibiBias(HEADS),
+            {"grid_shape": (2, 3)},
+            r"one size per axis that AlibiBias.*RotaryEmbedding\(num_axes=2\)",
+        ),
+        (
+            lambda: GridRelativePositionBias(HEADS, (2, 3)),
+            {"grid_shape": (2, 3), "query_positions": grid((2, 3))},
+            "pass `grid_shape` or `query_positions`, not both",
+        ),
+        (
+            lambda: GridRelativePositionBias(HEADS, (2, 3)),
+            {"grid_shape": (2, 0)},
+            r"grid_shape=\(2, 0\)",
+        ),
+    ],
+    ids=["one-axis-scheme", "with-positions", "empty-axis"],
+)
+def test_bad_grid_shape_raises_value_error_naming_it(position, call_kwargs, message):
+    layer = grid_attention(position())
+    tokens = random_inputs((BATCH, 6, FEATURES))
+    with pytest.raises(ValueError, match=message):
+        layer(tokens, tokens, **call_kwargs)
+
+
+@pytest.mark.parametrize(
+    "position",
+    [
         lambda: AlibiBias(HEADS),
         lambda: RelativePositionBias(HEADS, num_buckets=8, max_distance=16),
         lambda: RelativePositionEmbedding(2),

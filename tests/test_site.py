@@ -233,3 +233,22 @@ def test_page_offline_in_chromium(site, browser, screenshots, page):
     # Nor does a table or a display formula hide part of itself behind a
     # scroll bar of its own.
     assert seen["overflowing"] == []
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("page", PAGES)
+def test_code_blocks_fit_the_page_at_1280_px(site, browser, page):
+    """No code block hides the end of a line behind a scroll bar."""
+    context = browser.new_context(
+        offline=True, viewport={"width": WIDTH, "height": 800}
+    )
+    tab = context.new_page()
+    tab.goto((site / html_name(page)).as_uri(), wait_until="load")
+    overflowing = tab.evaluate(
+        """() => [...document.querySelectorAll(".md-typeset pre > code")]
+            .filter(e => e.scrollWidth > e.clientWidth + 1)
+            .map(e => e.textContent.split("\\n").reduce(
+                (a, b) => (b.length > a.length ? b : a)))"""
+    )
+    context.close()
+    assert overflowing == [], f"the longest line of each block too wide: {overflowing}"

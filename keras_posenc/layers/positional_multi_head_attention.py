@@ -255,6 +255,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         adjacency: tensor of shape `(batch, nodes, nodes)`, the graph whose
             nodes the queries and values are; required by a `position` on
             graphs (`ShortestPathBias`), refused by the others.
+        grid_shape: optional list of `num_axes` ints, as the grid encodings
+            take it: the queries and the keys are then the cells of that
+            grid, row-major, both at `ops.grid_positions(grid_shape)`. Pass
+            it or the positions, not both.
 
     Returns:
         The attention output of shape `(batch, query, features)` (or
@@ -437,7 +441,12 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         cache=None,
         cache_update_index=None,
         adjacency=None,
+        grid_shape=None,
     ):
+        if grid_shape is not None:
+            query_positions, key_positions = self._grid_positions(
+                grid_shape, query_positions, key_positions, adjacency
+            )
         arguments = dict(
             key=key,
             query_mask=query_mask,
@@ -531,6 +540,34 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             self._call_state.causal = False
             self._call_state.cache = None
             self._call_state.cache_update_index = None
+
+    def _grid_positions(self, grid_shape, query_positions, key_positions, adjacency):
+        """The cells of `grid_shape`, row-major, as the queries' and keys' positions."""
+        for name, given in (
+            ("query_positions", query_positions),
+            ("key_positions", key_positions),
+            ("adjacency", adjacency),
+        ):
+            if given is not None:
+                raise ValueError(
+                    "`grid_shape` gives the queries and keys the positions of "
+                    f"its cells: pass `grid_shape` or `{name}`, not both. "
+                    f"Received: grid_shape={grid_shape!r} and {name} as well"
+                )
+        num_axes = 1 if self.position is None else self.position.num_axes
+        if not isinstance(grid_shape, (list, tuple)) or len(grid_shape) != num_axes:
+            raise ValueError(
+                f"`grid_shape` needs one size per axis that "
+                f"{_describe(self.position)} reads ({num_axes}): for a grid of "
+                "h x w cells, pass a scheme of `num_axes=2`, such as "
+                "RotaryEmbedding(num_axes=2). Received: "
+                f"grid_shape={grid_shape!r}"
+            )
+        ops.check_grid_shape(grid_shape, num_axes=num_axes)
+        positions = ops.grid_positions(grid_shape)  # (cells, num_axes)
+        if num_axes == 1:
+            positions = positions[:, 0]  # (cells,)
+        return positions, positions
 
     def _check_graph(
         self, adjacency, query, value, key, query_positions, key_positions, cache
@@ -1042,7 +1079,12 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         cache=None,
         cache_update_index=None,
         adjacency=None,
+        grid_shape=None,
     ):
+        if grid_shape is not None:
+            query_positions, key_positions = self._grid_positions(
+                grid_shape, query_positions, key_positions, adjacency
+            )
         self._check_graph(
             adjacency, query, value, key, query_positions, key_positions, cache
         )

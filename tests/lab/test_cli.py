@@ -16,6 +16,7 @@ from keras_posenc_lab import cli
 from keras_posenc_lab import runner
 from keras_posenc_lab import language
 from keras_posenc_lab import graph
+from keras_posenc_lab import training
 from keras_posenc_lab import vision
 from keras_posenc_lab.config import GRAPH_ENCODINGS
 from keras_posenc_lab.config import GRAPH_LABELS
@@ -305,6 +306,11 @@ def test_quick_demo_runs_every_task(quick_demo):
     assert printed.index("accuracy.png in ") < graph
     assert graph < printed.index("graph_accuracy.csv in ")
     assert "The vision and graph tasks done in" in printed[graph:done]
+    # A quick run is too short to compare the encodings: tables, no verdicts.
+    for task in (printed[language:vision], printed[graph:done]):
+        assert training.QUICK_NOTE in task
+    assert "nats from length" not in printed[language:vision]
+    assert "beats none" not in printed[graph:done]
     assert printed.count("predictions identical") == len(demo_config.ENCODINGS) + len(
         VISION_ENCODINGS
     ) + len(GRAPH_ENCODINGS)
@@ -359,8 +365,6 @@ def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
         assert float(tokens_per_second.replace(",", "")) > 0
         assert ratio.endswith("x") and float(ratio[:-1]) > 0
     assert "entropy rate" in printed and "nats per symbol" in printed
-    assert "Entropy rate of the source (the floor)" in printed
-    assert "Training speed against sinusoidal: " in printed
     assert printed.count(f"Trained {demo_config.QUICK.steps} steps in") == len(
         demo_config.ENCODINGS
     )

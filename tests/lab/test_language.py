@@ -564,6 +564,19 @@ def test_save_and_reload_checks_the_predictions(tmp_path, capsys):
     assert "predictions identical" in capsys.readouterr().out
 
 
+def test_a_judged_run_prints_its_findings_and_a_quick_one_a_note(tmp_path, capsys):
+    config = demo_config.QUICK.replace(encodings=("alibi",), steps=1)
+    assert not config.judged
+    assert language.run(config, tmp_path) == 0
+    printed = capsys.readouterr().out
+    assert training.QUICK_NOTE in printed
+    assert "ALiBi: " not in printed and "(the floor)" not in printed
+    assert language.run(config.replace(judged=True), tmp_path) == 0
+    printed = capsys.readouterr().out
+    assert training.QUICK_NOTE not in printed
+    assert "ALiBi: " in printed and "nats from length 16 to 64" in printed
+
+
 def test_run_calls_before_timing_before_each_seeds_timing(tmp_path, capsys):
     config = demo_config.QUICK.replace(encodings=("alibi",), steps=1, num_seeds=2)
 
