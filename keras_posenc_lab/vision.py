@@ -54,8 +54,8 @@ TEST_FRACTION = 0.25
 SPLIT_SEED = 0
 # The encoding added to the patch grid before it is flattened.
 GRID_EMBEDDINGS = ("learned",)
-# The encodings whose positions `scaled_copy` scales: the table's rows
-# after the learned table's resize.
+# The encodings whose trained models `scaled_copy` evaluates with their
+# positions scaled: `VISION_EVALUATIONS` but the learned table's resize.
 SCALED_POSITIONS = tuple(name for name in VISION_EVALUATIONS if name != "learned")
 # Images scored per batch of evaluation.
 EVALUATION_BATCH = 512
@@ -216,6 +216,7 @@ def build_model(
             f"position_scale={position_scale!r} for encoding={encoding!r}"
         )
     rotary = encodings.VISION[encoding].layer == "RotaryEmbedding"
+    scaled_rotary = rotary and position_scale is not None
     images = keras.Input(shape=(None, None, 1), name="images")
     patches = keras.layers.Conv2D(WIDTH, PATCH_SIZE, strides=PATCH_SIZE)(
         images
@@ -253,7 +254,7 @@ def build_model(
             num_heads=NUM_HEADS,
             grid_shape=(train_grid, train_grid),
             # Theta a weight, to be scaled below.
-            **({"learned_frequencies": True} if rotary and position_scale else {}),
+            **({"learned_frequencies": True} if scaled_rotary else {}),
         )
         attention = keras_posenc.PositionalMultiHeadAttention(
             NUM_HEADS, WIDTH // NUM_HEADS, position=position
@@ -273,7 +274,7 @@ def build_model(
     class_token = keras.layers.LayerNormalization()(tokens)[:, 0]  # (b, width)
     logits = keras.layers.Dense(NUM_CLASSES)(class_token)  # (b, classes)
     model = keras.Model(images, logits, name=f"vit_{encoding}")
-    if rotary and position_scale:
+    if scaled_rotary:
         # The angles of positions p * s: (p * s) Theta = p (s Theta), as
         # Hugging Face's "linear" RoPE scaling divides the frequencies.
         for attention in blocks:
