@@ -17,17 +17,29 @@ ROPE_SCALINGS = ("yarn", "linear", "dynamic")
 # bytes of the Python standard library's source files.
 DATA = ("markov", "python-source")
 # The vision task's encodings of a ViT's patch grid, and their rows in its
-# table: the learned table is scored without and with a bicubic resize.
+# table.
 VISION_ENCODINGS = tuple(encodings.VISION)
+# Rows that evaluate another row's trained model at the larger grids, with
+# no retraining, each after its model's row: the learned table resized
+# bicubically to the new grid (its model's own row is the table not
+# resized), and the 2-D sinusoidal encoding and axial RoPE with their
+# positions scaled to the trained grid (position interpolation), the
+# resize's like.
+VISION_EVALUATIONS = {
+    "learned": ("learned_bicubic", "learned + bicubic resize"),
+    "sinusoidal_2d": ("sinusoidal_2d_scaled", "sinusoidal 2-D, positions scaled"),
+    "axial_rope": ("axial_rope_scaled", "axial RoPE, positions scaled"),
+}
 
 
 def _vision_rows():
-    """The vision table's rows: the registry's, the resized table after `learned`."""
+    """The vision table's rows: the registry's, each evaluation after its model."""
     rows = {}
     for name, label in encodings.labels("vision").items():
         rows[name] = label
-        if name == "learned":
-            rows["learned_bicubic"] = "learned + bicubic resize"
+        if name in VISION_EVALUATIONS:
+            key, evaluation_label = VISION_EVALUATIONS[name]
+            rows[key] = evaluation_label
     return rows
 
 

@@ -74,10 +74,10 @@ LANGUAGE = {
 }
 
 # The vision task: a ViT over a grid of patches, with one class token.
-# `learned` and `sinusoidal_2d` are added to the patch grid before it is
-# flattened; `sinusoidal_raster` to the flattened tokens, the class token
-# first; the rotary schemes and Swin's bias act in the attention, on the
-# patches' grid positions.
+# `learned` is added to the patch grid before it is flattened;
+# `sinusoidal_raster` and `sinusoidal_2d` to the flattened tokens, the class
+# token first (the 2-D encoding at the patches' grid positions); the rotary
+# schemes and Swin's bias act in the attention, on those positions.
 VISION = {
     "none": Encoding("none"),
     "learned": Encoding(
@@ -90,7 +90,10 @@ VISION = {
         {"num_prefix_tokens": 1},
     ),
     "sinusoidal_2d": Encoding(
-        "sinusoidal 2-D", "SinusoidalPositionEncoding", "embeddings", {"num_axes": 2}
+        "sinusoidal 2-D",
+        "SinusoidalPositionEncoding",
+        "embeddings",
+        {"num_axes": 2, "num_prefix_tokens": 1},
     ),
     "axial_rope": Encoding(
         "axial RoPE",

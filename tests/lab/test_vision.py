@@ -8,8 +8,10 @@ from sklearn import datasets
 import keras_posenc
 from keras_posenc_lab import vision
 from keras_posenc_lab.config import VISION_ENCODINGS
+from keras_posenc_lab.config import VISION_EVALUATIONS
 from keras_posenc_lab.config import VISION_LABELS
 from keras_posenc_lab.config import VISION_QUICK
+from tests import references
 
 PATCH = vision.PATCH_SIZE
 
@@ -123,14 +125,37 @@ def test_patch_tokens_flatten_row_major_after_a_class_token(num_axes):
     )
 
 
-def test_patch_tokens_config_and_bad_axes():
-    layer = vision.PatchTokens(num_axes=3, name="patch_tokens")
+@pytest.mark.parametrize("num_axes", [2, 3])
+def test_patch_tokens_scale_the_positions_in_float32(num_axes):
+    layer = vision.PatchTokens(num_axes, position_scale=2 / 3)
+    patches = np.ones((2, 3, 4, 5), "float32")
+    tokens, positions = layer(patches)
+    assert tokens.shape == (2, 13, 5)
+    positions = keras.ops.convert_to_numpy(positions)
+    assert positions.dtype == np.float32
+    expected = grid_cells(3, 4) * 2.0 / 3.0  # (12, 2), in float64
+    if num_axes == 3:
+        expected = np.concatenate([np.zeros((12, 1)), expected], axis=1)
+    np.testing.assert_allclose(positions, expected, rtol=1e-6)
+    spec = layer.compute_output_spec(keras.KerasTensor((None, None, None, 5)))
+    assert spec[1].dtype == "float32"
+
+
+def test_patch_tokens_config_and_bad_arguments():
+    layer = vision.PatchTokens(num_axes=3, position_scale=0.5, name="patch_tokens")
     copy = vision.PatchTokens.from_config(layer.get_config())
     assert copy.num_axes == 3 and copy.name == "patch_tokens"
+    assert copy.position_scale == 0.5
     assert vision.PatchTokens().num_axes == 2
+    assert vision.PatchTokens().position_scale is None
     for bad in (1, 4):
         with pytest.raises(ValueError, match=rf"`num_axes`.*num_axes={bad}"):
             vision.PatchTokens(num_axes=bad)
+    for bad in (0, -1.0, True, "1"):
+        with pytest.raises(
+            ValueError, match=rf"`position_scale`.*position_scale={bad!r}"
+        ):
+            vision.PatchTokens(position_scale=bad)
 
 
 POSITION_CLASSES = (
@@ -146,7 +171,10 @@ EXPECTED_POSITION = {
         keras_posenc.SinusoidalPositionEncoding,
         {"num_axes": 1, "num_prefix_tokens": 1},
     ),
-    "sinusoidal_2d": (keras_posenc.SinusoidalPositionEncoding, {"num_axes": 2}),
+    "sinusoidal_2d": (
+        keras_posenc.SinusoidalPositionEncoding,
+        {"num_axes": 2, "num_prefix_tokens": 1},
+    ),
     "axial_rope": (
         keras_posenc.RotaryEmbedding,
         {"num_axes": 2, "num_prefix_tokens": 1},
@@ -256,6 +284,187 @@ def test_unresized_copy_pads_the_table_with_zeros():
     assert copy.predict(images, verbose=0).shape == (2, vision.NUM_CLASSES)
 
 
+def trained_like(encoding, seed, train_grid=2):
+    """A model of `encoding` whose every weight is away from its initial value."""
+    keras.utils.set_random_seed(seed)
+    model = vision.build_model(encoding, train_grid)
+    rng = np.random.default_rng(seed)
+    model.set_weights(
+        [
+            0.5 * rng.normal(size=weight.shape).astype("float32")
+            for weight in model.get_weights()
+        ]
+    )
+    return model
+
+
+def scaled_grid_positions(grid, train_grid):
+    """`(row, column) * train_grid / grid` of every patch, row-major, in float64."""
+    return grid_cells(grid, grid) * train_grid / grid
+
+
+def rotary_frequencies(copy):
+    """The ids of the rotary frequencies of a scaled copy's attention blocks."""
+    return {
+        id(layer.position.frequencies)
+        for layer in copy.layers
+        if isinstance(layer, keras_posenc.PositionalMultiHeadAttention)
+        and getattr(layer.position, "frequencies", None) is not None
+    }
+
+
+@pytest.mark.parametrize("encoding", vision.SCALED_POSITIONS)
+def test_scaled_copy_keeps_every_trained_weight(encoding):
+    model = trained_like(encoding, 3)
+    copy = vision.scaled_copy(model, encoding, 4, 2)
+    frequencies = rotary_frequencies(copy)
+    assert len(frequencies) == (vision.NUM_LAYERS if encoding == "axial_rope" else 0)
+    copied = [weight for weight in copy.weights if id(weight) not in frequencies]
+    assert len(copied) == len(model.weights)
+    for trained, weight in zip(model.weights, copied):
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(trained), keras.ops.convert_to_numpy(weight)
+        )
+    (tokens,) = [layer for layer in copy.layers if isinstance(layer, vision.PatchTokens)]
+    assert tokens.position_scale == (0.5 if encoding == "sinusoidal_2d" else None)
+    # At the trained grid the scale is 1: the copy is the trained model.
+    images = np.random.default_rng(3).random((3, 8, 8, 1)).astype("float32")
+    np.testing.assert_allclose(
+        vision.scaled_copy(model, encoding, 2, 2)(images), model(images), atol=1e-6
+    )
+    images = np.random.default_rng(3).random((3, 16, 16, 1)).astype("float32")
+    assert not np.allclose(copy(images), model(images), atol=1e-3)
+
+
+def test_scaled_sinusoidal_copy_encodes_the_scaled_positions():
+    model = trained_like("sinusoidal_2d", 4)
+    copy = vision.scaled_copy(model, "sinusoidal_2d", 4, 2)
+    (tokens_layer,) = [
+        layer for layer in copy.layers if isinstance(layer, vision.PatchTokens)
+    ]
+    (table,) = [
+        layer
+        for layer in copy.layers
+        if isinstance(layer, keras_posenc.SinusoidalPositionEncoding)
+    ]
+    probe = keras.Model(copy.input, [tokens_layer.output[0], table.output])
+    images = np.random.default_rng(4).random((2, 16, 16, 1)).astype("float32")
+    tokens, encoded = (keras.ops.convert_to_numpy(x) for x in probe(images))
+    positions = scaled_grid_positions(4, 2)  # (16, 2), in [0, 1.5]
+    half = vision.WIDTH // 2
+    # Rows in the first half of the features, columns in the second; the
+    # class token gets nothing.
+    encoding = np.concatenate(
+        [
+            np.zeros((1, vision.WIDTH)),
+            np.concatenate(
+                [
+                    references.sinusoidal(positions[:, 0], half),
+                    references.sinusoidal(positions[:, 1], half),
+                ],
+                axis=-1,
+            ),
+        ]
+    )  # (17, width)
+    np.testing.assert_allclose(encoded, tokens + encoding, atol=1e-5)
+
+
+def axial_rope(heads, positions, max_wavelength=10000.0):
+    """Axial RoPE of `(batch, 1 + n, heads, dim)` after a class token, in float64.
+
+    Pair `i` of a head's `dim / 2` (features `i` and `i + dim / 2`) reads
+    rows in the first half of the pairs and columns in the second, each half
+    with the schedule `max_wavelength ** (-2 j / (dim / 2))`, `j` the pair's
+    place in its half, at the float positions `(n, 2)`.
+    """
+    heads = np.asarray(heads, "float64")
+    dim = heads.shape[-1]
+    pairs = dim // 2
+    rotated = heads.copy()
+    for pair in range(pairs):
+        axis, place = divmod(pair, pairs // 2)
+        angle = positions[:, axis] * max_wavelength ** (-2 * place / pairs)  # (n,)
+        cos, sin = np.cos(angle)[None, :, None], np.sin(angle)[None, :, None]
+        first, second = heads[:, 1:, :, pair], heads[:, 1:, :, pair + pairs]
+        rotated[:, 1:, :, pair] = first * cos - second * sin
+        rotated[:, 1:, :, pair + pairs] = second * cos + first * sin
+    return rotated
+
+
+def test_scaled_rope_copy_turns_by_the_scaled_positions():
+    model = trained_like("axial_rope", 5)
+    copy = vision.scaled_copy(model, "axial_rope", 4, 2)
+    heads = np.random.default_rng(5).normal(
+        size=(2, 1 + 16, vision.NUM_HEADS, vision.WIDTH // vision.NUM_HEADS)
+    ).astype("float32")
+    # The attention hands the rotary the patches' integer positions.
+    integer = grid_cells(4, 4).astype("int32")[None]  # (1, 16, 2)
+    for trained, scaled in zip(
+        *(
+            [
+                layer.position
+                for layer in m.layers
+                if isinstance(layer, keras_posenc.PositionalMultiHeadAttention)
+            ]
+            for m in (model, copy)
+        )
+    ):
+        query, key = scaled.transform_query_key(heads, heads, integer, integer)
+        expected = axial_rope(heads, scaled_grid_positions(4, 2))
+        np.testing.assert_allclose(query, expected, atol=1e-5)
+        np.testing.assert_allclose(key, expected, atol=1e-5)
+        query, _ = trained.transform_query_key(heads, heads, integer, integer)
+        np.testing.assert_allclose(
+            query, axial_rope(heads, grid_cells(4, 4)), atol=1e-5
+        )
+
+
+def test_position_scale_is_for_the_scaled_encodings_only():
+    assert vision.SCALED_POSITIONS == ("sinusoidal_2d", "axial_rope")
+    for encoding in ("learned", "mrope", "swin_bias"):
+        with pytest.raises(ValueError, match=rf"position_scale=0.5 for encoding='{encoding}'"):
+            vision.build_model(encoding, 2, position_scale=0.5)
+
+
+@pytest.mark.parametrize("encoding", ["learned", "sinusoidal_2d", "axial_rope"])
+def test_evaluate_scores_the_evaluated_copy_beside_the_model(encoding):
+    config = VISION_QUICK.replace(grids=(2, 3))
+    model = trained_like(encoding, 6)
+    rng = np.random.default_rng(6)
+    images = {
+        grid: rng.random((40, grid * PATCH, grid * PATCH, 1)).astype("float32")
+        for grid in config.grids
+    }
+    labels = rng.integers(0, 10, 40).astype("int32")
+    rows = vision._evaluate(model, encoding, config, images, labels)
+    key = VISION_EVALUATIONS[encoding][0]
+    if encoding == "learned":  # the model as trained is the resized row
+        copy, trained, evaluated = vision.unresized_copy(model, 3, 2), key, encoding
+    else:
+        copy = vision.scaled_copy(model, encoding, 3, 2)
+        trained, evaluated = encoding, key
+    assert list(rows) == [encoding, key]
+    assert rows[trained] == {
+        grid: vision.accuracy(model, images[grid], labels) for grid in config.grids
+    }
+    assert rows[evaluated] == {
+        2: rows[trained][2],
+        3: vision.accuracy(copy, images[3], labels),
+    }
+
+
+def test_evaluate_gives_one_row_to_the_other_encodings():
+    config = VISION_QUICK.replace(grids=(2, 3))
+    model = trained_like("mrope", 7)
+    rng = np.random.default_rng(7)
+    images = {
+        grid: rng.random((8, grid * PATCH, grid * PATCH, 1)).astype("float32")
+        for grid in config.grids
+    }
+    labels = rng.integers(0, 10, 8).astype("int32")
+    assert list(vision._evaluate(model, "mrope", config, images, labels)) == ["mrope"]
+
+
 def test_accuracy_is_the_fraction_predicted_right():
     keras.utils.set_random_seed(2)
     model = vision.build_model("sinusoidal_2d", 2)
@@ -292,6 +501,20 @@ def test_findings_compare_with_none_and_the_resize():
         "it as trained." in lines
     )
     assert lines[-1] == "Holds best at 4x4: axial RoPE (0.700)."
+    # Positions scaled: one model with axial RoPE's, at the training grid too.
+    scaled = dict(
+        means,
+        sinusoidal_raster={2: 0.6, 3: 0.3, 4: 0.25},
+        axial_rope_scaled={2: 0.9, 3: 0.88, 4: 0.8},
+    )
+    lines = vision.findings(scaled, config)
+    assert "axial RoPE, positions scaled: 0.900 at 2x2, 0.800 at 4x4 (-0.100)." in lines
+    assert (
+        "Scaling the positions of axial RoPE to the trained grid at 4x4: "
+        "+0.100 against leaving them as they are." in lines
+    )
+    assert "At the training grid every encoding beats none (0.500): yes." in lines
+    assert lines[-1] == "Holds best at 4x4: axial RoPE, positions scaled (0.800)."
     # The learned table's two rows are one model at the training grid: it
     # is named once; the names hold commas, so semicolons separate them.
     weak = dict(
@@ -313,8 +536,18 @@ def test_findings_compare_with_none_and_the_resize():
 
 
 def test_every_table_row_has_a_label():
-    rows = set(VISION_ENCODINGS) | {"learned_bicubic"}
-    assert set(VISION_LABELS) == rows
+    rows = list(VISION_LABELS)
+    evaluations = {key for key, _ in VISION_EVALUATIONS.values()}
+    assert set(rows) == set(VISION_ENCODINGS) | evaluations
+    assert len(rows) == len(VISION_ENCODINGS) + len(evaluations)
+    # Each evaluation right after its model's row.
+    for name, (key, label) in VISION_EVALUATIONS.items():
+        assert rows.index(key) == rows.index(name) + 1
+        assert VISION_LABELS[key] == label
+    assert VISION_LABELS["axial_rope_scaled"] == "axial RoPE, positions scaled"
+    assert (
+        VISION_LABELS["sinusoidal_2d_scaled"] == "sinusoidal 2-D, positions scaled"
+    )
 
 
 def test_run_fails_when_a_reloaded_model_differs(tmp_path, capsys, monkeypatch):
