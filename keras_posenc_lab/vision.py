@@ -567,7 +567,10 @@ def run(config, out_dir):
     figure.savefig(plot_path, dpi=100)
 
     print(f"\n{title}:\n\n{table}\n")
-    print("\n".join(findings(means, config)))
+    if config.judged:
+        print("\n".join(findings(means, config)))
+    else:
+        print(training.QUICK_NOTE)
     print(
         f"\nWrote {markdown_path}, {csv_path} and {plot_path} in "
         f"{time.perf_counter() - started:.0f} s."

@@ -286,13 +286,18 @@ FACTS = [
     ),
     (
         "README.md",
-        r"resized bicubically holds \(([\d.]+) at 2x\)",
-        [readme(VISION, "learned + bicubic resize", 2)],
+        r"positions\s+scaled to the trained grid \(([\d.]+) and ([\d.]+) at 2x\) and the "
+        r"learned table\s+resized bicubically holds \(([\d.]+) at 2x\)",
+        [
+            readme(VISION, "sinusoidal 2-D, positions scaled", 2),
+            readme(VISION, "axial RoPE, positions scaled", 2),
+            readme(VISION, "learned + bicubic resize", 2),
+        ],
     ),
     (
         "docs/grids.md",
         r"resized bicubically held \(([\d.]+) at 8 x 8,\s+([\d.]+) at 16 x 16\), "
-        r"while axial RoPE, the best at the training grid\s+\(([\d.]+)\)",
+        r"and so did axial RoPE, the best at the training grid\s+\(([\d.]+)\)",
         [
             readme(VISION, "learned + bicubic resize", 0),
             readme(VISION, "learned + bicubic resize", 2),
