@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from keras_posenc import ops
 from keras_posenc import rope_scaling
+from keras_posenc.ops._renamed import renamed_arguments
 
 try:
     from matplotlib.figure import Figure
@@ -27,16 +28,17 @@ except ImportError as error:
     ) from error
 
 
+@renamed_arguments({"layout": "pairing"}, {"pairing": {"concat": "half"}})
 def encoding_heatmap(
-    length=128, dim=64, max_wavelength=10000.0, layout="interleaved"
+    length=128, dim=64, max_wavelength=10000.0, pairing="interleaved"
 ):
     """A heatmap of the sinusoidal encoding of positions `0 .. length - 1`.
 
     Row `p` is `keras_posenc.ops.sinusoidal(p, dim)`: the fast sines and
     cosines on the left (low features) change at every position, the slow
     ones on the right barely move over the first hundred positions. With
-    `layout="interleaved"` the columns alternate sine, cosine; with
-    `"concat"` the sines fill the left half and the cosines the right.
+    `pairing="interleaved"` the columns alternate sine, cosine; with
+    `"half"` the sines fill the left half and the cosines the right.
 
     Args:
         length: int. The number of positions, drawn on the y axis. Defaults
@@ -44,15 +46,15 @@ def encoding_heatmap(
         dim: int. The encoding width, drawn on the x axis. Defaults to `64`.
         max_wavelength: float. The longest wavelength. Defaults to
             `10000.0`.
-        layout: str. `"interleaved"` or `"concat"`. Defaults to
-            `"interleaved"`.
+        pairing: str. Which features form a (sin, cos) pair: `"interleaved"`
+            or `"half"`. Defaults to `"interleaved"`.
 
     Returns:
         A `matplotlib.figure.Figure` with the heatmap and a colorbar.
     """
     ops.check_positive_int("length", length)
     table = ops.sinusoidal(
-        tf.range(length), dim, max_wavelength, layout
+        tf.range(length), dim, max_wavelength, pairing
     )  # (length, dim)
     figure = Figure(figsize=(8, 5), layout="constrained")
     axes = figure.add_subplot()
@@ -68,7 +70,7 @@ def encoding_heatmap(
     axes.set_xlabel("feature")
     axes.set_ylabel("position")
     axes.set_title(
-        f"Sinusoidal position encoding ({layout}, dim={dim}, "
+        f"Sinusoidal position encoding ({pairing} pairing, dim={dim}, "
         f"max_wavelength={max_wavelength:g})"
     )
     return figure
@@ -80,7 +82,7 @@ def similarity_curve(length=128, dim=64, position=None, max_wavelength=10000.0):
     `sinusoidal(p) . sinusoidal(q)` is a sum of `cos((p - q) w_i)`: it depends
     only on the distance `p - q`, peaks at `p == q` and falls off with
     distance, which is what lets attention tell near positions from far ones.
-    (The sum is the same for either layout.)
+    (The sum is the same for either pairing.)
 
     Args:
         length: int. The number of positions, drawn on the x axis. Defaults

@@ -397,7 +397,7 @@ def proportional(dim, max_wavelength, factor=1.0, partial_rotary_factor=1.0):
     divided by `factor`. This is Hugging Face's
     `_compute_proportional_rope_parameters`: unlike `rotary_dim` (partial
     rotary), the rotated features are not a leading block, since in the
-    `"half"` layout pair `i` is features `i` and `i + dim / 2`.
+    `"half"` pairing, pair `i` is features `i` and `i + dim / 2`.
 
     Args:
         dim: int. The number of features, the whole head width.

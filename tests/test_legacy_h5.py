@@ -152,7 +152,7 @@ def in_graph_attention(position):
 CASES = {
     "sinusoidal_add": lambda: on_embeddings(SinusoidalPositionEncoding()),
     "sinusoidal_concat": lambda: on_embeddings(
-        SinusoidalPositionEncoding(layout="concat", merge_mode="concat", output_dim=4)
+        SinusoidalPositionEncoding(pairing="half", merge_mode="concat", output_dim=4)
     ),
     "sinusoidal_alone": lambda: on_embeddings(
         SinusoidalPositionEncoding(max_wavelength=100.0, merge_mode=None)
@@ -178,7 +178,7 @@ CASES = {
     ),
     "rotary_half": lambda: on_embeddings(RotaryEmbedding(), features=8),
     "rotary_interleaved_linear": lambda: on_embeddings(
-        RotaryEmbedding(layout="interleaved", rotary_dim=4, scaling=LINEAR_SCALING),
+        RotaryEmbedding(pairing="interleaved", rotary_dim=4, scaling=LINEAR_SCALING),
         features=8,
     ),
     "alibi": lambda: on_positions(AlibiBias(num_heads=3)),

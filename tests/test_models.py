@@ -201,7 +201,7 @@ def models():
             embeddings,
         ),
         "rotary-interleaved-partial": (
-            rotary_model(layout="interleaved", rotary_dim=2),
+            rotary_model(pairing="interleaved", rotary_dim=2),
             embeddings,
         ),
         "attention-rope": (

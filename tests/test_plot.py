@@ -12,19 +12,19 @@ from tests import references
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "concat"])
-def test_heatmap_shows_the_paper_encoding(layout):
+@pytest.mark.parametrize("pairing", ["interleaved", "half"])
+def test_heatmap_shows_the_paper_encoding(pairing):
     figure = plot.encoding_heatmap(
-        length=200, dim=16, max_wavelength=500.0, layout=layout
+        length=200, dim=16, max_wavelength=500.0, pairing=pairing
     )
     axes, colorbar_axes = figure.axes
     image = np.asarray(axes.images[0].get_array())
     assert image.shape == (200, 16)
-    expected = references.sinusoidal(np.arange(200), 16, 500.0, layout)
+    expected = references.sinusoidal(np.arange(200), 16, 500.0, pairing)
     np.testing.assert_allclose(image, expected, atol=1e-4)
     assert axes.get_ylabel() == "position"
     assert axes.get_xlabel() == "feature"
-    assert layout in axes.get_title()
+    assert pairing in axes.get_title()
     assert colorbar_axes.get_label() == "<colorbar>"
 
 
@@ -66,8 +66,8 @@ def test_similarity_curve_bad_arguments(arguments, message):
     "arguments, message",
     [
         ({"length": -5}, "length=-5"),
-        ({"dim": 7, "layout": "concat"}, "dim=7"),
-        ({"layout": "stacked"}, "layout='stacked'"),
+        ({"dim": 7, "pairing": "half"}, "dim=7"),
+        ({"pairing": "stacked"}, "pairing='stacked'"),
     ],
 )
 def test_heatmap_bad_arguments(arguments, message):
@@ -445,7 +445,7 @@ def test_grid_similarity_shows_the_2d_encodings_cosine_similarity():
     assert len(panels) == len(anchors)
     # Cells in row-major order, the row's encoding in the first half.
     cells = np.array([[r, c] for r in range(5) for c in range(6)])
-    table = references.sinusoidal_on_axes(cells, 16, layout="interleaved")
+    table = references.sinusoidal_on_axes(cells, 16, pairing="interleaved")
     table /= np.linalg.norm(table, axis=-1, keepdims=True)
     for panel, (row, column) in zip(panels, anchors):
         expected = (table @ table[row * 6 + column]).reshape(5, 6)

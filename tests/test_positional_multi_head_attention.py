@@ -155,10 +155,10 @@ def reference_attention(
             key_dim, position.max_wavelength
         )
         queries = references.rotary(
-            queries, query_positions, inverse_frequencies, layout=position.layout
+            queries, query_positions, inverse_frequencies, pairing=position.pairing
         )
         keys = references.rotary(
-            keys, key_positions, inverse_frequencies, layout=position.layout
+            keys, key_positions, inverse_frequencies, pairing=position.pairing
         )
     if isinstance(position, RelativePositionEmbedding):
         key_table = weight_named(position, "key_embeddings")  # (2k + 1, key_dim)

@@ -142,9 +142,9 @@ def test_reference_against_hand_computed_values():
 
 
 @pytest.mark.parametrize(
-    "layout, second_feature", [("half", 3), ("interleaved", 1)]
+    "pairing, second_feature", [("half", 3), ("interleaved", 1)]
 )
-def test_rotary_reference_by_hand(layout, second_feature):
+def test_rotary_reference_by_hand(pairing, second_feature):
     # Width 8, rotary_dim 6: pair 0 is features (0, 3) in "half", (0, 1) in
     # "interleaved"; features 6 and 7 pass through.
     inputs = np.zeros((2, 3, 8))
@@ -153,7 +153,7 @@ def test_rotary_reference_by_hand(layout, second_feature):
     positions = np.array([[0.0, 1.0, 2.5], [7.0, -1.0, 0.0]])
     rotated = references.rotary(
         inputs, positions, [1.0, 0.1, 0.01], attention_factor=2.0,
-        layout=layout, rotary_dim=6,
+        pairing=pairing, rotary_dim=6,
     )
     np.testing.assert_allclose(rotated[..., 0], 2.0 * np.cos(positions), rtol=1e-15)
     np.testing.assert_allclose(
@@ -164,12 +164,12 @@ def test_rotary_reference_by_hand(layout, second_feature):
     assert np.all(rotated[..., 6:] == 5.0)
     # With heads: every head turns alike; (seq,) positions serve every batch.
     heads = np.random.default_rng(0).normal(size=(2, 3, 4, 6))
-    with_heads = references.rotary(heads, positions[0], [1.0, 0.1, 0.01], layout=layout)
+    with_heads = references.rotary(heads, positions[0], [1.0, 0.1, 0.01], pairing=pairing)
     for head in range(4):
         np.testing.assert_allclose(
             with_heads[:, :, head],
             references.rotary(heads[:, :, head], positions[0], [1.0, 0.1, 0.01],
-                              layout=layout),
+                              pairing=pairing),
             rtol=1e-14,
         )
     np.testing.assert_allclose(

@@ -38,7 +38,7 @@ LAYOUTS = {
         references.axial_rope_frequencies(16, 2, BASE),
     ),
     "axial 2-D, interleaved (EVA-02)": (
-        {"num_axes": 2, "layout": "interleaved"},
+        {"num_axes": 2, "pairing": "interleaved"},
         references.axial_rope_frequencies(16, 2, BASE),
     ),
     "axial 3-D": (
@@ -83,7 +83,7 @@ def test_layouts_rotate_as_their_references(name):
     layer = RotaryEmbedding(max_wavelength=BASE, **kwargs)
     outputs = layer(inputs, positions=positions)
     expected = references.grid_rotary(
-        inputs, positions, theta, kwargs.get("layout", "half")
+        inputs, positions, theta, kwargs.get("pairing", "half")
     )
     assert_close_to_reference(outputs, expected, inputs, 60 * num_axes)
 
@@ -126,7 +126,7 @@ def test_qwen3_vl_and_pixtral_differ_by_a_permutation_of_pairs():
     assert not np.array_equal(alternating, interleaved)
     query, key = random_inputs((1, 6, 1, 16)), random_inputs((1, 6, 1, 16), 1)
     positions = ops.grid_positions((2, 3))
-    features = order + [pair + 8 for pair in order]  # the "half" layout's pairs
+    features = order + [pair + 8 for pair in order]  # the "half" pairing's pairs
 
     def scores(axis_layout, features):
         layer = RotaryEmbedding(num_axes=2, axis_layout=axis_layout)
@@ -592,7 +592,7 @@ PIXTRAL_VISION = {  # mistral-community/pixtral-12b's vision_config
 def test_from_hf_config_reads_grid_models(config, expected, theta):
     layer = RotaryEmbedding.from_hf_config(config)
     assert {key: getattr(layer, key) for key in expected} == expected
-    assert (layer.layout, layer.scaling, layer.rotary_dim) == ("half", None, None)
+    assert (layer.pairing, layer.scaling, layer.rotary_dim) == ("half", None, None)
     num_axes, dim = theta.shape[1], 2 * theta.shape[0]
     inputs = random_inputs((1, 3, 1, dim))
     positions = np.array([[5, 5, 5], [6, 6, 7], [6, 7, 6]])[:, :num_axes]

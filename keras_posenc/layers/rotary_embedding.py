@@ -8,9 +8,11 @@ from keras_posenc import ops
 from keras_posenc import rope_scaling
 from keras_posenc.layers._attention_position import AttentionPosition
 from keras_posenc.layers._grid_config import add_grid_arguments
+from keras_posenc.layers._renamed import renamed_arguments
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
+@renamed_arguments({"layout": "pairing"})
 class RotaryEmbedding(AttentionPosition):
     """Rotary position embedding (RoPE): rotate queries and keys by position.
 
@@ -22,7 +24,7 @@ class RotaryEmbedding(AttentionPosition):
     The rotation is computed element-wise, `x * cos + rotate(x) * sin`, never
     with a rotation matrix.
 
-    `layout` chooses which features form a pair, and must match the
+    `pairing` chooses which features form a pair, and must match the
     checkpoint: `"half"` pairs feature `i` with `i + d / 2` (GPT-NeoX, Llama,
     Hugging Face, keras-hub); `"interleaved"` pairs `2i` with `2i + 1`
     (RoFormer, GPT-J, rotary-embedding-torch). `scaling` takes a Hugging Face
@@ -83,8 +85,8 @@ class RotaryEmbedding(AttentionPosition):
     Args:
         max_wavelength: float. The base of the frequencies, `rope_theta` in
             Hugging Face configs (500000 for Llama 3). Defaults to `10000.0`.
-        layout: str. `"half"` or `"interleaved"`, as above. Defaults to
-            `"half"`.
+        pairing: str. Which features form a pair: `"half"` or
+            `"interleaved"`, as above. Defaults to `"half"`.
         rotary_dim: int or None. Rotate only the first `rotary_dim` features
             and pass the rest through unchanged (GPT-NeoX, Phi); the
             frequencies are spaced over `rotary_dim`. Must be even. `None`
@@ -187,7 +189,7 @@ class RotaryEmbedding(AttentionPosition):
     def __init__(
         self,
         max_wavelength=10000.0,
-        layout="half",
+        pairing="half",
         rotary_dim=None,
         scaling=None,
         sequence_axis=1,
@@ -204,7 +206,7 @@ class RotaryEmbedding(AttentionPosition):
         # the layer casts inputs and outputs itself.
         super().__init__(autocast=False, **kwargs)
         ops.check_max_wavelength(max_wavelength)
-        ops.check_rope_layout(layout)
+        ops.check_pairing(pairing)
         ops.check_positive_int("rotary_dim", rotary_dim, allow_none=True)
         if rotary_dim is not None and rotary_dim % 2:
             raise ValueError(
@@ -237,7 +239,7 @@ class RotaryEmbedding(AttentionPosition):
             feature_axis,
         )
         self.max_wavelength = float(max_wavelength)
-        self.layout = layout
+        self.pairing = pairing
         self.rotary_dim = rotary_dim
         self.scaling = copy.deepcopy(scaling)
         self.sequence_axis = sequence_axis
@@ -531,11 +533,11 @@ class RotaryEmbedding(AttentionPosition):
 
         selected = keras.ops.cast(inputs[..., :rotated], "float32")
         if start_index is None:
-            turned = ops.rotate(selected, table_shape(phases), self.layout)
+            turned = ops.rotate(selected, table_shape(phases), self.pairing)
         else:
             cos, sin = phases
             turned = ops.rotate_by_tables(
-                selected, table_shape(cos), table_shape(sin), self.layout
+                selected, table_shape(cos), table_shape(sin), self.pairing
             )  # like inputs, rotated features only
         if attention_factor != 1.0:
             turned = turned * attention_factor  # scales cos and sin alike
@@ -631,7 +633,7 @@ class RotaryEmbedding(AttentionPosition):
           trained length is always `max_position_embeddings`: like
           transformers, it ignores `original_max_position_embeddings`, at
           the top level or in the schedule.
-        - Features pair in the `"half"` layout, as Llama-style models pair
+        - Features pair in the `"half"` pairing, as Llama-style models pair
           them. GPT-J (`"model_type": "gptj"`) pairs them `"interleaved"`
           and rotates its `rotary_dim` features.
         - Some models give each layer type its own RoPE: a `rope_parameters`
@@ -682,7 +684,7 @@ class RotaryEmbedding(AttentionPosition):
         for all heads; then concatenate. Applied to a whole head it would
         rotate the wrong features. transformers' DeepSeek-V3 hands back its
         rotated slices with each pair moved to the places the `"half"`
-        layout gives it: the same rotation in another feature order, which
+        pairing gives it: the same rotation in another feature order, which
         leaves every query-key dot product as it is. Their YaRN attention
         factor is `mscale(factor, mscale) / mscale(factor, mscale_all_dim)`
         (1 in the released configs); the further `mscale(factor,
@@ -755,7 +757,7 @@ class RotaryEmbedding(AttentionPosition):
         config.update(
             {
                 "max_wavelength": self.max_wavelength,
-                "layout": self.layout,
+                "pairing": self.pairing,
                 "rotary_dim": self.rotary_dim,
                 "scaling": copy.deepcopy(self.scaling),
                 "sequence_axis": self.sequence_axis,

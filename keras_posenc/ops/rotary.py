@@ -6,24 +6,26 @@ from keras_posenc.ops import _backend
 from keras_posenc.ops._checks import (
     AXIS_LAYOUTS,
     check_axis_layout,
+    check_pairing,
     check_positive_int,
-    check_rope_layout,
 )
+from keras_posenc.ops._renamed import renamed_arguments
 from keras_posenc.ops.sinusoidal import (
     angles,
     inverse_frequencies,
 )
 
 
-def rotate(inputs, phases, layout="half"):
+@renamed_arguments({"layout": "pairing"})
+def rotate(inputs, phases, pairing="half"):
     """Turn each pair of features by an angle: the rotary position embedding.
 
     Pair `i` of the last axis, `(a, b)`, turned by the angle `t = phases[i]`
     becomes `(a cos t - b sin t, b cos t + a sin t)`, computed in the
     element-wise form `inputs * cos + rotate(inputs) * sin` of Su et al.
-    (2021), eq. 34, never with a rotation matrix. With `layout="half"`
+    (2021), eq. 34, never with a rotation matrix. With `pairing="half"`
     (GPT-NeoX, Llama, Hugging Face, keras-hub) feature `i` pairs with
-    `i + d / 2`; with `layout="interleaved"` (RoFormer, GPT-J) feature `2i`
+    `i + d / 2`; with `pairing="interleaved"` (RoFormer, GPT-J) feature `2i`
     pairs with `2i + 1`.
 
     Args:
@@ -31,7 +33,8 @@ def rotate(inputs, phases, layout="half"):
         phases: tensor of shape `(..., d / 2)`, one angle per pair,
             broadcastable against `inputs[..., : d / 2]`, in the dtype of
             `inputs`.
-        layout: `"half"` or `"interleaved"`. Defaults to `"half"`.
+        pairing: `"half"` or `"interleaved"`: which features form a pair.
+            Defaults to `"half"`.
 
     Returns:
         A tensor of the shape and dtype of `inputs`.
@@ -44,34 +47,34 @@ def rotate(inputs, phases, layout="half"):
     >>> np.round(keras.ops.convert_to_numpy(turned), 6) + 0.0
     array([[ 0.,  1., -2.,  0.]], dtype=float32)
     """
-    check_rope_layout(layout)
+    check_pairing(pairing)
     inputs = keras.ops.convert_to_tensor(inputs)
     phases = keras.ops.convert_to_tensor(phases)
     if _backend.computes_tables_apart():
         # One cosine and one sine per pair, each a tensor of its own
         # (`_backend.computed_apart`), then laid out per feature.
         cosines, sines = (
-            _full_width(_backend.computed_apart(table), layout)
+            _full_width(_backend.computed_apart(table), pairing)
             for table in (keras.ops.cos(phases), keras.ops.sin(phases))
         )  # (..., d) each
     else:
         # The angles laid out at full width before cos and sin, which lets
         # XLA fuse the whole rotation into one loop over the inputs.
-        phases = _full_width(phases, layout)  # (..., d)
+        phases = _full_width(phases, pairing)  # (..., d)
         cosines, sines = keras.ops.cos(phases), keras.ops.sin(phases)
-    return inputs * cosines + _turned(inputs, layout) * sines
+    return inputs * cosines + _turned(inputs, pairing) * sines
 
 
-def _full_width(pairs, layout):
+def _full_width(pairs, pairing):
     """One value per pair `(..., d / 2)` laid out per feature `(..., d)`."""
-    if layout == "half":
+    if pairing == "half":
         return keras.ops.concatenate([pairs, pairs], axis=-1)
     return keras.ops.repeat(pairs, 2, axis=-1)
 
 
-def _turned(inputs, layout):
+def _turned(inputs, pairing):
     """Each pair `(a, b)` of `inputs` as `(-b, a)`: the quarter turn."""
-    if layout == "half":
+    if pairing == "half":
         first, second = keras.ops.split(inputs, 2, axis=-1)  # (..., d / 2) each
         return keras.ops.concatenate([-second, first], axis=-1)  # (..., d)
     shape = keras.ops.shape(inputs)  # static sizes, tensors where unknown
@@ -83,7 +86,8 @@ def _turned(inputs, layout):
     )
 
 
-def rotate_by_tables(inputs, cos, sin, layout="half"):
+@renamed_arguments({"layout": "pairing"})
+def rotate_by_tables(inputs, cos, sin, pairing="half"):
     """`rotate` with the cosines and sines of the angles given.
 
     Args:
@@ -92,18 +96,19 @@ def rotate_by_tables(inputs, cos, sin, layout="half"):
             angle, broadcastable against `inputs[..., : d / 2]`, in the
             dtype of `inputs`.
         sin: tensor like `cos`, the sine of each pair's angle.
-        layout: `"half"` or `"interleaved"`. Defaults to `"half"`.
+        pairing: `"half"` or `"interleaved"`: which features form a pair.
+            Defaults to `"half"`.
 
     Returns:
         A tensor of the shape and dtype of `inputs`.
     """
-    check_rope_layout(layout)
+    check_pairing(pairing)
     inputs = keras.ops.convert_to_tensor(inputs)
     cos = keras.ops.convert_to_tensor(cos)
     sin = keras.ops.convert_to_tensor(sin)
-    return inputs * _full_width(cos, layout) + _turned(inputs, layout) * _full_width(
-        sin, layout
-    )
+    return inputs * _full_width(cos, pairing) + _turned(
+        inputs, pairing
+    ) * _full_width(sin, pairing)
 
 
 def shifted_cos_sin(length, start_index, frequencies):

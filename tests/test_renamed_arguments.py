@@ -1,0 +1,136 @@
+"""Issue 28's renames: old names and values still work, and old files load.
+
+A constructor given an old argument name (or an old value) warns once with
+a `DeprecationWarning` naming the new one and builds the same layer; a
+config holding the old names loads silently; `get_config` holds the new
+names only. `fixtures/before_renames.keras` was saved by the code before
+the renames (see `fixtures/generate_before_renames.py`).
+"""
+
+import os
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import keras_posenc
+from keras_posenc import ops
+from keras_posenc import plot
+
+# (layer, arguments besides the renamed one, old arguments, new arguments)
+RENAMED = {
+    "sinusoidal layout concat": (
+        keras_posenc.SinusoidalPositionEncoding,
+        {},
+        {"layout": "concat"},
+        {"pairing": "half"},
+    ),
+    "sinusoidal layout interleaved": (
+        keras_posenc.SinusoidalPositionEncoding,
+        {},
+        {"layout": "interleaved"},
+        {"pairing": "interleaved"},
+    ),
+    "sinusoidal pairing concat": (
+        keras_posenc.SinusoidalPositionEncoding,
+        {},
+        {"pairing": "concat"},
+        {"pairing": "half"},
+    ),
+    "rotary layout": (
+        keras_posenc.RotaryEmbedding,
+        {},
+        {"layout": "interleaved"},
+        {"pairing": "interleaved"},
+    ),
+}
+
+
+def new_config(layer):
+    config = layer.get_config()
+    config.pop("name")
+    return config
+
+
+@pytest.mark.parametrize("case", list(RENAMED))
+def test_old_names_warn_and_build_the_same_layer(case):
+    layer_class, common, old, new = RENAMED[case]
+    (old_name, old_value), = old.items()
+    with pytest.warns(DeprecationWarning) as caught:
+        layer = layer_class(**common, **old)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert f"{old_name}={old_value!r}" in message
+    for name, value in new.items():
+        assert f"{name}={value!r}" in message
+    assert caught[0].filename == __file__  # points at the caller
+    config = new_config(layer)
+    assert old_name not in config or old_name in new
+    assert new_config(layer_class(**common, **new)) == config
+    for name, value in new.items():
+        assert config[name] == value
+
+
+@pytest.mark.parametrize("case", list(RENAMED))
+def test_configs_with_old_names_load_silently(case):
+    layer_class, common, old, new = RENAMED[case]
+    expected = new_config(layer_class(**common, **new))
+    saved = {**expected, **old}
+    for name in new:
+        if name not in old:
+            saved.pop(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = layer_class.from_config(saved)
+    assert new_config(loaded) == expected
+
+
+def test_old_and_new_name_together_is_an_error():
+    with pytest.raises(TypeError, match="`layout` and `pairing`"):
+        keras_posenc.RotaryEmbedding(layout="half", pairing="half")
+
+
+OPS_CALLS = {
+    "sinusoidal layout": (
+        lambda: ops.sinusoidal(np.arange(3), 4, layout="concat"),
+        lambda: ops.sinusoidal(np.arange(3), 4, pairing="half"),
+        "pairing",
+    ),
+    "rotate layout": (
+        lambda: ops.rotate(np.ones((1, 4), "float32"), np.ones((1, 2), "float32"), layout="interleaved"),
+        lambda: ops.rotate(np.ones((1, 4), "float32"), np.ones((1, 2), "float32"), pairing="interleaved"),
+        "pairing",
+    ),
+    "rotate_by_tables layout": (
+        lambda: ops.rotate_by_tables(
+            np.ones((1, 4), "float32"),
+            np.full((1, 2), 0.5, "float32"),
+            np.full((1, 2), 0.8, "float32"),
+            layout="interleaved",
+        ),
+        lambda: ops.rotate_by_tables(
+            np.ones((1, 4), "float32"),
+            np.full((1, 2), 0.5, "float32"),
+            np.full((1, 2), 0.8, "float32"),
+            pairing="interleaved",
+        ),
+        "pairing",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(OPS_CALLS))
+def test_functions_take_old_names_with_a_warning(case):
+    old_call, new_call, new_name = OPS_CALLS[case]
+    with pytest.warns(DeprecationWarning, match=new_name):
+        old = old_call()
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(old), keras.ops.convert_to_numpy(new_call())
+    )
+
+
+def test_plot_takes_the_old_layout_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="pairing='half'"):
+        figure = plot.encoding_heatmap(length=4, dim=4, layout="concat")
+    assert "half" in figure.axes[0].get_title()
