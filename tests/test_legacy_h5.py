@@ -182,8 +182,8 @@ CASES = {
         features=8,
     ),
     "alibi": lambda: on_positions(AlibiBias(num_heads=3)),
-    "alibi_symmetric_slopes": lambda: on_positions(
-        AlibiBias(num_heads=3, symmetric=True, slopes=[0.3, 0.2, 0.1])
+    "alibi_bidirectional_slopes": lambda: on_positions(
+        AlibiBias(num_heads=3, bidirectional=True, slopes=[0.3, 0.2, 0.1])
     ),
     "t5": lambda: on_positions(
         RelativePositionBias(num_heads=NUM_HEADS, num_buckets=8, max_distance=16)

@@ -44,6 +44,12 @@ RENAMED = {
         {"layout": "interleaved"},
         {"pairing": "interleaved"},
     ),
+    "alibi symmetric": (
+        keras_posenc.AlibiBias,
+        {"num_heads": 2},
+        {"symmetric": True},
+        {"bidirectional": True},
+    ),
 }
 
 
