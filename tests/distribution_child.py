@@ -51,7 +51,7 @@ def build_model():
         keras_posenc.RotaryEmbedding(),
         keras_posenc.AlibiBias(num_heads=HEADS),
         keras_posenc.RelativePositionBias(num_heads=HEADS, num_buckets=8, max_distance=16),
-        keras_posenc.RelativePositionEmbedding(max_distance=3),
+        keras_posenc.RelativePositionEmbedding(max_relative_position=3),
         keras_posenc.GridRelativePositionBias(num_heads=HEADS, grid_shape=GRID),
     ]
     # The grid's positions, a constant of the model (a NumPy array, which

@@ -147,7 +147,7 @@ MODELS = {
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
     "attention-shaw": (
-        lambda: _attention(keras_posenc.RelativePositionEmbedding(max_distance=3)),
+        lambda: _attention(keras_posenc.RelativePositionEmbedding(max_relative_position=3)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
     "attention-t5": (

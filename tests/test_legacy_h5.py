@@ -211,7 +211,7 @@ CASES = {
     ),
     # RelativePositionEmbedding loads from `.h5` inside attention only: see
     # test_h5_cannot_rebuild_a_relative_position_embedding_called_alone.
-    "attention_shaw": lambda: in_attention(RelativePositionEmbedding(max_distance=3)),
+    "attention_shaw": lambda: in_attention(RelativePositionEmbedding(max_relative_position=3)),
     "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
     "laplacian_concat_combinatorial": lambda: on_graphs(
         LaplacianPositionEncoding(
@@ -297,7 +297,7 @@ def test_h5_cannot_rebuild_a_relative_position_embedding_called_alone(tmp_path):
     # Its tables' sizes come from `build_for_attention`, which `.keras` files
     # replay from the build config; `.h5` files keep no build config, and a
     # call's shapes do not give `value_dim`.
-    layer = RelativePositionEmbedding(max_distance=3)
+    layer = RelativePositionEmbedding(max_relative_position=3)
     layer.build_for_attention(NUM_HEADS, KEY_DIM, VALUE_DIM)
     query = keras.Input((LENGTH, NUM_HEADS, KEY_DIM))
     query_positions = keras.Input((LENGTH,), dtype="int32")

@@ -213,7 +213,7 @@ def models():
             embeddings,
         ),
         "attention-shaw": (
-            attention_model(keras_posenc.RelativePositionEmbedding(max_distance=3)),
+            attention_model(keras_posenc.RelativePositionEmbedding(max_relative_position=3)),
             embeddings,
         ),
         "attention-t5": (

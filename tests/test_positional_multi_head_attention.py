@@ -48,7 +48,7 @@ VALUE_DIM = 6
 FEATURES = 5
 VOCABULARY_SIZE = 10
 # Shaw's clipping k: a sequence of 7 reaches past it.
-SHAW_MAX_DISTANCE = 2
+SHAW_MAX_RELATIVE_POSITION = 2
 # T5: distances of 0..6 fall in exact and logarithmic buckets. No integer
 # distance sits on a bucket boundary, where float32 and float64 logs could
 # disagree: below max_distance those are 4.47 (bidirectional) and 5.03,
@@ -63,7 +63,7 @@ SCHEMES = {
     "rotary": lambda: RotaryEmbedding(max_wavelength=100.0),
     "alibi": lambda: AlibiBias(HEADS),
     "alibi-bidirectional": lambda: AlibiBias(HEADS, bidirectional=True),
-    "shaw": lambda: RelativePositionEmbedding(SHAW_MAX_DISTANCE),
+    "shaw": lambda: RelativePositionEmbedding(SHAW_MAX_RELATIVE_POSITION),
     "t5": lambda: RelativePositionBias(
         HEADS, num_buckets=T5_BUCKETS, max_distance=T5_MAX_DISTANCE
     ),
@@ -163,7 +163,7 @@ def reference_attention(
     if isinstance(position, RelativePositionEmbedding):
         key_table = weight_named(position, "key_embeddings")  # (2k + 1, key_dim)
         value_table = weight_named(position, "value_embeddings")  # (2k + 1, value_dim)
-        clip = position.max_distance
+        clip = position.max_relative_position
     if isinstance(position, AlibiBias):
         slopes = references.alibi_slopes(heads)  # (heads,)
     if isinstance(position, RelativePositionBias):
@@ -714,8 +714,8 @@ def test_position_weights_are_sized_for_the_attention():
         "alibi-bidirectional": {},
         # Shared across heads, as in Shaw et al.
         "shaw": {
-            "key_embeddings": (2 * SHAW_MAX_DISTANCE + 1, KEY_DIM),
-            "value_embeddings": (2 * SHAW_MAX_DISTANCE + 1, VALUE_DIM),
+            "key_embeddings": (2 * SHAW_MAX_RELATIVE_POSITION + 1, KEY_DIM),
+            "value_embeddings": (2 * SHAW_MAX_RELATIVE_POSITION + 1, VALUE_DIM),
         },
         "t5": {"embeddings": (T5_BUCKETS, HEADS)},
         "t5-unidirectional": {"embeddings": (T5_BUCKETS, HEADS)},
@@ -739,7 +739,7 @@ def test_shaw_forms_no_query_key_feature_tensor():
     # work with the 2k + 1 distances instead, never holding (query, key, d).
     layer = attention("shaw")
     query_length, key_length = 11, 13
-    feature_sizes = {KEY_DIM, VALUE_DIM, 2 * SHAW_MAX_DISTANCE + 1}
+    feature_sizes = {KEY_DIM, VALUE_DIM, 2 * SHAW_MAX_RELATIVE_POSITION + 1}
     assert not feature_sizes & {BATCH, HEADS, query_length, key_length}
 
     @tf.function
@@ -843,7 +843,7 @@ def decoder_model(scheme, with_positions=False):
     "make_position",
     [
         lambda: RelativePositionBias(HEADS, num_buckets=8, max_distance=16),
-        lambda: RelativePositionEmbedding(max_distance=3),
+        lambda: RelativePositionEmbedding(max_relative_position=3),
     ],
     ids=["t5", "shaw"],
 )

@@ -50,6 +50,12 @@ RENAMED = {
         {"symmetric": True},
         {"bidirectional": True},
     ),
+    "shaw max_distance": (
+        keras_posenc.RelativePositionEmbedding,
+        {},
+        {"max_distance": 3},
+        {"max_relative_position": 3},
+    ),
 }
 
 
