@@ -143,7 +143,7 @@ GRAPH = {
         "shortest-path bias",
         "ShortestPathBias",
         "attention",
-        {"max_distance": 6},
+        {"max_hops": 6},
         takes=("num_heads",),
     ),
 }

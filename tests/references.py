@@ -636,16 +636,16 @@ def pyg_random_walk_pe(adjacency, steps):
     return encoding
 
 
-def hop_counts(adjacency, max_distance):
+def hop_counts(adjacency, max_hops):
     """Shortest-path hop counts by breadth-first search from each node.
 
     An edge goes from i to j where `adjacency[i, j] != 0`. The count from
-    i to j is clipped to `max_distance`; `max_distance + 1` where j cannot
+    i to j is clipped to `max_hops`; `max_hops + 1` where j cannot
     be reached from i at all. Returns `(n, n)` int64.
     """
     n = len(adjacency)
     neighbours = [[j for j in range(n) if adjacency[i][j] != 0] for i in range(n)]
-    counts = np.full((n, n), max_distance + 1, "int64")
+    counts = np.full((n, n), max_hops + 1, "int64")
     for source in range(n):
         distance = {source: 0}
         frontier = [source]
@@ -658,5 +658,5 @@ def hop_counts(adjacency, max_distance):
                         following.append(neighbour)
             frontier = following
         for target, hops in distance.items():
-            counts[source, target] = min(hops, max_distance)
+            counts[source, target] = min(hops, max_hops)
     return counts

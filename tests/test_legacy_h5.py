@@ -223,10 +223,10 @@ CASES = {
         RandomWalkPositionEncoding(steps=4, symmetric=False, merge_mode=None)
     ),
     "shortest_path_bias": lambda: on_graph_adjacency(
-        ShortestPathBias(num_heads=NUM_HEADS, max_distance=2)
+        ShortestPathBias(num_heads=NUM_HEADS, max_hops=2)
     ),
     "attention_shortest_path": lambda: in_graph_attention(
-        ShortestPathBias(num_heads=NUM_HEADS, max_distance=2)
+        ShortestPathBias(num_heads=NUM_HEADS, max_hops=2)
     ),
 }
 

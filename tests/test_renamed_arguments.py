@@ -56,6 +56,12 @@ RENAMED = {
         {"max_distance": 3},
         {"max_relative_position": 3},
     ),
+    "graphormer max_distance": (
+        keras_posenc.ShortestPathBias,
+        {"num_heads": 2},
+        {"max_distance": 2},
+        {"max_hops": 2},
+    ),
 }
 
 
@@ -128,6 +134,11 @@ OPS_CALLS = {
             pairing="interleaved",
         ),
         "pairing",
+    ),
+    "hop_counts max_distance": (
+        lambda: ops.hop_counts(np.eye(3, k=1)[None] + np.eye(3, k=-1)[None], max_distance=1),
+        lambda: ops.hop_counts(np.eye(3, k=1)[None] + np.eye(3, k=-1)[None], max_hops=1),
+        "max_hops",
     ),
 }
 
