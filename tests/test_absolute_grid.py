@@ -273,7 +273,7 @@ def test_mixed_bfloat16_keeps_float32_angles_up_to_1024_per_axis():
     "make_layer",
     [
         lambda: SinusoidalPositionEncoding(num_axes=2, pairing="half"),
-        lambda: PositionEmbedding(grid_shape=(3, 4), initializer="sinusoidal"),
+        lambda: PositionEmbedding(grid_shape=(3, 4), embeddings_initializer="sinusoidal"),
     ],
 )
 def test_none_grid_dims_under_xla_at_two_grid_sizes(make_layer):
@@ -424,7 +424,7 @@ def test_grid_table_has_prefix_rows_then_the_grid_rows():
 
 def test_sinusoidal_initializer_on_a_grid():
     layer = PositionEmbedding(
-        grid_shape=(2, 3), num_prefix_tokens=1, initializer="sinusoidal"
+        grid_shape=(2, 3), num_prefix_tokens=1, embeddings_initializer="sinusoidal"
     )
     layer.build((None, 7, 8))
     table = table_of(layer)

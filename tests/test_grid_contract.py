@@ -241,6 +241,7 @@ def test_bad_resize_arguments_raise_value_error_naming_them(call, message):
 # The arguments renamed since (issue 28), by layer: old name -> new name.
 RENAMED = {
     "sinusoidal": {"layout": "pairing"},
+    "learned": {"initializer": "embeddings_initializer"},
     "rotary": {"layout": "pairing"},
     "attention_rotary/position": {"layout": "pairing"},
     "attention_alibi/position": {"symmetric": "bidirectional"},

@@ -163,7 +163,7 @@ CASES = {
     "learned_sinusoidal_concat": lambda: on_embeddings(
         PositionEmbedding(
             sequence_length=8,
-            initializer="sinusoidal",
+            embeddings_initializer="sinusoidal",
             merge_mode="concat",
             output_dim=4,
         )

@@ -110,7 +110,7 @@ def encoding(kind):
     """An absolute encoding of embeddings: `kind` is sinusoidal or learned."""
     if kind == "sinusoidal":
         return keras_posenc.SinusoidalPositionEncoding()
-    return keras_posenc.PositionEmbedding(MAX_LENGTH, initializer="sinusoidal")
+    return keras_posenc.PositionEmbedding(MAX_LENGTH, embeddings_initializer="sinusoidal")
 
 
 def token_model(position):

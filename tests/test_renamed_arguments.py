@@ -62,6 +62,12 @@ RENAMED = {
         {"max_distance": 2},
         {"max_hops": 2},
     ),
+    "learned initializer": (
+        keras_posenc.PositionEmbedding,
+        {"sequence_length": 4},
+        {"initializer": "sinusoidal"},
+        {"embeddings_initializer": "sinusoidal"},
+    ),
 }
 
 
