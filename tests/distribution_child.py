@@ -45,7 +45,7 @@ def build_model():
     ids = keras.Input(shape=(TOKENS,), dtype="int32")
     adjacency = keras.Input(shape=(TOKENS, TOKENS))
     x = keras_posenc.TokenAndPositionEmbedding(
-        VOCABULARY, WIDTH, sequence_length=TOKENS, position="learned"
+        VOCABULARY, WIDTH, sequence_length=TOKENS, position_encoding="learned"
     )(ids)
     schemes = [
         keras_posenc.RotaryEmbedding(),

@@ -242,6 +242,7 @@ def test_bad_resize_arguments_raise_value_error_naming_them(call, message):
 RENAMED = {
     "sinusoidal": {"layout": "pairing"},
     "learned": {"initializer": "embeddings_initializer"},
+    "token_and_position": {"position": "position_encoding"},
     "rotary": {"layout": "pairing"},
     "attention_rotary/position": {"layout": "pairing"},
     "attention_alibi/position": {"symmetric": "bidirectional"},

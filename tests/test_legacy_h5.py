@@ -173,7 +173,7 @@ CASES = {
     ),
     "token_learned": lambda: on_tokens(
         TokenAndPositionEmbedding(
-            vocabulary_size=10, embedding_dim=4, sequence_length=8, position="learned"
+            vocabulary_size=10, embedding_dim=4, sequence_length=8, position_encoding="learned"
         )
     ),
     "rotary_half": lambda: on_embeddings(RotaryEmbedding(), features=8),

@@ -68,6 +68,12 @@ RENAMED = {
         {"initializer": "sinusoidal"},
         {"embeddings_initializer": "sinusoidal"},
     ),
+    "token and position": (
+        keras_posenc.TokenAndPositionEmbedding,
+        {"vocabulary_size": 5, "embedding_dim": 4, "sequence_length": 4},
+        {"position": "learned"},
+        {"position_encoding": "learned"},
+    ),
 }
 
 
