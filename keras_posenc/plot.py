@@ -76,7 +76,10 @@ def encoding_heatmap(
     return figure
 
 
-def similarity_curve(length=128, dim=64, position=None, max_wavelength=10000.0):
+@renamed_arguments({"position": "reference_position"})
+def similarity_curve(
+    length=128, dim=64, reference_position=None, max_wavelength=10000.0
+):
     """The dot product of one position's encoding with every position's.
 
     `sinusoidal(p) . sinusoidal(q)` is a sum of `cos((p - q) w_i)`: it depends
@@ -88,41 +91,45 @@ def similarity_curve(length=128, dim=64, position=None, max_wavelength=10000.0):
         length: int. The number of positions, drawn on the x axis. Defaults
             to `128`.
         dim: int. The encoding width. Defaults to `64`.
-        position: int or None. The position compared with all the others, in
-            `0 .. length - 1`. Defaults to `None`, meaning `length // 2`.
+        reference_position: int or None. The position compared with all the
+            others, in `0 .. length - 1`. Defaults to `None`, meaning
+            `length // 2`.
         max_wavelength: float. The longest wavelength. Defaults to
             `10000.0`.
 
     Returns:
         A `matplotlib.figure.Figure` with the curve and a vertical line at
-        `position`.
+        `reference_position`.
     """
     ops.check_positive_int("length", length)
-    if position is None:
-        position = length // 2
+    if reference_position is None:
+        reference_position = length // 2
     if (
-        isinstance(position, bool)
-        or not isinstance(position, numbers.Integral)
-        or not 0 <= position < length
+        isinstance(reference_position, bool)
+        or not isinstance(reference_position, numbers.Integral)
+        or not 0 <= reference_position < length
     ):
         raise ValueError(
-            f"`position` must be an integer from 0 to length - 1 = "
-            f"{length - 1}. Received: position={position!r}"
+            f"`reference_position` must be an integer from 0 to length - 1 = "
+            f"{length - 1}. Received: reference_position={reference_position!r}"
         )
     table = ops.sinusoidal(
         tf.range(length), dim, max_wavelength
     )  # (length, dim)
-    similarity = tf.linalg.matvec(table, table[position])  # (length,)
+    similarity = tf.linalg.matvec(table, table[reference_position])  # (length,)
     figure = Figure(figsize=(8, 4), layout="constrained")
     axes = figure.add_subplot()
     axes.plot(range(length), similarity.numpy(), label="dot product")
     axes.axvline(
-        position, color="tab:red", linestyle="--", label=f"position {position}"
+        reference_position,
+        color="tab:red",
+        linestyle="--",
+        label=f"position {reference_position}",
     )
     axes.set_xlabel("position")
-    axes.set_ylabel(f"dot product with position {position}")
+    axes.set_ylabel(f"dot product with position {reference_position}")
     axes.set_title(
-        f"Similarity of position {position} to every position (dim={dim})"
+        f"Similarity of position {reference_position} to every position (dim={dim})"
     )
     axes.legend()
     return figure

@@ -28,10 +28,12 @@ def test_heatmap_shows_the_paper_encoding(pairing):
     assert colorbar_axes.get_label() == "<colorbar>"
 
 
-@pytest.mark.parametrize("position", [None, 0, 37, 99])
-def test_similarity_curve_peaks_at_position(position):
-    figure = plot.similarity_curve(length=100, dim=32, position=position)
-    expected_position = 50 if position is None else position
+@pytest.mark.parametrize("reference_position", [None, 0, 37, 99])
+def test_similarity_curve_peaks_at_the_reference_position(reference_position):
+    figure = plot.similarity_curve(
+        length=100, dim=32, reference_position=reference_position
+    )
+    expected_position = 50 if reference_position is None else reference_position
     curve, marker = figure.axes[0].lines
     similarity = np.asarray(curve.get_ydata())
     assert list(curve.get_xdata()) == list(range(100))
@@ -48,9 +50,9 @@ def test_similarity_curve_peaks_at_position(position):
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        ({"position": 100}, "position=100"),
-        ({"position": -1}, "position=-1"),
-        ({"position": 2.0}, "position=2.0"),
+        ({"reference_position": 100}, "reference_position=100"),
+        ({"reference_position": -1}, "reference_position=-1"),
+        ({"reference_position": 2.0}, "reference_position=2.0"),
         ({"length": 0}, "length=0"),
         ({"dim": 0}, "dim=0"),
         ({"max_wavelength": 1.0}, "max_wavelength=1.0"),
