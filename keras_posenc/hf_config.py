@@ -205,9 +205,10 @@ def _mrope_arguments(model_type, parameters):
         sections = _MROPE_SECTIONS.get(base_type)
     if sections is None:
         return {}
-    # Qwen3-VL's text model interleaves whatever its config says.
+    # Qwen3-VL's text model interleaves (axis_layout="cyclic") whatever its
+    # config says.
     if interleaved or base_type.startswith("qwen3_vl"):
-        axis_layout = "interleaved"
+        axis_layout = "cyclic"
     else:
         axis_layout = "sections"
     return {

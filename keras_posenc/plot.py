@@ -533,7 +533,7 @@ ROPE_AXIS_SETTINGS = (
     ("axial blocks (EVA-02), 2 axes", 2, "blocks", None),
     ("alternating (Pixtral), 2 axes", 2, "alternating", None),
     ("M-RoPE sections (Qwen2-VL), t/h/w = 16/24/24", 3, "sections", [16, 24, 24]),
-    ("interleaved M-RoPE (Qwen3-VL), t/h/w = 24/20/20", 3, "interleaved", [24, 20, 20]),
+    ("cyclic M-RoPE (Qwen3-VL), t/h/w = 24/20/20", 3, "cyclic", [24, 20, 20]),
 )
 
 
@@ -545,7 +545,7 @@ def rope_axis_assignment(max_wavelength=10000.0):
     axis it turns with. Axial blocks give every axis the whole range of
     frequencies over a block of its own; M-RoPE sections keep the 1-D
     schedule and give each axis a contiguous run of it, so time gets only
-    the fast frequencies and width only the slow ones; the interleaved and
+    the fast frequencies and width only the slow ones; the cyclic and
     alternating layouts deal the schedule out to the axes in turn, so every
     axis spans it.
 

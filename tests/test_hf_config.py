@@ -82,7 +82,7 @@ QWEN3_VL_ARGUMENTS = {
     "rotary_dim": None,
     "scaling": None,
     "num_axes": 3,
-    "axis_layout": "interleaved",
+    "axis_layout": "cyclic",
     "axis_sections": [24, 20, 20],
 }
 

@@ -471,7 +471,7 @@ def test_rope_axis_assignment_draws_each_pairs_axis_and_frequency():
         "axial": references.axial_rope_frequencies(128, 2, 1000.0),
         "alternating": references.pixtral_frequencies(128, 1000.0),
         "sections": references.mrope_frequencies(128, [16, 24, 24], 1000.0),
-        "interleaved M-RoPE": references.interleaved_mrope_frequencies(
+        "cyclic M-RoPE": references.interleaved_mrope_frequencies(
             128, [24, 20, 20], 1000.0
         ),
     }

@@ -44,6 +44,12 @@ RENAMED = {
         {"layout": "interleaved"},
         {"pairing": "interleaved"},
     ),
+    "rotary axis_layout interleaved": (
+        keras_posenc.RotaryEmbedding,
+        {"num_axes": 3},
+        {"axis_layout": "interleaved"},
+        {"axis_layout": "cyclic"},
+    ),
     "alibi symmetric": (
         keras_posenc.AlibiBias,
         {"num_heads": 2},
@@ -146,6 +152,16 @@ OPS_CALLS = {
             pairing="interleaved",
         ),
         "pairing",
+    ),
+    "rope_frequency_matrix interleaved": (
+        lambda: ops.rope_frequency_matrix(12, 3, "interleaved"),
+        lambda: ops.rope_frequency_matrix(12, 3, "cyclic"),
+        "axis_layout='cyclic'",
+    ),
+    "rope_pair_axes interleaved": (
+        lambda: ops.rope_pair_axes(6, 3, axis_layout="interleaved"),
+        lambda: ops.rope_pair_axes(6, 3, axis_layout="cyclic"),
+        "axis_layout='cyclic'",
     ),
     "hop_counts max_distance": (
         lambda: ops.hop_counts(np.eye(3, k=1)[None] + np.eye(3, k=-1)[None], max_distance=1),

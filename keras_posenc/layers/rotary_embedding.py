@@ -12,7 +12,9 @@ from keras_posenc.layers._renamed import renamed_arguments
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-@renamed_arguments({"layout": "pairing"})
+@renamed_arguments(
+    {"layout": "pairing"}, {"axis_layout": {"interleaved": "cyclic"}}
+)
 class RotaryEmbedding(AttentionPosition):
     """Rotary position embedding (RoPE): rotate queries and keys by position.
 
@@ -50,9 +52,9 @@ class RotaryEmbedding(AttentionPosition):
       over the whole rotary width, whose contiguous sections of
       `axis_sections[a]` pairs read axes `t, h, w` in turn; the later axes
       get the slower frequencies.
-    - `"interleaved"` (Qwen3-VL's interleaved M-RoPE): one 1-D schedule,
-      pair `i` reading axis `i % num_axes` (`t, h, w, t, h, w, ...`), so
-      every axis spans the range of frequencies. With `axis_sections`, as
+    - `"cyclic"` (Qwen3-VL's M-RoPE, which its config calls interleaved):
+      one 1-D schedule, pair `i` reading axis `i % num_axes` (`t, h, w, t,
+      h, w, ...`), so every axis spans the range of frequencies. With `axis_sections`, as
       Qwen3-VL's `mrope_section` `[24, 20, 20]`, axis `a >= 1` reads pairs
       `a, a + n, ...` below `n * axis_sections[a]` and axis 0 the rest (the
       last 4 pairs there).
@@ -62,7 +64,7 @@ class RotaryEmbedding(AttentionPosition):
       (the first half of the pairs read rows, the second half columns).
 
     Qwen3-VL and Pixtral give each axis the same frequencies but put them in
-    different pairs: interleaved, pair `2j` reads rows and `2j + 1` columns
+    different pairs: cyclic, pair `2j` reads rows and `2j + 1` columns
     at frequency `w_2j` and `w_2j+1`; alternating, pair `j` reads rows at
     `w_2j` and pair `d / 4 + j` columns at `w_2j+1`. The two differ by a
     fixed permutation of the pairs, so they give the same attention scores
@@ -104,7 +106,7 @@ class RotaryEmbedding(AttentionPosition):
             2 for an image, 3 for video or Qwen2-VL's `(t, h, w)`. Defaults
             to `1`.
         axis_layout: str. Which axis each rotary pair reads, and at which
-            frequency: `"blocks"`, `"sections"`, `"interleaved"` or
+            frequency: `"blocks"`, `"sections"`, `"cyclic"` or
             `"alternating"`, as above. Defaults to `"blocks"`.
         axis_sections: list of ints or None. The number of rotary pairs of
             each axis, summing to `rotary_dim / 2` (Qwen2-VL's
@@ -660,7 +662,7 @@ class RotaryEmbedding(AttentionPosition):
           Build the positions with `keras_posenc.ops.multimodal_positions`.
         - Qwen3-VL (`"qwen3_vl"`, `"qwen3_vl_moe"`, their `"_text"`
           configs, or any `"mrope_interleaved": true`): likewise with
-          `axis_layout="interleaved"` (`mrope_section` `[24, 20, 20]`
+          `axis_layout="cyclic"` (`mrope_section` `[24, 20, 20]`
           when missing). Its text config carries them in `rope_scaling`
           or, as transformers 5 writes it, `rope_parameters`.
         - Pixtral's vision encoder (`"model_type": "pixtral"`, its

@@ -123,7 +123,7 @@ def check_integer_scalar(name, value):
 
 # Rotary position embedding on grids (issue 14): which axis each pair reads.
 
-AXIS_LAYOUTS = ("blocks", "sections", "interleaved", "alternating")
+AXIS_LAYOUTS = ("blocks", "sections", "cyclic", "alternating")
 
 
 def check_axis_layout(axis_layout, num_axes, axis_sections=None):

@@ -165,6 +165,7 @@ def shifted_cos_sin(length, start_index, frequencies):
     return cos, sin
 
 
+@renamed_arguments(values={"axis_layout": {"interleaved": "cyclic"}})
 def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None):
     """The axis that each rotary pair reads, and its place in its schedule.
 
@@ -178,8 +179,8 @@ def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None
     - `"sections"`: contiguous sections read the axes in turn, as in
       `"blocks"`, but pair `i` keeps place `i` of one schedule over the
       whole width (Qwen2-VL's M-RoPE, `mrope_section`).
-    - `"interleaved"`: pair `i` reads axis `i % num_axes` and keeps place `i`
-      (Qwen3-VL's interleaved M-RoPE). With `axis_sections`, as Qwen3-VL
+    - `"cyclic"`: pair `i` reads axis `i % num_axes` and keeps place `i`
+      (Qwen3-VL's M-RoPE, which its config calls interleaved). With `axis_sections`, as Qwen3-VL
       does: axis `a >= 1` reads the pairs `i = a, a + n, ...` below
       `n * axis_sections[a]`, and axis 0 every other pair.
     - `"alternating"`: contiguous equal blocks, as `"blocks"`, but the one
@@ -208,7 +209,7 @@ def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None
     check_positive_int("num_pairs", num_pairs)
     check_axis_layout(axis_layout, num_axes, axis_sections)
     if axis_sections is None:
-        if axis_layout != "interleaved" and num_pairs % num_axes:
+        if axis_layout != "cyclic" and num_pairs % num_axes:
             raise ValueError(
                 f"axis_layout={axis_layout!r} with num_axes={num_axes} splits "
                 f"the {num_pairs} rotary pairs (rotary width "
@@ -226,7 +227,7 @@ def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None
                 f"{num_pairs} (half the rotary width {2 * num_pairs}). "
                 f"Received: axis_sections={axis_sections!r}"
             )
-    if axis_layout == "interleaved":
+    if axis_layout == "cyclic":
         axes = [0] * num_pairs
         for axis in range(1, num_axes):
             count = (
@@ -261,6 +262,7 @@ def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None
     return axes, places, [2 * num_pairs] * num_pairs
 
 
+@renamed_arguments(values={"axis_layout": {"interleaved": "cyclic"}})
 def rope_frequency_matrix(
     rotary_dim,
     num_axes,
