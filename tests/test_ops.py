@@ -218,9 +218,9 @@ def test_rotate_turns_each_pair_by_its_angle(pairing):
     # position * frequency is exact in float32 and the reference turns by
     # the very angles the function gets.
     inverse_frequencies = np.array([1.0, 0.3125, 0.0625, 0.01171875])
-    phases = (positions[..., None] * inverse_frequencies).astype("float32")
+    angles = (positions[..., None] * inverse_frequencies).astype("float32")
     outputs = ops.rotate(
-        keras.ops.convert_to_tensor(inputs), phases[:, :, None], pairing
+        keras.ops.convert_to_tensor(inputs), angles[:, :, None], pairing
     )  # (2, 5, 3, 8): the angles broadcast over the heads
     assert dtype_of(outputs) == "float32"
     expected = references.rotary(
@@ -239,8 +239,8 @@ def test_rotate_in_float64_is_the_reference(pairing):
     inputs = np.random.default_rng(1).normal(size=(3, 6, 10))
     positions = np.linspace(-50.0, 3000.0, 6)
     inverse_frequencies, _ = references.rope_inverse_frequencies(10, 500000.0)
-    phases = positions[:, None] * inverse_frequencies  # (6, 5)
-    outputs = ops.rotate(keras.ops.convert_to_tensor(inputs), phases, pairing)
+    angles = positions[:, None] * inverse_frequencies  # (6, 5)
+    outputs = ops.rotate(keras.ops.convert_to_tensor(inputs), angles, pairing)
     assert dtype_of(outputs) == "float64"
     np.testing.assert_allclose(
         numpy(outputs),
@@ -260,10 +260,10 @@ def test_rotate_keeps_the_norm_of_each_pair(half_dim, start, pairing):
     dim = 2 * half_dim
     inputs = np.random.default_rng(start).normal(size=(4, 7, dim)).astype("float32")
     inverse_frequencies, _ = references.rope_inverse_frequencies(dim)
-    phases = ((start + np.arange(7))[:, None] * inverse_frequencies).astype(
+    angles = ((start + np.arange(7))[:, None] * inverse_frequencies).astype(
         "float32"
     )  # (7, half_dim)
-    outputs = numpy(ops.rotate(keras.ops.convert_to_tensor(inputs), phases, pairing))
+    outputs = numpy(ops.rotate(keras.ops.convert_to_tensor(inputs), angles, pairing))
 
     def pair_norms(values):
         values = values.astype("float64")

@@ -138,6 +138,11 @@ OPS_CALLS = {
         lambda: ops.rotate(np.ones((1, 4), "float32"), np.ones((1, 2), "float32"), pairing="interleaved"),
         "pairing",
     ),
+    "rotate phases": (
+        lambda: ops.rotate(np.ones((1, 4), "float32"), phases=np.ones((1, 2), "float32")),
+        lambda: ops.rotate(np.ones((1, 4), "float32"), angles=np.ones((1, 2), "float32")),
+        "angles",
+    ),
     "rotate_by_tables layout": (
         lambda: ops.rotate_by_tables(
             np.ones((1, 4), "float32"),

@@ -16,11 +16,11 @@ from keras_posenc.ops.sinusoidal import (
 )
 
 
-@renamed_arguments({"layout": "pairing"})
-def rotate(inputs, phases, pairing="half"):
+@renamed_arguments({"layout": "pairing", "phases": "angles"})
+def rotate(inputs, angles, pairing="half"):
     """Turn each pair of features by an angle: the rotary position embedding.
 
-    Pair `i` of the last axis, `(a, b)`, turned by the angle `t = phases[i]`
+    Pair `i` of the last axis, `(a, b)`, turned by the angle `t = angles[i]`
     becomes `(a cos t - b sin t, b cos t + a sin t)`, computed in the
     element-wise form `inputs * cos + rotate(inputs) * sin` of Su et al.
     (2021), eq. 34, never with a rotation matrix. With `pairing="half"`
@@ -30,7 +30,7 @@ def rotate(inputs, phases, pairing="half"):
 
     Args:
         inputs: float tensor of shape `(..., d)`, `d` even.
-        phases: tensor of shape `(..., d / 2)`, one angle per pair,
+        angles: tensor of shape `(..., d / 2)`, one angle per pair,
             broadcastable against `inputs[..., : d / 2]`, in the dtype of
             `inputs`.
         pairing: `"half"` or `"interleaved"`: which features form a pair.
@@ -49,19 +49,19 @@ def rotate(inputs, phases, pairing="half"):
     """
     check_pairing(pairing)
     inputs = keras.ops.convert_to_tensor(inputs)
-    phases = keras.ops.convert_to_tensor(phases)
+    angles = keras.ops.convert_to_tensor(angles)
     if _backend.computes_tables_apart():
         # One cosine and one sine per pair, each a tensor of its own
         # (`_backend.computed_apart`), then laid out per feature.
         cosines, sines = (
             _full_width(_backend.computed_apart(table), pairing)
-            for table in (keras.ops.cos(phases), keras.ops.sin(phases))
+            for table in (keras.ops.cos(angles), keras.ops.sin(angles))
         )  # (..., d) each
     else:
         # The angles laid out at full width before cos and sin, which lets
         # XLA fuse the whole rotation into one loop over the inputs.
-        phases = _full_width(phases, pairing)  # (..., d)
-        cosines, sines = keras.ops.cos(phases), keras.ops.sin(phases)
+        angles = _full_width(angles, pairing)  # (..., d)
+        cosines, sines = keras.ops.cos(angles), keras.ops.sin(angles)
     return inputs * cosines + _turned(inputs, pairing) * sines
 
 
