@@ -2,7 +2,7 @@
 
 `ops.grid_positions` against NumPy's own grid indices, `ops.read_positions`
 (the one reader of positions every layer calls) on every accepted shape and
-every refused one, the per-axis `ops.relative_distance`, and a `.keras` file
+every refused one, the per-axis `ops.relative_position`, and a `.keras` file
 of every 1-D layer written before grids existed, which must load with the
 same numbers.
 """
@@ -114,7 +114,7 @@ def test_bad_num_axes_raises_value_error_naming_it(num_axes):
 
 
 @pytest.mark.parametrize("query_batch, key_batch", [(None, None), (2, None), (1, 2)])
-def test_relative_distance_on_a_grid_is_per_axis(query_batch, key_batch):
+def test_relative_position_on_a_grid_is_per_axis(query_batch, key_batch):
     rng = np.random.default_rng(0)
 
     def positions(batch, length):
@@ -122,10 +122,10 @@ def test_relative_distance_on_a_grid_is_per_axis(query_batch, key_batch):
         return rng.integers(-20, 20, size=shape)
 
     query, key = positions(query_batch, 4), positions(key_batch, 5)
-    distance = numpy(ops.relative_distance(query, key, num_axes=3))
+    distance = numpy(ops.relative_position(query, key, num_axes=3))
     batch = max(query_batch or 1, key_batch or 1)
     assert distance.shape == (batch, 4, 5, 3)
-    assert ops.relative_distance_shape(query.shape, key.shape, 3) == (
+    assert ops.relative_position_shape(query.shape, key.shape, 3) == (
         batch, 4, 5, 3,
     )
     query, key = (

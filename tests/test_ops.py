@@ -324,15 +324,15 @@ def test_alibi_slopes_known_values():
         ((5,), (2, 7), (2, 5, 7)),
     ],
 )
-def test_relative_distance_is_key_minus_query(query_shape, key_shape, expected):
+def test_relative_position_is_key_minus_query(query_shape, key_shape, expected):
     rng = np.random.default_rng(0)
     query_positions = rng.integers(-50, 5000, query_shape)
     key_positions = rng.integers(-50, 5000, key_shape)
-    distance = ops.relative_distance(query_positions, key_positions)
+    distance = ops.relative_position(query_positions, key_positions)
     assert dtype_of(distance) == "int32"
     assert tuple(distance.shape) == expected
     distance = numpy(distance)
-    assert ops.relative_distance_shape(query_shape, key_shape) == expected
+    assert ops.relative_position_shape(query_shape, key_shape) == expected
     query = query_positions.reshape((-1,) + query_shape[-1:])
     key = key_positions.reshape((-1,) + key_shape[-1:])
     for b, i, j in np.ndindex(expected):
@@ -348,13 +348,13 @@ def test_relative_distance_is_key_minus_query(query_shape, key_shape, expected):
         ((None,), (None,), (1, None, None)),
     ],
 )
-def test_relative_distance_shape_with_unknown_sizes(query_shape, key_shape, expected):
-    assert ops.relative_distance_shape(query_shape, key_shape) == expected
+def test_relative_position_shape_with_unknown_sizes(query_shape, key_shape, expected):
+    assert ops.relative_position_shape(query_shape, key_shape) == expected
 
 
-def test_relative_distance_with_unknown_shapes_in_a_graph():
+def test_relative_position_with_unknown_shapes_in_a_graph():
     def distance(query_positions, key_positions):
-        return ops.relative_distance(query_positions, key_positions)
+        return ops.relative_position(query_positions, key_positions)
 
     distance = graph_function(
         distance, [((None, None), "int32"), ((None, None), WIDE_INT)]
@@ -469,15 +469,15 @@ def buckets_with(**kwargs):
         (lambda: ops.alibi_slopes(4.0), "num_heads=4.0"),
         (lambda: ops.alibi_slopes(True), "num_heads=True"),
         (
-            lambda: ops.relative_distance(np.zeros((1, 3)), INT_POSITIONS),
+            lambda: ops.relative_position(np.zeros((1, 3)), INT_POSITIONS),
             "query_positions of dtype float64",
         ),
         (
-            lambda: ops.relative_distance(INT_POSITIONS, INT_POSITIONS[None]),
+            lambda: ops.relative_position(INT_POSITIONS, INT_POSITIONS[None]),
             r"key_positions of dtype int32 and shape \(1, 1, 3\)",
         ),
         (
-            lambda: ops.relative_distance(
+            lambda: ops.relative_position(
                 np.zeros((2, 3), "int32"), np.zeros((3, 4), "int32")
             ),
             r"query_positions of shape \(2, 3\), key_positions of shape \(3, 4\)",

@@ -196,3 +196,16 @@ def test_plot_takes_the_old_layout_with_a_warning():
     with pytest.warns(DeprecationWarning, match="pairing='half'"):
         figure = plot.encoding_heatmap(length=4, dim=4, layout="concat")
     assert "half" in figure.axes[0].get_title()
+
+
+def test_relative_distance_is_an_alias_that_warns():
+    query, key = np.arange(3), np.array([[0, 2]])
+    with pytest.warns(DeprecationWarning, match="use `relative_position`"):
+        old = ops.relative_distance(query, key)
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(old),
+        keras.ops.convert_to_numpy(ops.relative_position(query, key)),
+    )
+    with pytest.warns(DeprecationWarning, match="use `relative_position_shape`"):
+        shape = ops.relative_distance_shape((3,), (1, 2))
+    assert shape == ops.relative_position_shape((3,), (1, 2)) == (1, 3, 2)

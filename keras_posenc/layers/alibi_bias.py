@@ -165,7 +165,7 @@ class AlibiBias(HeadBias):
         ):
             distance = _float_distance(query_positions, key_positions)
         else:
-            distance = ops.relative_distance(
+            distance = ops.relative_position(
                 query_positions, key_positions
             )  # (batch or 1, query, key): j - i
         if self.bidirectional:

@@ -46,6 +46,8 @@ from keras_posenc.ops.rotary import (
 )
 from keras_posenc.ops.relative import (
     alibi_slopes,
+    relative_position_shape,
+    relative_position,
     relative_distance_shape,
     relative_distance,
     clipped_distance_rows,
@@ -98,7 +100,9 @@ __all__ = [
     "read_positions",
     "relative_distance",
     "relative_distance_shape",
+    "relative_position",
     "relative_position_bucket",
+    "relative_position_shape",
     "resize_grid",
     "resize_matrix",
     "rope_frequency_matrix",
