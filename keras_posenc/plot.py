@@ -232,7 +232,7 @@ def rope_wavelengths(
     axes = figure.add_subplot()
     for label, scaling in schedules.items():
         inverse_frequencies, _ = rope_scaling.rope_parameters(
-            scaling, head_dim, max_wavelength, sequence_length=extended
+            scaling, head_dim, max_wavelength, length=extended
         )  # (head_dim / 2,)
         wavelengths = 2 * math.pi / inverse_frequencies.numpy().astype("float64")
         axes.plot(pairs, wavelengths, label=label)

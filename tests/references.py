@@ -45,7 +45,7 @@ def _yarn_correction_dim(rotations, dim, base, original):
     return dim * math.log(turns) / (2.0 * math.log(base))
 
 
-def rope_inverse_frequencies(dim, base=10000.0, scaling=None, sequence_length=None):
+def rope_inverse_frequencies(dim, base=10000.0, scaling=None, length=None):
     """RoPE inverse frequencies under a Hugging Face style scaling dict.
 
     Follows `_compute_*_parameters` of transformers' `modeling_rope_utils.py`
@@ -64,7 +64,7 @@ def rope_inverse_frequencies(dim, base=10000.0, scaling=None, sequence_length=No
     factor = scaling.get("factor")
     original = scaling["original_max_position_embeddings"]
     if rope_type == "dynamic":
-        length = original if sequence_length is None else max(sequence_length, original)
+        length = original if length is None else max(length, original)
         scaled_base = base * (factor * length / original - (factor - 1.0)) ** (
             dim / (dim - 2.0)
         )
@@ -112,7 +112,7 @@ def rope_inverse_frequencies(dim, base=10000.0, scaling=None, sequence_length=No
                 inverse_frequencies[i] *= (1.0 - smooth) / factor + smooth
         return inverse_frequencies, 1.0
     if rope_type == "longrope":
-        use_long = sequence_length is not None and sequence_length > original
+        use_long = length is not None and length > original
         rescale = scaling["long_factor" if use_long else "short_factor"]
         inverse_frequencies = np.array(
             [1.0 / (rescale[i] * base ** (2.0 * i / dim)) for i in range(half)],

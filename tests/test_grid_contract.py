@@ -71,7 +71,7 @@ def test_bad_grid_shape_raises_value_error_naming_it(grid_shape):
 def test_read_positions_takes_every_documented_shape(shape, num_axes, expected):
     positions = np.arange(np.prod(shape)).reshape(shape)
     read = ops.read_positions(
-        positions, num_axes, sequence_length=5, batch_size=2
+        positions, num_axes, length=5, batch_size=2
     )
     assert tuple(read.shape) == expected
     np.testing.assert_array_equal(
@@ -85,7 +85,7 @@ def test_read_positions_takes_every_documented_shape(shape, num_axes, expected):
         ((5, 3), 2, {}, r"\(sequence, 2\) or \(batch, sequence, 2\) for num_axes=2"),
         ((5,), 2, {}, "for num_axes=2"),
         ((2, 5, 2, 1), 2, {}, "shape \\(2, 5, 2, 1\\)"),
-        ((4,), 1, {"sequence_length": 5}, "sequence length 5"),
+        ((4,), 1, {"length": 5}, "sequence length 5"),
         ((3, 5), 1, {"batch_size": 2}, "batch size 2"),
         ((3, 5, 2), 2, {"batch_size": 2}, "batch size 2"),
         ((2, 5), 1, {"per_batch": False}, r"must have shape \(sequence,\)"),

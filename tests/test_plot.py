@@ -125,7 +125,7 @@ def test_rope_wavelengths_match_the_reference(
             max_wavelength,
             scalings[schedule],
             # Dynamic scaling is drawn at the extended length.
-            sequence_length=factor * original,
+            length=factor * original,
         )
         np.testing.assert_allclose(
             curve.get_ydata(), 2 * math.pi / inverse_frequencies, rtol=2e-5

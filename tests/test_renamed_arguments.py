@@ -17,6 +17,7 @@ import pytest
 import keras_posenc
 from keras_posenc import ops
 from keras_posenc import plot
+from keras_posenc import rope_scaling
 
 # (layer, arguments besides the renamed one, old arguments, new arguments)
 RENAMED = {
@@ -127,6 +128,11 @@ def test_old_and_new_name_together_is_an_error():
         keras_posenc.RotaryEmbedding(layout="half", pairing="half")
 
 
+DYNAMIC = {
+    "rope_type": "dynamic",
+    "factor": 2.0,
+    "original_max_position_embeddings": 16,
+}
 OPS_CALLS = {
     "sinusoidal layout": (
         lambda: ops.sinusoidal(np.arange(3), 4, layout="concat"),
@@ -167,6 +173,28 @@ OPS_CALLS = {
         lambda: ops.rope_pair_axes(6, 3, axis_layout="interleaved"),
         lambda: ops.rope_pair_axes(6, 3, axis_layout="cyclic"),
         "axis_layout='cyclic'",
+    ),
+    "read_positions sequence_length": (
+        lambda: ops.read_positions(np.arange(4), sequence_length=4),
+        lambda: ops.read_positions(np.arange(4), length=4),
+        "length",
+    ),
+    "position_ids sequence_length": (
+        lambda: ops.position_ids(sequence_length=4, start_index=2),
+        lambda: ops.position_ids(length=4, start_index=2),
+        "length",
+    ),
+    "rope_parameters sequence_length": (
+        lambda: rope_scaling.rope_parameters(
+            DYNAMIC, 8, 10000.0, sequence_length=64
+        )[0],
+        lambda: rope_scaling.rope_parameters(DYNAMIC, 8, 10000.0, length=64)[0],
+        "length",
+    ),
+    "dynamic sequence_length": (
+        lambda: rope_scaling.dynamic(8, 10000.0, 2.0, 16, sequence_length=64)[0],
+        lambda: rope_scaling.dynamic(8, 10000.0, 2.0, 16, length=64)[0],
+        "length",
     ),
     "hop_counts max_distance": (
         lambda: ops.hop_counts(np.eye(3, k=1)[None] + np.eye(3, k=-1)[None], max_distance=1),

@@ -386,7 +386,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             positions = ops.read_positions(
                 positions,
                 num_axes,
-                sequence_length=length,
+                length=length,
                 batch_size=inputs.shape[0],
                 name=name,
                 integer=True,

@@ -414,7 +414,7 @@ class RotaryEmbedding(AttentionPosition):
             return ops.read_positions(
                 positions,
                 self.num_axes,
-                sequence_length=length,
+                length=length,
                 batch_size=inputs.shape[0],
                 per_batch=sequence_axis > 0,
             )
