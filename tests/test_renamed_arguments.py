@@ -237,3 +237,99 @@ def test_relative_distance_is_an_alias_that_warns():
     with pytest.warns(DeprecationWarning, match="use `relative_position_shape`"):
         shape = ops.relative_distance_shape((3,), (1, 2))
     assert shape == ops.relative_position_shape((3,), (1, 2)) == (1, 3, 2)
+
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "before_renames")
+
+# Each layer of the fixture: its arguments under their new names, as saved.
+SAVED_ARGUMENTS = {
+    "sinusoidal": {"pairing": "half"},
+    "learned": {"embeddings_initializer": "RandomNormal"},
+    "rotary_grid": {"pairing": "interleaved", "axis_layout": "cyclic"},
+    "attention_rotary/position": {"pairing": "interleaved"},
+    "attention_alibi/position": {"bidirectional": True},
+    "attention_shaw/position": {"max_relative_position": 3},
+    "attention_graphormer/position": {"max_hops": 2},
+    "token_and_position": {"position_encoding": "learned"},
+}
+OLD_NAMES = {
+    "layout", "initializer", "symmetric", "max_distance", "position",
+}
+
+
+def model_with_the_new_names():
+    """The fixture's model, as `generate_before_renames.py` builds it, renamed."""
+    embeddings = keras.Input((6, 8), name="embeddings")
+    tokens = keras.Input((6,), dtype="int32", name="tokens")
+    adjacency = keras.Input((6, 6), name="adjacency")
+    sinusoidal = keras_posenc.SinusoidalPositionEncoding(
+        pairing="half", name="sinusoidal"
+    )(embeddings)
+    learned = keras_posenc.PositionEmbedding(
+        sequence_length=8, embeddings_initializer="random_normal", name="learned"
+    )(embeddings)
+    heads = keras.layers.Reshape((6, 2, 4), name="heads")(embeddings)
+    rotary_grid = keras_posenc.RotaryEmbedding(
+        max_wavelength=100.0,
+        pairing="interleaved",
+        num_axes=2,
+        axis_layout="cyclic",
+        name="rotary_grid",
+    )(heads, grid_shape=(2, 3))
+    attention_outputs = [
+        keras_posenc.PositionalMultiHeadAttention(
+            num_heads=2, key_dim=4, position=position, name=f"attention_{name}"
+        )(embeddings, embeddings, **call_arguments)
+        for name, position, call_arguments in (
+            ("rotary", keras_posenc.RotaryEmbedding(pairing="interleaved"), {}),
+            ("alibi", keras_posenc.AlibiBias(num_heads=2, bidirectional=True), {}),
+            (
+                "shaw",
+                keras_posenc.RelativePositionEmbedding(max_relative_position=3),
+                {},
+            ),
+            (
+                "graphormer",
+                keras_posenc.ShortestPathBias(num_heads=2, max_hops=2),
+                {"adjacency": adjacency},
+            ),
+        )
+    ]
+    token_and_position = keras_posenc.TokenAndPositionEmbedding(
+        vocabulary_size=11,
+        embedding_dim=8,
+        sequence_length=8,
+        position_encoding="learned",
+        name="token_and_position",
+    )(tokens)
+    return keras.Model(
+        [embeddings, tokens, adjacency],
+        [sinusoidal, learned, rotary_grid, *attention_outputs, token_and_position],
+    )
+
+
+def test_a_file_saved_before_the_renames_loads_under_the_new_names():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        loaded = keras.models.load_model(f"{FIXTURE}.keras", safe_mode=True)
+    for name, expected in SAVED_ARGUMENTS.items():
+        layer_name, _, part = name.partition("/")
+        layer = loaded.get_layer(layer_name)
+        config = layer.position.get_config() if part else layer.get_config()
+        assert not OLD_NAMES & set(config) - {"position"}, name
+        for argument, value in expected.items():
+            saved = config[argument]
+            if isinstance(saved, dict):
+                saved = saved["class_name"]
+            assert saved == value, (name, argument)
+    assert "position" not in loaded.get_layer("token_and_position").get_config()
+
+    rebuilt = model_with_the_new_names()
+    rebuilt.set_weights(loaded.get_weights())
+    inputs = np.load(f"{FIXTURE}.npz")
+    inputs = [inputs["embeddings"], inputs["tokens"], inputs["adjacency"]]
+    for expected, output in zip(
+        rebuilt.predict(inputs, verbose=0), loaded.predict(inputs, verbose=0)
+    ):
+        assert np.isfinite(output).all()
+        np.testing.assert_array_equal(output, expected)
