@@ -69,7 +69,7 @@ def build_model():
     graph = keras_posenc.PositionalMultiHeadAttention(
         num_heads=HEADS,
         key_dim=WIDTH // HEADS,
-        position=keras_posenc.ShortestPathBias(num_heads=HEADS, max_distance=2),
+        position=keras_posenc.ShortestPathBias(num_heads=HEADS, max_hops=2),
     )
     x = keras.layers.LayerNormalization()(x + graph(x, x, adjacency=adjacency))
     logits = keras.layers.Dense(VOCABULARY)(x)

@@ -67,7 +67,7 @@ def _graph_attention():
     attended = keras_posenc.PositionalMultiHeadAttention(
         num_heads=HEADS,
         key_dim=4,
-        position=keras_posenc.ShortestPathBias(num_heads=HEADS, max_distance=3),
+        position=keras_posenc.ShortestPathBias(num_heads=HEADS, max_hops=3),
     )(nodes, nodes, adjacency=adjacency)
     return keras.Model([nodes, adjacency], keras.layers.Dense(4)(attended))
 

@@ -101,7 +101,7 @@ def token_embedding(position, mask_zero=False):
         VOCABULARY_SIZE,
         WIDTH,
         sequence_length=MAX_LENGTH,
-        position=position,
+        position_encoding=position,
         mask_zero=mask_zero,
     )
 

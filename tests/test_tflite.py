@@ -39,7 +39,7 @@ def token_model(position):
         vocabulary_size=100,
         embedding_dim=FEATURES,
         sequence_length=16,
-        position=position,
+        position_encoding=position,
     )
     return keras.Model(inputs, embedding(inputs))
 
