@@ -222,12 +222,16 @@ def test_functions_take_old_names_with_a_warning(case):
     )
 
 
+# plot draws with TensorFlow.
+@pytest.mark.tensorflow_only
 def test_plot_takes_the_old_position_with_a_warning():
     with pytest.warns(DeprecationWarning, match="reference_position=3"):
         figure = plot.similarity_curve(length=8, dim=4, position=3)
     assert list(figure.axes[0].lines[1].get_xdata()) == [3, 3]
 
 
+# plot draws with TensorFlow.
+@pytest.mark.tensorflow_only
 def test_plot_takes_the_old_layout_with_a_warning():
     with pytest.warns(DeprecationWarning, match="pairing='half'"):
         figure = plot.encoding_heatmap(length=4, dim=4, layout="concat")
