@@ -246,7 +246,7 @@ def on_pre_build(config):
     }
     figures = {
         "encoding_heatmap.png": plot.encoding_heatmap(),
-        "encoding_heatmap_concat.png": plot.encoding_heatmap(layout="concat"),
+        "encoding_heatmap_half.png": plot.encoding_heatmap(pairing="half"),
         "similarity.png": plot.similarity_curve(),
         "rope_wavelengths.png": plot.rope_wavelengths(),
         "grid_similarity.png": plot.grid_similarity(),

@@ -95,7 +95,7 @@ def rotary_embedding_arguments(config, layer_type=None):
     >>> rotary_embedding_arguments(
     ...     {"head_dim": 64, "rope_theta": 500000.0, "partial_rotary_factor": 0.5}
     ... )
-    {'max_wavelength': 500000.0, 'layout': 'half', 'rotary_dim': 32,
+    {'max_wavelength': 500000.0, 'pairing': 'half', 'rotary_dim': 32,
      'scaling': None}
     """
     if not isinstance(config, dict):
@@ -140,7 +140,7 @@ def rotary_embedding_arguments(config, layer_type=None):
             f"`{name}['{key}']` must name its schedule: `rope_type` (or its "
             f"older name `type`). Received: {key}={given!r}"
         )
-    layout, rotary_dim = "half", None
+    pairing, rotary_dim = "half", None
     if model_type in _DEEPSEEK_MODEL_TYPES:
         ops.check_positive_int(
             f"{name}['qk_rope_head_dim']", config.get("qk_rope_head_dim")
@@ -148,7 +148,7 @@ def rotary_embedding_arguments(config, layer_type=None):
         # V2 multiplies adjacent pairs as complex numbers; V3 does the
         # same unless rope_interleave is false.
         if model_type == "deepseek_v2" or config.get("rope_interleave", True):
-            layout = "interleaved"
+            pairing = "interleaved"
     elif "qk_rope_head_dim" in config:
         raise ValueError(
             f"`{name}` gives `qk_rope_head_dim`, a separately rotated slice "
@@ -158,7 +158,7 @@ def rotary_embedding_arguments(config, layer_type=None):
         )
     elif model_type == "gptj":
         # GPT-J pairs features 2i and 2i + 1 and gives the rotated width.
-        layout = "interleaved"
+        pairing = "interleaved"
         rotary_dim = config.get("rotary_dim")
     elif rope_type == "proportional":
         # Spaced over the whole head, the share rotating: a schedule key.
@@ -194,7 +194,7 @@ def rotary_embedding_arguments(config, layer_type=None):
     _warn_as_transformers(rope_type, parameters, config, name)
     return {
         "max_wavelength": base,
-        "layout": layout,
+        "pairing": pairing,
         "rotary_dim": rotary_dim,
         "scaling": scaling,
         **grid,
@@ -217,9 +217,10 @@ def _mrope_arguments(model_type, parameters):
         sections = _MROPE_SECTIONS.get(base_type)
     if sections is None:
         return {}
-    # Qwen3-VL's text model interleaves whatever its config says.
+    # Qwen3-VL's text model interleaves (axis_layout="cyclic") whatever its
+    # config says.
     if interleaved or base_type.startswith("qwen3_vl"):
-        axis_layout = "interleaved"
+        axis_layout = "cyclic"
     else:
         axis_layout = "sections"
     return {

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from keras_posenc import ops
 from keras_posenc import rope_scaling
+from keras_posenc.ops._renamed import renamed_arguments
 
 try:
     from matplotlib.figure import Figure
@@ -27,16 +28,17 @@ except ImportError as error:
     ) from error
 
 
+@renamed_arguments({"layout": "pairing"}, {"pairing": {"concat": "half"}})
 def encoding_heatmap(
-    length=128, dim=64, max_wavelength=10000.0, layout="interleaved"
+    length=128, dim=64, max_wavelength=10000.0, pairing="interleaved"
 ):
     """A heatmap of the sinusoidal encoding of positions `0 .. length - 1`.
 
     Row `p` is `keras_posenc.ops.sinusoidal(p, dim)`: the fast sines and
     cosines on the left (low features) change at every position, the slow
     ones on the right barely move over the first hundred positions. With
-    `layout="interleaved"` the columns alternate sine, cosine; with
-    `"concat"` the sines fill the left half and the cosines the right.
+    `pairing="interleaved"` the columns alternate sine, cosine; with
+    `"half"` the sines fill the left half and the cosines the right.
 
     Args:
         length: int. The number of positions, drawn on the y axis. Defaults
@@ -44,15 +46,15 @@ def encoding_heatmap(
         dim: int. The encoding width, drawn on the x axis. Defaults to `64`.
         max_wavelength: float. The longest wavelength. Defaults to
             `10000.0`.
-        layout: str. `"interleaved"` or `"concat"`. Defaults to
-            `"interleaved"`.
+        pairing: str. Which features form a (sin, cos) pair: `"interleaved"`
+            or `"half"`. Defaults to `"interleaved"`.
 
     Returns:
         A `matplotlib.figure.Figure` with the heatmap and a colorbar.
     """
     ops.check_positive_int("length", length)
     table = ops.sinusoidal(
-        tf.range(length), dim, max_wavelength, layout
+        tf.range(length), dim, max_wavelength, pairing
     )  # (length, dim)
     figure = Figure(figsize=(8, 5), layout="constrained")
     axes = figure.add_subplot()
@@ -68,59 +70,66 @@ def encoding_heatmap(
     axes.set_xlabel("feature")
     axes.set_ylabel("position")
     axes.set_title(
-        f"Sinusoidal position encoding ({layout}, dim={dim}, "
+        f"Sinusoidal position encoding ({pairing} pairing, dim={dim}, "
         f"max_wavelength={max_wavelength:g})"
     )
     return figure
 
 
-def similarity_curve(length=128, dim=64, position=None, max_wavelength=10000.0):
+@renamed_arguments({"position": "reference_position"})
+def similarity_curve(
+    length=128, dim=64, reference_position=None, max_wavelength=10000.0
+):
     """The dot product of one position's encoding with every position's.
 
     `sinusoidal(p) . sinusoidal(q)` is a sum of `cos((p - q) w_i)`: it depends
     only on the distance `p - q`, peaks at `p == q` and falls off with
     distance, which is what lets attention tell near positions from far ones.
-    (The sum is the same for either layout.)
+    (The sum is the same for either pairing.)
 
     Args:
         length: int. The number of positions, drawn on the x axis. Defaults
             to `128`.
         dim: int. The encoding width. Defaults to `64`.
-        position: int or None. The position compared with all the others, in
-            `0 .. length - 1`. Defaults to `None`, meaning `length // 2`.
+        reference_position: int or None. The position compared with all the
+            others, in `0 .. length - 1`. Defaults to `None`, meaning
+            `length // 2`.
         max_wavelength: float. The longest wavelength. Defaults to
             `10000.0`.
 
     Returns:
         A `matplotlib.figure.Figure` with the curve and a vertical line at
-        `position`.
+        `reference_position`.
     """
     ops.check_positive_int("length", length)
-    if position is None:
-        position = length // 2
+    if reference_position is None:
+        reference_position = length // 2
     if (
-        isinstance(position, bool)
-        or not isinstance(position, numbers.Integral)
-        or not 0 <= position < length
+        isinstance(reference_position, bool)
+        or not isinstance(reference_position, numbers.Integral)
+        or not 0 <= reference_position < length
     ):
         raise ValueError(
-            f"`position` must be an integer from 0 to length - 1 = "
-            f"{length - 1}. Received: position={position!r}"
+            f"`reference_position` must be an integer from 0 to length - 1 = "
+            f"{length - 1}. Received: reference_position={reference_position!r}"
         )
     table = ops.sinusoidal(
         tf.range(length), dim, max_wavelength
     )  # (length, dim)
-    similarity = tf.linalg.matvec(table, table[position])  # (length,)
+    similarity = tf.linalg.matvec(table, table[reference_position])  # (length,)
     figure = Figure(figsize=(8, 4), layout="constrained")
     axes = figure.add_subplot()
     axes.plot(range(length), similarity.numpy(), label="dot product")
     axes.axvline(
-        position, color="tab:red", linestyle="--", label=f"position {position}"
+        reference_position,
+        color="tab:red",
+        linestyle="--",
+        label=f"position {reference_position}",
     )
     axes.set_xlabel("position")
-    axes.set_ylabel(f"dot product with position {position}")
+    axes.set_ylabel(f"dot product with position {reference_position}")
     axes.set_title(
-        f"Similarity of position {position} to every position (dim={dim})"
+        f"Similarity of position {reference_position} to every position (dim={dim})"
     )
     axes.legend()
     return figure
@@ -223,7 +232,7 @@ def rope_wavelengths(
     axes = figure.add_subplot()
     for label, scaling in schedules.items():
         inverse_frequencies, _ = rope_scaling.rope_parameters(
-            scaling, head_dim, max_wavelength, sequence_length=extended
+            scaling, head_dim, max_wavelength, length=extended
         )  # (head_dim / 2,)
         wavelengths = 2 * math.pi / inverse_frequencies.numpy().astype("float64")
         axes.plot(pairs, wavelengths, label=label)
@@ -524,7 +533,7 @@ ROPE_AXIS_SETTINGS = (
     ("axial blocks (EVA-02), 2 axes", 2, "blocks", None),
     ("alternating (Pixtral), 2 axes", 2, "alternating", None),
     ("M-RoPE sections (Qwen2-VL), t/h/w = 16/24/24", 3, "sections", [16, 24, 24]),
-    ("interleaved M-RoPE (Qwen3-VL), t/h/w = 24/20/20", 3, "interleaved", [24, 20, 20]),
+    ("cyclic M-RoPE (Qwen3-VL), t/h/w = 24/20/20", 3, "cyclic", [24, 20, 20]),
 )
 
 
@@ -536,7 +545,7 @@ def rope_axis_assignment(max_wavelength=10000.0):
     axis it turns with. Axial blocks give every axis the whole range of
     frequencies over a block of its own; M-RoPE sections keep the 1-D
     schedule and give each axis a contiguous run of it, so time gets only
-    the fast frequencies and width only the slow ones; the interleaved and
+    the fast frequencies and width only the slow ones; the cyclic and
     alternating layouts deal the schedule out to the axes in turn, so every
     axis spans it.
 

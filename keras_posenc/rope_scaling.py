@@ -17,6 +17,7 @@ import warnings
 import keras
 
 from keras_posenc import ops
+from keras_posenc.ops._renamed import renamed_arguments
 
 ROPE_TYPES = (
     "default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional"
@@ -114,12 +115,13 @@ def linear(dim, max_wavelength, factor):
     return frequencies / keras.ops.cast(factor, "float32"), attention_factor
 
 
+@renamed_arguments({"sequence_length": "length"})
 def dynamic(
     dim,
     max_wavelength,
     factor,
     original_max_position_embeddings,
-    sequence_length=None,
+    length=None,
 ):
     """Dynamic NTK scaling: a larger base once the length passes training's.
 
@@ -132,8 +134,8 @@ def dynamic(
         max_wavelength: float. The base.
         factor: float. The scaling factor.
         original_max_position_embeddings: int. The trained context length.
-        sequence_length: optional int or scalar tensor. The current length,
-            the largest position plus one. `None` means the trained length.
+        length: optional int or scalar tensor. The current length, the
+            largest position plus one. `None` means the trained length.
 
     Returns:
         A tuple `(inverse_frequencies, attention_factor)`.
@@ -151,9 +153,9 @@ def dynamic(
         dim,
     )
     original = float(original_max_position_embeddings)
-    if sequence_length is None:
-        sequence_length = original
-    length = keras.ops.maximum(keras.ops.cast(sequence_length, "float32"), original)
+    if length is None:
+        length = original
+    length = keras.ops.maximum(keras.ops.cast(length, "float32"), original)
     # factor * L / original - (factor - 1), written so that it is exactly 1
     # at the trained length instead of cancelling in float32.
     stretch = 1.0 + factor * (length - original) / original  # scalar
@@ -318,6 +320,7 @@ def llama3(
     return keras.ops.where(medium, blended, divided), attention_factor
 
 
+@renamed_arguments({"sequence_length": "length"})
 def longrope(
     dim,
     max_wavelength,
@@ -326,7 +329,7 @@ def longrope(
     original_max_position_embeddings,
     attention_factor=None,
     factor=None,
-    sequence_length=None,
+    length=None,
 ):
     """LongRoPE (Ding et al. 2024): a searched divisor per feature pair.
 
@@ -344,8 +347,8 @@ def longrope(
         attention_factor: optional float. Overrides the computed factor.
         factor: optional float. The context extension factor, for the default
             attention factor; `None` gives an attention factor of 1.
-        sequence_length: optional int or scalar tensor. The current length,
-            the largest position plus one. `None` means the trained length.
+        length: optional int or scalar tensor. The current length, the
+            largest position plus one. `None` means the trained length.
 
     Returns:
         A tuple `(inverse_frequencies, attention_factor)`.
@@ -374,11 +377,11 @@ def longrope(
             )
     short = keras.ops.convert_to_tensor(short_factor, "float32")  # (dim / 2,)
     long = keras.ops.convert_to_tensor(long_factor, "float32")
-    if sequence_length is None:
+    if length is None:
         divisors = short
     else:
         past_training = (
-            keras.ops.cast(sequence_length, "float32")
+            keras.ops.cast(length, "float32")
             > original_max_position_embeddings
         )
         divisors = keras.ops.where(past_training, long, short)
@@ -398,7 +401,7 @@ def proportional(dim, max_wavelength, factor=1.0, partial_rotary_factor=1.0):
     divided by `factor`. This is Hugging Face's
     `_compute_proportional_rope_parameters`: unlike `rotary_dim` (partial
     rotary), the rotated features are not a leading block, since in the
-    `"half"` layout pair `i` is features `i` and `i + dim / 2`.
+    `"half"` pairing, pair `i` is features `i` and `i + dim / 2`.
 
     Args:
         dim: int. The number of features, the whole head width.
@@ -592,7 +595,8 @@ def depends_on_length(scaling):
     return scaling is not None and _rope_type(scaling) in _LENGTH_DEPENDENT
 
 
-def rope_parameters(scaling, dim, max_wavelength, sequence_length=None):
+@renamed_arguments({"sequence_length": "length"})
+def rope_parameters(scaling, dim, max_wavelength, length=None):
     """The frequencies and attention factor of a Hugging Face style schedule.
 
     Args:
@@ -601,8 +605,8 @@ def rope_parameters(scaling, dim, max_wavelength, sequence_length=None):
             `ROPE_TYPES`. `None` is the default schedule.
         dim: int. The number of rotated features.
         max_wavelength: float. The base, `rope_theta`.
-        sequence_length: optional int or scalar tensor. The current length,
-            for `"dynamic"` and `"longrope"`. `None` means the trained length.
+        length: optional int or scalar tensor. The current length, for
+            `"dynamic"` and `"longrope"`. `None` means the trained length.
 
     Returns:
         A tuple `(inverse_frequencies, attention_factor)`: a float32 tensor of
@@ -624,5 +628,5 @@ def rope_parameters(scaling, dim, max_wavelength, sequence_length=None):
     }
     rope_type = _rope_type(scaling)
     if rope_type in _LENGTH_DEPENDENT:
-        arguments["sequence_length"] = sequence_length
+        arguments["length"] = length
     return _SCHEDULES[rope_type](dim, max_wavelength, **arguments)

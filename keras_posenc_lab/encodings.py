@@ -61,7 +61,10 @@ LANGUAGE = {
     "rope": Encoding("rope", "RotaryEmbedding", "attention"),
     "alibi": Encoding("alibi", "AlibiBias", "attention", takes=("num_heads",)),
     "shaw": Encoding(
-        "shaw", "RelativePositionEmbedding", "attention", {"max_distance": 16}
+        "shaw",
+        "RelativePositionEmbedding",
+        "attention",
+        {"max_relative_position": 16},
     ),
     # Causal: T5's buckets of the decoder, 32 of them saturating at 128.
     "t5": Encoding(
@@ -143,7 +146,7 @@ GRAPH = {
         "shortest-path bias",
         "ShortestPathBias",
         "attention",
-        {"max_distance": 6},
+        {"max_hops": 6},
         takes=("num_heads",),
     ),
 }

@@ -47,7 +47,7 @@ NUM_LAYERS = 2
 STEPS_PER_EXECUTION = 10
 # Hop distances from this on share the last class, as they share the
 # shortest-path bias's last entry.
-MAX_HOPS = encodings.GRAPH["shortest_path"].arguments["max_distance"]
+MAX_HOPS = encodings.GRAPH["shortest_path"].arguments["max_hops"]
 NUM_CLASSES = MAX_HOPS + 1
 # One extra edge for this many nodes, on top of the tree: a few cycles.
 NODES_PER_EXTRA_EDGE = 8

@@ -45,13 +45,13 @@ def build_model():
     ids = keras.Input(shape=(TOKENS,), dtype="int32")
     adjacency = keras.Input(shape=(TOKENS, TOKENS))
     x = keras_posenc.TokenAndPositionEmbedding(
-        VOCABULARY, WIDTH, sequence_length=TOKENS, position="learned"
+        VOCABULARY, WIDTH, sequence_length=TOKENS, position_encoding="learned"
     )(ids)
     schemes = [
         keras_posenc.RotaryEmbedding(),
         keras_posenc.AlibiBias(num_heads=HEADS),
         keras_posenc.RelativePositionBias(num_heads=HEADS, num_buckets=8, max_distance=16),
-        keras_posenc.RelativePositionEmbedding(max_distance=3),
+        keras_posenc.RelativePositionEmbedding(max_relative_position=3),
         keras_posenc.GridRelativePositionBias(num_heads=HEADS, grid_shape=GRID),
     ]
     # The grid's positions, a constant of the model (a NumPy array, which
@@ -69,7 +69,7 @@ def build_model():
     graph = keras_posenc.PositionalMultiHeadAttention(
         num_heads=HEADS,
         key_dim=WIDTH // HEADS,
-        position=keras_posenc.ShortestPathBias(num_heads=HEADS, max_distance=2),
+        position=keras_posenc.ShortestPathBias(num_heads=HEADS, max_hops=2),
     )
     x = keras.layers.LayerNormalization()(x + graph(x, x, adjacency=adjacency))
     logits = keras.layers.Dense(VOCABULARY)(x)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 
-def sinusoidal(positions, dim, max_wavelength=10000.0, layout="interleaved"):
+def sinusoidal(positions, dim, max_wavelength=10000.0, pairing="interleaved"):
     """Vaswani et al. 2017, section 3.5, one feature at a time, in float64.
 
     PE(p, 2i) = sin(p / max_wavelength^(2i / dim)),
@@ -16,7 +16,7 @@ def sinusoidal(positions, dim, max_wavelength=10000.0, layout="interleaved"):
     for index in np.ndindex(positions.shape):
         p = positions[index]
         for feature in range(dim):
-            if layout == "interleaved":
+            if pairing == "interleaved":
                 pair, use_cos = feature // 2, feature % 2 == 1
             else:
                 pair, use_cos = feature % (dim // 2), feature >= dim // 2
@@ -45,7 +45,7 @@ def _yarn_correction_dim(rotations, dim, base, original):
     return dim * math.log(turns) / (2.0 * math.log(base))
 
 
-def rope_inverse_frequencies(dim, base=10000.0, scaling=None, sequence_length=None):
+def rope_inverse_frequencies(dim, base=10000.0, scaling=None, length=None):
     """RoPE inverse frequencies under a Hugging Face style scaling dict.
 
     Follows `_compute_*_parameters` of transformers' `modeling_rope_utils.py`
@@ -64,7 +64,7 @@ def rope_inverse_frequencies(dim, base=10000.0, scaling=None, sequence_length=No
     factor = scaling.get("factor")
     original = scaling["original_max_position_embeddings"]
     if rope_type == "dynamic":
-        length = original if sequence_length is None else max(sequence_length, original)
+        length = original if length is None else max(length, original)
         scaled_base = base * (factor * length / original - (factor - 1.0)) ** (
             dim / (dim - 2.0)
         )
@@ -112,7 +112,7 @@ def rope_inverse_frequencies(dim, base=10000.0, scaling=None, sequence_length=No
                 inverse_frequencies[i] *= (1.0 - smooth) / factor + smooth
         return inverse_frequencies, 1.0
     if rope_type == "longrope":
-        use_long = sequence_length is not None and sequence_length > original
+        use_long = length is not None and length > original
         rescale = scaling["long_factor" if use_long else "short_factor"]
         inverse_frequencies = np.array(
             [1.0 / (rescale[i] * base ** (2.0 * i / dim)) for i in range(half)],
@@ -135,7 +135,7 @@ def rotary(
     positions,
     inverse_frequencies,
     attention_factor=1.0,
-    layout="half",
+    pairing="half",
     rotary_dim=None,
 ):
     """RoPE (Su et al. 2021, eq. 13), one 2x2 rotation per feature pair, in float64.
@@ -158,7 +158,7 @@ def rotary(
             else:
                 position = positions[batch, step]
             for pair in range(rotated_dim // 2):
-                if layout == "half":
+                if pairing == "half":
                     first, second = pair, pair + rotated_dim // 2
                 else:
                     first, second = 2 * pair, 2 * pair + 1
@@ -260,7 +260,7 @@ def rotary_deinterleaved(x, positions, inverse_frequencies, attention_factor=1.0
 
     `apply_rotary_pos_emb_interleave`: features 2i and 2i + 1 first move to
     places i and i + d/2 (every even feature, then every odd one), then turn
-    as pairs of the "half" layout. The pairs (2i, 2i + 1) of the input turn by
+    as pairs of the "half" pairing. The pairs (2i, 2i + 1) of the input turn by
     position * inverse_frequencies[i]; the output comes in the moved order.
     """
     x = np.asarray(x, dtype="float64")
@@ -313,7 +313,7 @@ def mae_2d_sincos_pos_embed(embed_dim, grid_size, cls_token=False):
     return pos_embed
 
 
-def sinusoidal_on_axes(positions, dim, max_wavelength=10000.0, layout="concat"):
+def sinusoidal_on_axes(positions, dim, max_wavelength=10000.0, pairing="half"):
     """N-D sinusoidal encoding: axis a's 1-D encoding in block a, in float64.
 
     `positions` of shape `(..., num_axes)`; each block has `dim / num_axes`
@@ -323,7 +323,7 @@ def sinusoidal_on_axes(positions, dim, max_wavelength=10000.0, layout="concat"):
     num_axes = positions.shape[-1]
     return np.concatenate(
         [
-            sinusoidal(positions[..., axis], dim // num_axes, max_wavelength, layout)
+            sinusoidal(positions[..., axis], dim // num_axes, max_wavelength, pairing)
             for axis in range(num_axes)
         ],
         axis=-1,
@@ -398,14 +398,14 @@ def pixtral_frequencies(head_dim, base=10000.0):
     return theta
 
 
-def grid_rotary(x, positions, theta, layout="half", num_prefix_tokens=0):
+def grid_rotary(x, positions, theta, pairing="half", num_prefix_tokens=0):
     """RoPE on a grid, one 2x2 rotation per feature pair, in float64.
 
     `x` is `(batch, seq, dim)` or `(batch, seq, heads, dim)`; `positions` is
     `(seq - num_prefix_tokens, n)` or `(batch, seq - num_prefix_tokens, n)`;
     `theta` is `(pairs, n)`, or `(heads, pairs, n)` per head. Pair i of a
     token at p turns by sum_a theta[i, a] * p[a]; its features are (i, i + r/2)
-    for layout "half", (2i, 2i + 1) for "interleaved", r = 2 * pairs, and the
+    for pairing "half", (2i, 2i + 1) for "interleaved", r = 2 * pairs, and the
     features from r on pass through, as do the first num_prefix_tokens tokens.
     """
     x = np.asarray(x, dtype="float64")
@@ -421,7 +421,7 @@ def grid_rotary(x, positions, theta, layout="half", num_prefix_tokens=0):
                 head_theta = theta[head] if theta.ndim == 3 else theta
                 where = (batch, step, head) if x.ndim == 4 else (batch, step)
                 for pair in range(pairs):
-                    if layout == "half":
+                    if pairing == "half":
                         first, second = pair, pair + pairs
                     else:
                         first, second = 2 * pair, 2 * pair + 1
@@ -636,16 +636,16 @@ def pyg_random_walk_pe(adjacency, steps):
     return encoding
 
 
-def hop_counts(adjacency, max_distance):
+def hop_counts(adjacency, max_hops):
     """Shortest-path hop counts by breadth-first search from each node.
 
     An edge goes from i to j where `adjacency[i, j] != 0`. The count from
-    i to j is clipped to `max_distance`; `max_distance + 1` where j cannot
+    i to j is clipped to `max_hops`; `max_hops + 1` where j cannot
     be reached from i at all. Returns `(n, n)` int64.
     """
     n = len(adjacency)
     neighbours = [[j for j in range(n) if adjacency[i][j] != 0] for i in range(n)]
-    counts = np.full((n, n), max_distance + 1, "int64")
+    counts = np.full((n, n), max_hops + 1, "int64")
     for source in range(n):
         distance = {source: 0}
         frontier = [source]
@@ -658,5 +658,5 @@ def hop_counts(adjacency, max_distance):
                         following.append(neighbour)
             frontier = following
         for target, hops in distance.items():
-            counts[source, target] = min(hops, max_distance)
+            counts[source, target] = min(hops, max_hops)
     return counts

@@ -68,7 +68,7 @@ def table_layer(table, **kwargs):
 class GridLayerTest(TestCase):
     def test_sinusoidal_layer_behaviour(self):
         for init_kwargs, input_shape, expected_output_shape in [
-            ({"num_axes": 2, "layout": "concat"}, (2, 3, 4, 8), (2, 3, 4, 8)),
+            ({"num_axes": 2, "pairing": "half"}, (2, 3, 4, 8), (2, 3, 4, 8)),
             ({"num_axes": 3}, (2, 2, 3, 2, 6), (2, 2, 3, 2, 6)),
             (
                 {"num_axes": 2, "merge_mode": "concat", "output_dim": 4},
@@ -137,29 +137,29 @@ class GridLayerTest(TestCase):
 def test_equals_mae_2d_sincos_once_the_coordinates_are_swapped():
     # MAE's meshgrid(grid_w, grid_h) puts the column block first.
     layer = SinusoidalPositionEncoding(
-        num_axes=2, layout="concat", merge_mode=None, num_prefix_tokens=1
+        num_axes=2, pairing="half", merge_mode=None, num_prefix_tokens=1
     )
     positions = keras.ops.flip(ops.grid_positions((5, 5)), axis=-1)  # (column, row)
     outputs = layer(np.zeros((1, 26, 16), "float32"), positions=positions)
     expected = references.mae_2d_sincos_pos_embed(16, 5, cls_token=True)
     np.testing.assert_allclose(numpy(outputs)[0], expected, atol=1e-6)
     # In (row, column) order the two blocks trade places.
-    grid = SinusoidalPositionEncoding(num_axes=2, layout="concat", merge_mode=None)
+    grid = SinusoidalPositionEncoding(num_axes=2, pairing="half", merge_mode=None)
     outputs = numpy(grid(np.zeros((1, 5, 5, 16), "float32"))).reshape(25, 16)
     np.testing.assert_allclose(
         outputs, np.roll(expected[1:], 8, axis=1), atol=1e-6
     )
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "concat"])
-def test_3d_blocks_equal_the_float64_reference(layout):
+@pytest.mark.parametrize("pairing", ["interleaved", "half"])
+def test_3d_blocks_equal_the_float64_reference(pairing):
     layer = SinusoidalPositionEncoding(
-        num_axes=3, layout=layout, max_wavelength=100.0
+        num_axes=3, pairing=pairing, max_wavelength=100.0
     )
     video = random_embeddings((2, 2, 3, 4, 12))  # (batch, t, h, w, features)
     outputs = layer(video)
     expected = references.sinusoidal_on_axes(
-        grid_positions((2, 3, 4)), 12, 100.0, layout
+        grid_positions((2, 3, 4)), 12, 100.0, pairing
     ).reshape(2, 3, 4, 12)
     np.testing.assert_allclose(numpy(outputs), video + expected, atol=1e-5)
 
@@ -168,7 +168,7 @@ def test_3d_blocks_equal_the_float64_reference(layout):
     "layer, grid",
     [
         (lambda: SinusoidalPositionEncoding(num_axes=2), (3, 4)),
-        (lambda: SinusoidalPositionEncoding(num_axes=3, layout="concat"), (2, 2, 3)),
+        (lambda: SinusoidalPositionEncoding(num_axes=3, pairing="half"), (2, 2, 3)),
         (lambda: PositionEmbedding(grid_shape=(3, 4)), (3, 4)),
         (lambda: PositionEmbedding(grid_shape=(2, 2, 3)), (2, 2, 3)),
     ],
@@ -200,7 +200,7 @@ def test_prefix_tokens_have_no_sinusoidal_encoding():
         added[:, 2:],
         tokens[:, 2:]
         + references.sinusoidal_on_axes(
-            grid_positions(grid), 8, layout="interleaved"
+            grid_positions(grid), 8, pairing="interleaved"
         ),
         atol=1e-6,
     )
@@ -241,7 +241,7 @@ def test_float_coordinates():
     )
     np.testing.assert_allclose(
         numpy(outputs),
-        references.sinusoidal_on_axes(coordinates, 8, layout="interleaved"),
+        references.sinusoidal_on_axes(coordinates, 8, pairing="interleaved"),
         atol=1e-5,
     )
 
@@ -256,14 +256,14 @@ def test_mixed_bfloat16_keeps_float32_angles_up_to_1024_per_axis():
         np.zeros((1, 64, 64), "float32"), positions=coordinates
     )
     assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"
-    expected = references.sinusoidal_on_axes(coordinates, 64, layout="interleaved")
+    expected = references.sinusoidal_on_axes(coordinates, 64, pairing="interleaved")
     error = np.abs(as_float64(outputs[0]) - expected)
     assert error.max() <= 8e-3, error.max()
     # And from a grid input's own axes, at 1024 along one axis.
     image = np.zeros((1, 2, 1025, 8), "float32")
     outputs = SinusoidalPositionEncoding(num_axes=2, merge_mode=None)(image)
     expected = references.sinusoidal_on_axes(
-        grid_positions((2, 1025)), 8, layout="interleaved"
+        grid_positions((2, 1025)), 8, pairing="interleaved"
     ).reshape(1, 2, 1025, 8)
     error = np.abs(as_float64(outputs) - expected)
     assert error.max() <= 8e-3, error.max()
@@ -272,8 +272,8 @@ def test_mixed_bfloat16_keeps_float32_angles_up_to_1024_per_axis():
 @pytest.mark.parametrize(
     "make_layer",
     [
-        lambda: SinusoidalPositionEncoding(num_axes=2, layout="concat"),
-        lambda: PositionEmbedding(grid_shape=(3, 4), initializer="sinusoidal"),
+        lambda: SinusoidalPositionEncoding(num_axes=2, pairing="half"),
+        lambda: PositionEmbedding(grid_shape=(3, 4), embeddings_initializer="sinusoidal"),
     ],
 )
 def test_none_grid_dims_under_xla_at_two_grid_sizes(make_layer):
@@ -297,7 +297,7 @@ def test_none_grid_dims_under_xla_at_two_grid_sizes(make_layer):
 
 def test_grid_model_round_trips_through_keras_file(tmp_path):
     images = keras.Input((None, None, 8))
-    sinusoidal = SinusoidalPositionEncoding(num_axes=2, layout="concat")(images)
+    sinusoidal = SinusoidalPositionEncoding(num_axes=2, pairing="half")(images)
     learned = PositionEmbedding(grid_shape=(3, 4), antialias=True)(sinusoidal)
     tokens = keras.Input((None, 8))
     prefixed = PositionEmbedding(
@@ -340,7 +340,7 @@ def test_sinusoidal_config_round_trip_and_old_configs():
         ({"num_prefix_tokens": True}, "num_prefix_tokens=True"),
         ({"num_axes": 2, "merge_mode": None, "output_dim": 5}, "output_dim=5"),
         (
-            {"num_axes": 2, "layout": "concat", "merge_mode": None, "output_dim": 6},
+            {"num_axes": 2, "pairing": "half", "merge_mode": None, "output_dim": 6},
             "output_dim=6",
         ),
     ],
@@ -424,7 +424,7 @@ def test_grid_table_has_prefix_rows_then_the_grid_rows():
 
 def test_sinusoidal_initializer_on_a_grid():
     layer = PositionEmbedding(
-        grid_shape=(2, 3), num_prefix_tokens=1, initializer="sinusoidal"
+        grid_shape=(2, 3), num_prefix_tokens=1, embeddings_initializer="sinusoidal"
     )
     layer.build((None, 7, 8))
     table = table_of(layer)
@@ -432,7 +432,7 @@ def test_sinusoidal_initializer_on_a_grid():
     np.testing.assert_allclose(
         table[1:],
         references.sinusoidal_on_axes(
-            grid_positions((2, 3)), 8, layout="interleaved"
+            grid_positions((2, 3)), 8, pairing="interleaved"
         ),
         atol=1e-6,
     )

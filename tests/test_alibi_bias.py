@@ -19,7 +19,7 @@ from tests.test_case import TestCase
 BIAS_RTOL = 2.0**-23
 
 
-def reference_bias(query_positions, key_positions, slopes, symmetric):
+def reference_bias(query_positions, key_positions, slopes, bidirectional):
     """-m_h (i - j), or -m_h |i - j|, one logit at a time, in float64.
 
     Positions are `(batch or 1, seq)`; returns `(batch, heads, query, key)`.
@@ -33,7 +33,7 @@ def reference_bias(query_positions, key_positions, slopes, symmetric):
     for b, h, i, j in np.ndindex(bias.shape):
         query = query_positions[b % len(query_positions), i]
         key = key_positions[b % len(key_positions), j]
-        if symmetric:
+        if bidirectional:
             bias[b, h, i, j] = -slopes[h] * abs(int(query) - int(key))
         else:
             bias[b, h, i, j] = -slopes[h] * (int(query) - int(key))
@@ -46,15 +46,15 @@ def assert_bias(bias, expected):
     np.testing.assert_allclose(numpy(bias), expected, rtol=BIAS_RTOL, atol=0)
 
 
-@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("num_heads", [1, 3, 8, 12])
-def test_bias_is_slope_times_distance(num_heads, symmetric):
+def test_bias_is_slope_times_distance(num_heads, bidirectional):
     positions = np.arange(9)[None]
-    bias = AlibiBias(num_heads, symmetric=symmetric)(positions, positions)
+    bias = AlibiBias(num_heads, bidirectional=bidirectional)(positions, positions)
     assert_bias(
         bias,
         reference_bias(
-            positions, positions, references.alibi_slopes(num_heads), symmetric
+            positions, positions, references.alibi_slopes(num_heads), bidirectional
         ),
     )
 
@@ -62,45 +62,45 @@ def test_bias_is_slope_times_distance(num_heads, symmetric):
 def test_causal_and_symmetric_agree_on_earlier_keys_only():
     positions = np.arange(6)
     causal = numpy(AlibiBias(4)(positions, positions))[0]  # (heads, T, S)
-    symmetric = numpy(AlibiBias(4, symmetric=True)(positions, positions))[0]
+    bidirectional = numpy(AlibiBias(4, bidirectional=True)(positions, positions))[0]
     earlier = np.tril(np.ones((6, 6), bool))
-    np.testing.assert_array_equal(causal[:, earlier], symmetric[:, earlier])
+    np.testing.assert_array_equal(causal[:, earlier], bidirectional[:, earlier])
     # Later keys: a growing reward in the causal form, a penalty otherwise.
     assert np.all(causal[:, ~earlier] > 0)
-    np.testing.assert_array_equal(symmetric, symmetric.transpose(0, 2, 1))
+    np.testing.assert_array_equal(bidirectional, bidirectional.transpose(0, 2, 1))
 
 
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_cached_decoding_query_at_ten_against_keys_zero_to_ten(symmetric):
-    layer = AlibiBias(8, symmetric=symmetric)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_cached_decoding_query_at_ten_against_keys_zero_to_ten(bidirectional):
+    layer = AlibiBias(8, bidirectional=bidirectional)
     full = layer(np.arange(11)[None], np.arange(11)[None])
     step = layer(np.array([[10]]), np.arange(11)[None])
     assert tuple(step.shape) == (1, 8, 1, 11)
     step, full = numpy(step), numpy(full)
     np.testing.assert_array_equal(step[:, :, 0], full[:, :, 10])
     slopes = references.alibi_slopes(8)
-    assert_bias(step, reference_bias([[10]], [np.arange(11)], slopes, symmetric))
+    assert_bias(step, reference_bias([[10]], [np.arange(11)], slopes, bidirectional))
     # Not the bias of a query at position 0.
     assert not np.allclose(step[:, :, 0], full[:, :, 0])
 
 
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_positions_per_batch(symmetric):
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_positions_per_batch(bidirectional):
     # Left padding in the first row, a packed second sequence in the second.
     query_positions = np.array([[0, 0, 0, 1, 2], [0, 1, 2, 0, 1]])
     key_positions = np.array([[0, 0, 0, 1, 2, 3], [0, 1, 2, 0, 1, 2]])
     slopes = [0.5, 0.125, 3.0]
-    bias = AlibiBias(3, symmetric=symmetric, slopes=slopes)(
+    bias = AlibiBias(3, bidirectional=bidirectional, slopes=slopes)(
         query_positions, key_positions
     )
     assert_bias(
-        bias, reference_bias(query_positions, key_positions, slopes, symmetric)
+        bias, reference_bias(query_positions, key_positions, slopes, bidirectional)
     )
 
 
 def test_shared_positions_broadcast_against_per_batch_ones():
     key_positions = np.array([[0, 1, 2, 3], [5, 6, 7, 8], [0, 2, 4, 6]])
-    layer = AlibiBias(2, symmetric=True)
+    layer = AlibiBias(2, bidirectional=True)
     bias = layer(np.array([3, 4]), key_positions)
     assert tuple(bias.shape) == (3, 2, 2, 4)
     assert_bias(
@@ -112,11 +112,11 @@ def test_shared_positions_broadcast_against_per_batch_ones():
 @settings(deadline=None, max_examples=25)
 @given(
     shift=st.integers(-(10**6), 10**6),
-    symmetric=st.booleans(),
+    bidirectional=st.booleans(),
     num_heads=st.integers(1, 16),
 )
-def test_shifting_all_positions_changes_nothing(shift, symmetric, num_heads):
-    layer = AlibiBias(num_heads, symmetric=symmetric)
+def test_shifting_all_positions_changes_nothing(shift, bidirectional, num_heads):
+    layer = AlibiBias(num_heads, bidirectional=bidirectional)
     positions = np.array([[0, 3, 4, 9, 30]])
     np.testing.assert_array_equal(
         numpy(layer(positions + shift, positions + shift)),
@@ -165,17 +165,17 @@ def test_keras_hub_is_the_causal_form_and_no_encoder_bias():
     )
     # Unmasked, it favours the last keys where the encoder form favours the
     # near ones.
-    symmetric = numpy(AlibiBias(num_heads, symmetric=True)(positions, positions))
+    bidirectional = numpy(AlibiBias(num_heads, bidirectional=True)(positions, positions))
     assert not np.allclose(
-        numpy(keras.ops.softmax(scores + symmetric)), hub, atol=1e-3
+        numpy(keras.ops.softmax(scores + bidirectional)), hub, atol=1e-3
     )
 
 
 def test_mixed_bfloat16_keeps_the_bias_in_float32():
     positions = np.arange(4000, 4010)[None]
-    expected = AlibiBias(5, symmetric=True)(positions, np.arange(10)[None])
+    expected = AlibiBias(5, bidirectional=True)(positions, np.arange(10)[None])
     keras.config.set_dtype_policy("mixed_bfloat16")
-    layer = AlibiBias(5, symmetric=True)
+    layer = AlibiBias(5, bidirectional=True)
     assert layer.compute_dtype == "bfloat16"
     bias = layer(positions, np.arange(10)[None])
     assert keras.backend.standardize_dtype(bias.dtype) == "float32"
@@ -187,7 +187,7 @@ def test_mixed_bfloat16_keeps_the_bias_in_float32():
 
 
 def test_xla_at_two_lengths():
-    layer = AlibiBias(3, symmetric=True)
+    layer = AlibiBias(3, bidirectional=True)
     call = compiled(layer)
     for length in (3, 11):
         positions = keras.ops.arange(length, dtype="int32")[None] + 100
@@ -214,7 +214,7 @@ def test_symbolic_shapes_in_a_functional_model():
 
 
 def test_keras_file_round_trip_is_bit_identical(tmp_path):
-    model = alibi_model(num_heads=3, symmetric=True, slopes=[0.3, 0.2, 0.1])
+    model = alibi_model(num_heads=3, bidirectional=True, slopes=[0.3, 0.2, 0.1])
     path = tmp_path / "alibi.keras"
     model.save(path)
     loaded = keras.models.load_model(path, safe_mode=True)
@@ -234,7 +234,7 @@ class AlibiBiasSerializationTest(TestCase):
     def test_config_and_serialization_round_trip(self):
         for kwargs in (
             {"num_heads": 8},
-            {"num_heads": 3, "symmetric": True},
+            {"num_heads": 3, "bidirectional": True},
             {"num_heads": 2, "slopes": (0.5, 1)},
         ):
             layer = AlibiBias(**kwargs, name="alibi")
@@ -247,9 +247,9 @@ class AlibiBiasSerializationTest(TestCase):
             )
 
     def test_get_config_holds_every_argument(self):
-        config = AlibiBias(2, symmetric=True, slopes=(0.5, 1)).get_config()
+        config = AlibiBias(2, bidirectional=True, slopes=(0.5, 1)).get_config()
         self.assertEqual(config["num_heads"], 2)
-        self.assertEqual(config["symmetric"], True)
+        self.assertEqual(config["bidirectional"], True)
         self.assertEqual(config["slopes"], [0.5, 1.0])
         self.assertIsNone(AlibiBias(2).get_config()["slopes"])
 
@@ -262,8 +262,8 @@ class AlibiBiasSerializationTest(TestCase):
         ({"num_heads": 2.0}, "num_heads=2.0"),
         ({"num_heads": True}, "num_heads=True"),
         ({"num_heads": None}, "num_heads=None"),
-        ({"num_heads": 2, "symmetric": 1}, "symmetric=1"),
-        ({"num_heads": 2, "symmetric": "yes"}, "symmetric='yes'"),
+        ({"num_heads": 2, "bidirectional": 1}, "bidirectional=1"),
+        ({"num_heads": 2, "bidirectional": "yes"}, "bidirectional='yes'"),
         ({"num_heads": 2, "slopes": [0.5]}, r"slopes=\[0\.5\]"),
         ({"num_heads": 2, "slopes": [0.5, 0.0]}, r"slopes=\[0\.5, 0\.0\]"),
         ({"num_heads": 2, "slopes": [0.5, -1]}, r"slopes=\[0\.5, -1\]"),
@@ -301,13 +301,13 @@ def test_bad_positions_say_what_was_expected(query_positions, key_positions, mes
         AlibiBias(2)(query_positions, key_positions)
 
 
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_bias_inside_attention_is_exact_far_from_zero(symmetric):
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_bias_inside_attention_is_exact_far_from_zero(bidirectional):
     # Inside attention (a query given) the bias may be computed as a float32
     # difference of the positions (`_backend.fuses_attention`); counted from
     # the first query, it stays exact where float32 positions would not be
     # (multiples of 64 from 2 ** 30).
-    layer = AlibiBias(3, symmetric=symmetric)
+    layer = AlibiBias(3, bidirectional=bidirectional)
     layer.build_for_attention(3, 4, 4)
     start = 2**30 + 5
     query_positions = np.array([[start + 7, start + 9], [start, start + 1]], "int32")
@@ -320,7 +320,7 @@ def test_bias_inside_attention_is_exact_far_from_zero(symmetric):
     )
     assert_bias(
         bias,
-        reference_bias(query_positions, key_positions, references.alibi_slopes(3), symmetric),
+        reference_bias(query_positions, key_positions, references.alibi_slopes(3), bidirectional),
     )
 
 

@@ -67,7 +67,7 @@ def _graph_attention():
     attended = keras_posenc.PositionalMultiHeadAttention(
         num_heads=HEADS,
         key_dim=4,
-        position=keras_posenc.ShortestPathBias(num_heads=HEADS, max_distance=3),
+        position=keras_posenc.ShortestPathBias(num_heads=HEADS, max_hops=3),
     )(nodes, nodes, adjacency=adjacency)
     return keras.Model([nodes, adjacency], keras.layers.Dense(4)(attended))
 
@@ -147,7 +147,7 @@ MODELS = {
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
     "attention-shaw": (
-        lambda: _attention(keras_posenc.RelativePositionEmbedding(max_distance=3)),
+        lambda: _attention(keras_posenc.RelativePositionEmbedding(max_relative_position=3)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
     "attention-t5": (

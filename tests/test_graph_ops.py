@@ -656,22 +656,22 @@ def test_random_walk_values_are_probabilities(adjacency, steps):
 # ops.hop_counts
 
 
-def assert_hop_counts(adjacency, max_distance):
-    hops = ops.hop_counts(adjacency, max_distance)
+def assert_hop_counts(adjacency, max_hops):
+    hops = ops.hop_counts(adjacency, max_hops)
     assert dtype_of(hops) == "int32"
     assert tuple(hops.shape) == adjacency.shape
     expected = np.stack(
-        [references.hop_counts(graph, max_distance) for graph in adjacency]
+        [references.hop_counts(graph, max_hops) for graph in adjacency]
     )
     np.testing.assert_array_equal(numpy(hops), expected)
     return numpy(hops)
 
 
-@pytest.mark.parametrize("max_distance", [1, 3, 20])
+@pytest.mark.parametrize("max_hops", [1, 3, 20])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_hop_counts_are_breadth_first_search(family, max_distance):
+def test_hop_counts_are_breadth_first_search(family, max_hops):
     adjacency, _ = family_batch(family)
-    assert_hop_counts(adjacency, max_distance)
+    assert_hop_counts(adjacency, max_hops)
 
 
 def test_hop_counts_of_directed_weighted_graphs():
@@ -705,11 +705,11 @@ def test_hop_counts_padded_batch_equals_each_graph_alone():
 @settings(deadline=None, max_examples=25)
 @given(graph_and_permutation(), st.integers(1, 6))
 def test_hop_counts_permute_with_the_nodes_and_are_symmetric(
-    graph_and_order, max_distance
+    graph_and_order, max_hops
 ):
     graph, permutation = graph_and_order
     hops = assert_hop_counts(
-        np.stack([graph, permute(graph, np.asarray(permutation))]), max_distance
+        np.stack([graph, permute(graph, np.asarray(permutation))]), max_hops
     )
     np.testing.assert_array_equal(hops[1], permute(hops[0], np.asarray(permutation)))
     np.testing.assert_array_equal(hops[0], hops[0].T)
@@ -725,9 +725,9 @@ def test_hop_counts_permute_with_the_nodes_and_are_symmetric(
     ),
     st.integers(1, 9),
 )
-def test_hop_counts_of_any_directed_graph(adjacency, max_distance):
+def test_hop_counts_of_any_directed_graph(adjacency, max_hops):
     adjacency = np.asarray(adjacency)[None]
-    hops = assert_hop_counts(adjacency.astype("float32"), max_distance)
+    hops = assert_hop_counts(adjacency.astype("float32"), max_hops)
     # Each edge is one hop.
     off_diagonal = adjacency[0] & ~np.eye(len(adjacency[0]), dtype=bool)
     np.testing.assert_array_equal(hops[0][off_diagonal], 1)

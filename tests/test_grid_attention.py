@@ -83,7 +83,7 @@ def test_bias_on_its_window_reads_swins_relative_position_index(window):
     np.testing.assert_array_equal(
         numpy(bias)[0], table[index].transpose(2, 0, 1)
     )  # (heads, query, key)
-    distance = ops.relative_distance(positions, positions, len(window))
+    distance = ops.relative_position(positions, positions, len(window))
     if len(window) == 1:
         distance = distance[..., None]  # (1, query, key, 1)
     np.testing.assert_array_equal(

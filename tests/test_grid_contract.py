@@ -2,7 +2,7 @@
 
 `ops.grid_positions` against NumPy's own grid indices, `ops.read_positions`
 (the one reader of positions every layer calls) on every accepted shape and
-every refused one, the per-axis `ops.relative_distance`, and a `.keras` file
+every refused one, the per-axis `ops.relative_position`, and a `.keras` file
 of every 1-D layer written before grids existed, which must load with the
 same numbers.
 """
@@ -74,7 +74,7 @@ def test_bad_grid_shape_raises_value_error_naming_it(grid_shape):
 def test_read_positions_takes_every_documented_shape(shape, num_axes, expected):
     positions = np.arange(np.prod(shape)).reshape(shape)
     read = ops.read_positions(
-        positions, num_axes, sequence_length=5, batch_size=2
+        positions, num_axes, length=5, batch_size=2
     )
     assert tuple(read.shape) == expected
     np.testing.assert_array_equal(
@@ -88,7 +88,7 @@ def test_read_positions_takes_every_documented_shape(shape, num_axes, expected):
         ((5, 3), 2, {}, r"\(sequence, 2\) or \(batch, sequence, 2\) for num_axes=2"),
         ((5,), 2, {}, "for num_axes=2"),
         ((2, 5, 2, 1), 2, {}, "shape \\(2, 5, 2, 1\\)"),
-        ((4,), 1, {"sequence_length": 5}, "sequence length 5"),
+        ((4,), 1, {"length": 5}, "sequence length 5"),
         ((3, 5), 1, {"batch_size": 2}, "batch size 2"),
         ((3, 5, 2), 2, {"batch_size": 2}, "batch size 2"),
         ((2, 5), 1, {"per_batch": False}, r"must have shape \(sequence,\)"),
@@ -161,7 +161,7 @@ def test_bad_num_axes_raises_value_error_naming_it(num_axes):
 
 
 @pytest.mark.parametrize("query_batch, key_batch", [(None, None), (2, None), (1, 2)])
-def test_relative_distance_on_a_grid_is_per_axis(query_batch, key_batch):
+def test_relative_position_on_a_grid_is_per_axis(query_batch, key_batch):
     rng = np.random.default_rng(0)
 
     def positions(batch, length):
@@ -169,10 +169,10 @@ def test_relative_distance_on_a_grid_is_per_axis(query_batch, key_batch):
         return rng.integers(-20, 20, size=shape)
 
     query, key = positions(query_batch, 4), positions(key_batch, 5)
-    distance = numpy(ops.relative_distance(query, key, num_axes=3))
+    distance = numpy(ops.relative_position(query, key, num_axes=3))
     batch = max(query_batch or 1, key_batch or 1)
     assert distance.shape == (batch, 4, 5, 3)
-    assert ops.relative_distance_shape(query.shape, key.shape, 3) == (
+    assert ops.relative_position_shape(query.shape, key.shape, 3) == (
         batch, 4, 5, 3,
     )
     query, key = (
@@ -285,11 +285,23 @@ def test_bad_resize_arguments_raise_value_error_naming_them(call, message):
         call()
 
 
+# The arguments renamed since (issue 28), by layer: old name -> new name.
+RENAMED = {
+    "sinusoidal": {"layout": "pairing"},
+    "learned": {"initializer": "embeddings_initializer"},
+    "token_and_position": {"position": "position_encoding"},
+    "rotary": {"layout": "pairing"},
+    "attention_rotary/position": {"layout": "pairing"},
+    "attention_alibi/position": {"symmetric": "bidirectional"},
+    "attention_shaw/position": {"max_distance": "max_relative_position"},
+}
+
+
 def test_one_axis_configs_are_the_ones_saved_before_grids():
     # The configs of the package's layers as the code before grids wrote
-    # them: the same keys and values. Keras objects inside them (dtype
-    # policies, initializers) are compared by class: newer Keras versions
-    # write more of their own arguments.
+    # them: the same keys and values, under the names they have now. Keras
+    # objects inside them (dtype policies, initializers) are compared by
+    # class: newer Keras versions write more of their own arguments.
     with zipfile.ZipFile(FIXTURE) as archive:
         saved = json.loads(archive.read("config.json"))
 
@@ -312,7 +324,10 @@ def test_one_axis_configs_are_the_ones_saved_before_grids():
         return configs
 
     model = keras.models.load_model(FIXTURE, safe_mode=True)
-    before = package_configs(saved)
+    before = {
+        name: {RENAMED.get(name, {}).get(key, key): value for key, value in config.items()}
+        for name, config in package_configs(saved).items()
+    }
     now = package_configs(keras.saving.serialize_keras_object(model))
     assert len(before) == 8 and before.keys() == now.keys()
     for name in before:

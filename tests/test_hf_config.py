@@ -69,7 +69,7 @@ QWEN3_VL = {
 }
 QWEN2_VL_ARGUMENTS = {
     "max_wavelength": 1000000.0,
-    "layout": "half",
+    "pairing": "half",
     "rotary_dim": None,
     "scaling": None,
     "num_axes": 3,
@@ -78,11 +78,11 @@ QWEN2_VL_ARGUMENTS = {
 }
 QWEN3_VL_ARGUMENTS = {
     "max_wavelength": 5000000,
-    "layout": "half",
+    "pairing": "half",
     "rotary_dim": None,
     "scaling": None,
     "num_axes": 3,
-    "axis_layout": "interleaved",
+    "axis_layout": "cyclic",
     "axis_sections": [24, 20, 20],
 }
 

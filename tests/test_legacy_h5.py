@@ -152,7 +152,7 @@ def in_graph_attention(position):
 CASES = {
     "sinusoidal_add": lambda: on_embeddings(SinusoidalPositionEncoding()),
     "sinusoidal_concat": lambda: on_embeddings(
-        SinusoidalPositionEncoding(layout="concat", merge_mode="concat", output_dim=4)
+        SinusoidalPositionEncoding(pairing="half", merge_mode="concat", output_dim=4)
     ),
     "sinusoidal_alone": lambda: on_embeddings(
         SinusoidalPositionEncoding(max_wavelength=100.0, merge_mode=None)
@@ -163,7 +163,7 @@ CASES = {
     "learned_sinusoidal_concat": lambda: on_embeddings(
         PositionEmbedding(
             sequence_length=8,
-            initializer="sinusoidal",
+            embeddings_initializer="sinusoidal",
             merge_mode="concat",
             output_dim=4,
         )
@@ -173,17 +173,17 @@ CASES = {
     ),
     "token_learned": lambda: on_tokens(
         TokenAndPositionEmbedding(
-            vocabulary_size=10, embedding_dim=4, sequence_length=8, position="learned"
+            vocabulary_size=10, embedding_dim=4, sequence_length=8, position_encoding="learned"
         )
     ),
     "rotary_half": lambda: on_embeddings(RotaryEmbedding(), features=8),
     "rotary_interleaved_linear": lambda: on_embeddings(
-        RotaryEmbedding(layout="interleaved", rotary_dim=4, scaling=LINEAR_SCALING),
+        RotaryEmbedding(pairing="interleaved", rotary_dim=4, scaling=LINEAR_SCALING),
         features=8,
     ),
     "alibi": lambda: on_positions(AlibiBias(num_heads=3)),
-    "alibi_symmetric_slopes": lambda: on_positions(
-        AlibiBias(num_heads=3, symmetric=True, slopes=[0.3, 0.2, 0.1])
+    "alibi_bidirectional_slopes": lambda: on_positions(
+        AlibiBias(num_heads=3, bidirectional=True, slopes=[0.3, 0.2, 0.1])
     ),
     "t5": lambda: on_positions(
         RelativePositionBias(num_heads=NUM_HEADS, num_buckets=8, max_distance=16)
@@ -211,7 +211,7 @@ CASES = {
     ),
     # RelativePositionEmbedding loads from `.h5` inside attention only: see
     # test_h5_cannot_rebuild_a_relative_position_embedding_called_alone.
-    "attention_shaw": lambda: in_attention(RelativePositionEmbedding(max_distance=3)),
+    "attention_shaw": lambda: in_attention(RelativePositionEmbedding(max_relative_position=3)),
     "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
     "laplacian_concat_combinatorial": lambda: on_graphs(
         LaplacianPositionEncoding(
@@ -223,10 +223,10 @@ CASES = {
         RandomWalkPositionEncoding(steps=4, symmetric=False, merge_mode=None)
     ),
     "shortest_path_bias": lambda: on_graph_adjacency(
-        ShortestPathBias(num_heads=NUM_HEADS, max_distance=2)
+        ShortestPathBias(num_heads=NUM_HEADS, max_hops=2)
     ),
     "attention_shortest_path": lambda: in_graph_attention(
-        ShortestPathBias(num_heads=NUM_HEADS, max_distance=2)
+        ShortestPathBias(num_heads=NUM_HEADS, max_hops=2)
     ),
 }
 
@@ -297,7 +297,7 @@ def test_h5_cannot_rebuild_a_relative_position_embedding_called_alone(tmp_path):
     # Its tables' sizes come from `build_for_attention`, which `.keras` files
     # replay from the build config; `.h5` files keep no build config, and a
     # call's shapes do not give `value_dim`.
-    layer = RelativePositionEmbedding(max_distance=3)
+    layer = RelativePositionEmbedding(max_relative_position=3)
     layer.build_for_attention(NUM_HEADS, KEY_DIM, VALUE_DIM)
     query = keras.Input((LENGTH, NUM_HEADS, KEY_DIM))
     query_positions = keras.Input((LENGTH,), dtype="int32")

@@ -101,7 +101,7 @@ def token_embedding(position, mask_zero=False):
         VOCABULARY_SIZE,
         WIDTH,
         sequence_length=MAX_LENGTH,
-        position=position,
+        position_encoding=position,
         mask_zero=mask_zero,
     )
 
@@ -110,7 +110,7 @@ def encoding(kind):
     """An absolute encoding of embeddings: `kind` is sinusoidal or learned."""
     if kind == "sinusoidal":
         return keras_posenc.SinusoidalPositionEncoding()
-    return keras_posenc.PositionEmbedding(MAX_LENGTH, initializer="sinusoidal")
+    return keras_posenc.PositionEmbedding(MAX_LENGTH, embeddings_initializer="sinusoidal")
 
 
 def token_model(position):
@@ -201,7 +201,7 @@ def models():
             embeddings,
         ),
         "rotary-interleaved-partial": (
-            rotary_model(layout="interleaved", rotary_dim=2),
+            rotary_model(pairing="interleaved", rotary_dim=2),
             embeddings,
         ),
         "attention-rope": (
@@ -213,7 +213,7 @@ def models():
             embeddings,
         ),
         "attention-shaw": (
-            attention_model(keras_posenc.RelativePositionEmbedding(max_distance=3)),
+            attention_model(keras_posenc.RelativePositionEmbedding(max_relative_position=3)),
             embeddings,
         ),
         "attention-t5": (

@@ -32,14 +32,14 @@ def position_tolerance(positions):
 
 
 @pytest.mark.parametrize(
-    "layout, dim",
-    [("interleaved", 64), ("interleaved", 7), ("interleaved", 1), ("concat", 64)],
+    "pairing, dim",
+    [("interleaved", 64), ("interleaved", 7), ("interleaved", 1), ("half", 64)],
 )
-def test_sinusoidal_matches_paper_up_to_position_10000(layout, dim):
+def test_sinusoidal_matches_paper_up_to_position_10000(pairing, dim):
     positions = np.arange(10001)
-    expected = references.sinusoidal(positions, dim, layout=layout)
+    expected = references.sinusoidal(positions, dim, pairing=pairing)
     table = ops.sinusoidal(
-        keras.ops.convert_to_tensor(positions), dim, layout=layout
+        keras.ops.convert_to_tensor(positions), dim, pairing=pairing
     )
     assert dtype_of(table) == "float32"
     assert tuple(table.shape) == (10001, dim)
@@ -48,26 +48,26 @@ def test_sinusoidal_matches_paper_up_to_position_10000(layout, dim):
     assert np.all(error <= tolerance), np.max(error / tolerance)
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "concat"])
-def test_sinusoidal_float_positions_and_other_wavelength(layout):
+@pytest.mark.parametrize("pairing", ["interleaved", "half"])
+def test_sinusoidal_float_positions_and_other_wavelength(pairing):
     positions = np.array([[-3.25, 0.0, 0.5, 17.75], [1e3 + 0.1, 2.0, 3.0, 4.0]])
-    expected = references.sinusoidal(positions, 10, 500.0, layout)
+    expected = references.sinusoidal(positions, 10, 500.0, pairing)
     table = ops.sinusoidal(
         keras.ops.convert_to_tensor(positions, "float32"),
         10,
         max_wavelength=500.0,
-        layout=layout,
+        pairing=pairing,
     )
     assert tuple(table.shape) == (2, 4, 10)
     np.testing.assert_allclose(numpy(table), expected, atol=1e-4)
 
 
-def test_concat_layout_is_a_permutation_of_interleaved():
+def test_half_pairing_is_a_permutation_of_interleaved():
     positions = keras.ops.arange(50)
     interleaved = numpy(ops.sinusoidal(positions, 16))
-    concat = numpy(ops.sinusoidal(positions, 16, layout="concat"))
-    np.testing.assert_array_equal(concat[:, :8], interleaved[:, 0::2])
-    np.testing.assert_array_equal(concat[:, 8:], interleaved[:, 1::2])
+    half = numpy(ops.sinusoidal(positions, 16, pairing="half"))
+    np.testing.assert_array_equal(half[:, :8], interleaved[:, 0::2])
+    np.testing.assert_array_equal(half[:, 8:], interleaved[:, 1::2])
 
 
 def test_sinusoidal_under_xla_with_unknown_length():
@@ -177,10 +177,10 @@ def test_position_ids():
     [
         (lambda: ops.sinusoidal(keras.ops.arange(3), 0), "dim=0"),
         (lambda: ops.sinusoidal(keras.ops.arange(3), 4.0), "dim=4.0"),
-        (lambda: ops.sinusoidal(keras.ops.arange(3), 7, layout="concat"), "dim=7"),
+        (lambda: ops.sinusoidal(keras.ops.arange(3), 7, pairing="half"), "dim=7"),
         (
-            lambda: ops.sinusoidal(keras.ops.arange(3), 8, layout="stacked"),
-            "layout='stacked'",
+            lambda: ops.sinusoidal(keras.ops.arange(3), 8, pairing="stacked"),
+            "pairing='stacked'",
         ),
         (
             lambda: ops.sinusoidal(keras.ops.arange(3), 8, max_wavelength=1.0),
@@ -209,8 +209,8 @@ def test_bad_arguments_raise_value_error_naming_them(call, message):
         call()
 
 
-@pytest.mark.parametrize("layout", ops.ROPE_LAYOUTS)
-def test_rotate_turns_each_pair_by_its_angle(layout):
+@pytest.mark.parametrize("pairing", ops.PAIRINGS)
+def test_rotate_turns_each_pair_by_its_angle(pairing):
     rng = np.random.default_rng(0)
     inputs = rng.uniform(-1, 1, (2, 5, 3, 8)).astype("float32")  # heads = 3
     positions = np.array([[0, 1, 2, 3, 4], [7, 100, 1000, 3000, 4095]])
@@ -218,13 +218,13 @@ def test_rotate_turns_each_pair_by_its_angle(layout):
     # position * frequency is exact in float32 and the reference turns by
     # the very angles the function gets.
     inverse_frequencies = np.array([1.0, 0.3125, 0.0625, 0.01171875])
-    phases = (positions[..., None] * inverse_frequencies).astype("float32")
+    angles = (positions[..., None] * inverse_frequencies).astype("float32")
     outputs = ops.rotate(
-        keras.ops.convert_to_tensor(inputs), phases[:, :, None], layout
+        keras.ops.convert_to_tensor(inputs), angles[:, :, None], pairing
     )  # (2, 5, 3, 8): the angles broadcast over the heads
     assert dtype_of(outputs) == "float32"
     expected = references.rotary(
-        inputs, positions, inverse_frequencies, layout=layout
+        inputs, positions, inverse_frequencies, pairing=pairing
     )
     # float32 cos and sin within a few ulps, two products and a sum of terms
     # at most 1.
@@ -234,17 +234,17 @@ def test_rotate_turns_each_pair_by_its_angle(layout):
 # Keras on JAX computes in 32 bits (jax_enable_x64 is off by default, and
 # Keras' JAX ops cast float64 to float32 even where it is on).
 @pytest.mark.float64
-@pytest.mark.parametrize("layout", ops.ROPE_LAYOUTS)
-def test_rotate_in_float64_is_the_reference(layout):
+@pytest.mark.parametrize("pairing", ops.PAIRINGS)
+def test_rotate_in_float64_is_the_reference(pairing):
     inputs = np.random.default_rng(1).normal(size=(3, 6, 10))
     positions = np.linspace(-50.0, 3000.0, 6)
     inverse_frequencies, _ = references.rope_inverse_frequencies(10, 500000.0)
-    phases = positions[:, None] * inverse_frequencies  # (6, 5)
-    outputs = ops.rotate(keras.ops.convert_to_tensor(inputs), phases, layout)
+    angles = positions[:, None] * inverse_frequencies  # (6, 5)
+    outputs = ops.rotate(keras.ops.convert_to_tensor(inputs), angles, pairing)
     assert dtype_of(outputs) == "float64"
     np.testing.assert_allclose(
         numpy(outputs),
-        references.rotary(inputs, positions, inverse_frequencies, layout=layout),
+        references.rotary(inputs, positions, inverse_frequencies, pairing=pairing),
         rtol=0,
         atol=1e-13,
     )
@@ -254,20 +254,20 @@ def test_rotate_in_float64_is_the_reference(layout):
 @given(
     half_dim=st.integers(1, 32),
     start=st.integers(0, 100000),
-    layout=st.sampled_from(ops.ROPE_LAYOUTS),
+    pairing=st.sampled_from(ops.PAIRINGS),
 )
-def test_rotate_keeps_the_norm_of_each_pair(half_dim, start, layout):
+def test_rotate_keeps_the_norm_of_each_pair(half_dim, start, pairing):
     dim = 2 * half_dim
     inputs = np.random.default_rng(start).normal(size=(4, 7, dim)).astype("float32")
     inverse_frequencies, _ = references.rope_inverse_frequencies(dim)
-    phases = ((start + np.arange(7))[:, None] * inverse_frequencies).astype(
+    angles = ((start + np.arange(7))[:, None] * inverse_frequencies).astype(
         "float32"
     )  # (7, half_dim)
-    outputs = numpy(ops.rotate(keras.ops.convert_to_tensor(inputs), phases, layout))
+    outputs = numpy(ops.rotate(keras.ops.convert_to_tensor(inputs), angles, pairing))
 
     def pair_norms(values):
         values = values.astype("float64")
-        if layout == "half":
+        if pairing == "half":
             first, second = values[..., :half_dim], values[..., half_dim:]
         else:
             first, second = values[..., 0::2], values[..., 1::2]
@@ -278,7 +278,7 @@ def test_rotate_keeps_the_norm_of_each_pair(half_dim, start, layout):
 
 
 def test_rotate_refuses_an_unknown_layout():
-    with pytest.raises(ValueError, match="layout='concat'"):
+    with pytest.raises(ValueError, match="pairing='concat'"):
         ops.rotate(keras.ops.ones((1, 4)), keras.ops.zeros((1, 2)), "concat")
 
 
@@ -324,15 +324,15 @@ def test_alibi_slopes_known_values():
         ((5,), (2, 7), (2, 5, 7)),
     ],
 )
-def test_relative_distance_is_key_minus_query(query_shape, key_shape, expected):
+def test_relative_position_is_key_minus_query(query_shape, key_shape, expected):
     rng = np.random.default_rng(0)
     query_positions = rng.integers(-50, 5000, query_shape)
     key_positions = rng.integers(-50, 5000, key_shape)
-    distance = ops.relative_distance(query_positions, key_positions)
+    distance = ops.relative_position(query_positions, key_positions)
     assert dtype_of(distance) == "int32"
     assert tuple(distance.shape) == expected
     distance = numpy(distance)
-    assert ops.relative_distance_shape(query_shape, key_shape) == expected
+    assert ops.relative_position_shape(query_shape, key_shape) == expected
     query = query_positions.reshape((-1,) + query_shape[-1:])
     key = key_positions.reshape((-1,) + key_shape[-1:])
     for b, i, j in np.ndindex(expected):
@@ -348,13 +348,13 @@ def test_relative_distance_is_key_minus_query(query_shape, key_shape, expected):
         ((None,), (None,), (1, None, None)),
     ],
 )
-def test_relative_distance_shape_with_unknown_sizes(query_shape, key_shape, expected):
-    assert ops.relative_distance_shape(query_shape, key_shape) == expected
+def test_relative_position_shape_with_unknown_sizes(query_shape, key_shape, expected):
+    assert ops.relative_position_shape(query_shape, key_shape) == expected
 
 
-def test_relative_distance_with_unknown_shapes_in_a_graph():
+def test_relative_position_with_unknown_shapes_in_a_graph():
     def distance(query_positions, key_positions):
-        return ops.relative_distance(query_positions, key_positions)
+        return ops.relative_position(query_positions, key_positions)
 
     distance = graph_function(
         distance, [((None, None), "int32"), ((None, None), WIDE_INT)]
@@ -469,15 +469,15 @@ def buckets_with(**kwargs):
         (lambda: ops.alibi_slopes(4.0), "num_heads=4.0"),
         (lambda: ops.alibi_slopes(True), "num_heads=True"),
         (
-            lambda: ops.relative_distance(np.zeros((1, 3)), INT_POSITIONS),
+            lambda: ops.relative_position(np.zeros((1, 3)), INT_POSITIONS),
             "query_positions of dtype float64",
         ),
         (
-            lambda: ops.relative_distance(INT_POSITIONS, INT_POSITIONS[None]),
+            lambda: ops.relative_position(INT_POSITIONS, INT_POSITIONS[None]),
             r"key_positions of dtype int32 and shape \(1, 1, 3\)",
         ),
         (
-            lambda: ops.relative_distance(
+            lambda: ops.relative_position(
                 np.zeros((2, 3), "int32"), np.zeros((3, 4), "int32")
             ),
             r"query_positions of shape \(2, 3\), key_positions of shape \(3, 4\)",

@@ -12,26 +12,28 @@ from tests import references
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "concat"])
-def test_heatmap_shows_the_paper_encoding(layout):
+@pytest.mark.parametrize("pairing", ["interleaved", "half"])
+def test_heatmap_shows_the_paper_encoding(pairing):
     figure = plot.encoding_heatmap(
-        length=200, dim=16, max_wavelength=500.0, layout=layout
+        length=200, dim=16, max_wavelength=500.0, pairing=pairing
     )
     axes, colorbar_axes = figure.axes
     image = np.asarray(axes.images[0].get_array())
     assert image.shape == (200, 16)
-    expected = references.sinusoidal(np.arange(200), 16, 500.0, layout)
+    expected = references.sinusoidal(np.arange(200), 16, 500.0, pairing)
     np.testing.assert_allclose(image, expected, atol=1e-4)
     assert axes.get_ylabel() == "position"
     assert axes.get_xlabel() == "feature"
-    assert layout in axes.get_title()
+    assert pairing in axes.get_title()
     assert colorbar_axes.get_label() == "<colorbar>"
 
 
-@pytest.mark.parametrize("position", [None, 0, 37, 99])
-def test_similarity_curve_peaks_at_position(position):
-    figure = plot.similarity_curve(length=100, dim=32, position=position)
-    expected_position = 50 if position is None else position
+@pytest.mark.parametrize("reference_position", [None, 0, 37, 99])
+def test_similarity_curve_peaks_at_the_reference_position(reference_position):
+    figure = plot.similarity_curve(
+        length=100, dim=32, reference_position=reference_position
+    )
+    expected_position = 50 if reference_position is None else reference_position
     curve, marker = figure.axes[0].lines
     similarity = np.asarray(curve.get_ydata())
     assert list(curve.get_xdata()) == list(range(100))
@@ -48,9 +50,9 @@ def test_similarity_curve_peaks_at_position(position):
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        ({"position": 100}, "position=100"),
-        ({"position": -1}, "position=-1"),
-        ({"position": 2.0}, "position=2.0"),
+        ({"reference_position": 100}, "reference_position=100"),
+        ({"reference_position": -1}, "reference_position=-1"),
+        ({"reference_position": 2.0}, "reference_position=2.0"),
         ({"length": 0}, "length=0"),
         ({"dim": 0}, "dim=0"),
         ({"max_wavelength": 1.0}, "max_wavelength=1.0"),
@@ -66,8 +68,8 @@ def test_similarity_curve_bad_arguments(arguments, message):
     "arguments, message",
     [
         ({"length": -5}, "length=-5"),
-        ({"dim": 7, "layout": "concat"}, "dim=7"),
-        ({"layout": "stacked"}, "layout='stacked'"),
+        ({"dim": 7, "pairing": "half"}, "dim=7"),
+        ({"pairing": "stacked"}, "pairing='stacked'"),
     ],
 )
 def test_heatmap_bad_arguments(arguments, message):
@@ -123,7 +125,7 @@ def test_rope_wavelengths_match_the_reference(
             max_wavelength,
             scalings[schedule],
             # Dynamic scaling is drawn at the extended length.
-            sequence_length=factor * original,
+            length=factor * original,
         )
         np.testing.assert_allclose(
             curve.get_ydata(), 2 * math.pi / inverse_frequencies, rtol=2e-5
@@ -445,7 +447,7 @@ def test_grid_similarity_shows_the_2d_encodings_cosine_similarity():
     assert len(panels) == len(anchors)
     # Cells in row-major order, the row's encoding in the first half.
     cells = np.array([[r, c] for r in range(5) for c in range(6)])
-    table = references.sinusoidal_on_axes(cells, 16, layout="interleaved")
+    table = references.sinusoidal_on_axes(cells, 16, pairing="interleaved")
     table /= np.linalg.norm(table, axis=-1, keepdims=True)
     for panel, (row, column) in zip(panels, anchors):
         expected = (table @ table[row * 6 + column]).reshape(5, 6)
@@ -469,7 +471,7 @@ def test_rope_axis_assignment_draws_each_pairs_axis_and_frequency():
         "axial": references.axial_rope_frequencies(128, 2, 1000.0),
         "alternating": references.pixtral_frequencies(128, 1000.0),
         "sections": references.mrope_frequencies(128, [16, 24, 24], 1000.0),
-        "interleaved M-RoPE": references.interleaved_mrope_frequencies(
+        "cyclic M-RoPE": references.interleaved_mrope_frequencies(
             128, [24, 20, 20], 1000.0
         ),
     }

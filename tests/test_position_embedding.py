@@ -21,7 +21,7 @@ class PositionEmbeddingLayerTest(TestCase):
                 (2, 5, 11),
             ),
             (
-                {"sequence_length": 5, "merge_mode": None, "initializer": "sinusoidal"},
+                {"sequence_length": 5, "merge_mode": None, "embeddings_initializer": "sinusoidal"},
                 (2, 5, 8),
             ),
         ]:
@@ -50,17 +50,17 @@ def test_adds_the_row_of_each_position():
 
 
 def test_sinusoidal_initializer_starts_from_the_paper_table():
-    layer = PositionEmbedding(200, initializer="sinusoidal", merge_mode=None)
+    layer = PositionEmbedding(200, embeddings_initializer="sinusoidal", merge_mode=None)
     outputs, table = embedded(layer, np.zeros((1, 200, 9), "float32"))
     np.testing.assert_allclose(
         table, references.sinusoidal(np.arange(200), 9), atol=2e-5
     )
     np.testing.assert_array_equal(outputs[0], table)
-    assert layer.get_config()["initializer"] == "sinusoidal"
+    assert layer.get_config()["embeddings_initializer"] == "sinusoidal"
 
 
 def test_keras_initializers_are_serialized():
-    layer = PositionEmbedding(4, initializer=keras.initializers.Constant(0.5))
+    layer = PositionEmbedding(4, embeddings_initializer=keras.initializers.Constant(0.5))
     config = layer.get_config()
     rebuilt = PositionEmbedding.from_config(config)
     assert rebuilt.get_config() == config
@@ -85,7 +85,7 @@ def test_start_index_and_explicit_positions():
 
 def test_mixed_bfloat16_output_with_float32_table():
     keras.config.set_dtype_policy("mixed_bfloat16")
-    layer = PositionEmbedding(6, initializer="sinusoidal")
+    layer = PositionEmbedding(6, embeddings_initializer="sinusoidal")
     outputs = layer(np.ones((1, 6, 4), "float32"))
     assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"
     assert layer.embeddings.dtype == "float32"
@@ -171,7 +171,7 @@ def test_float_positions_are_refused():
         ({"sequence_length": 0}, "sequence_length=0"),
         ({"sequence_length": None}, "sequence_length=None"),
         ({"sequence_length": 8.0}, "sequence_length=8.0"),
-        ({"sequence_length": 8, "initializer": "sine"}, "initializer='sine'"),
+        ({"sequence_length": 8, "embeddings_initializer": "sine"}, "embeddings_initializer='sine'"),
         ({"sequence_length": 8, "merge_mode": "sum"}, "merge_mode='sum'"),
         ({"sequence_length": 8, "merge_mode": "concat"}, "output_dim=None"),
         ({"sequence_length": 8, "output_dim": 3}, "output_dim=3"),

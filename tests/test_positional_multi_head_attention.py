@@ -48,7 +48,7 @@ VALUE_DIM = 6
 FEATURES = 5
 VOCABULARY_SIZE = 10
 # Shaw's clipping k: a sequence of 7 reaches past it.
-SHAW_MAX_DISTANCE = 2
+SHAW_MAX_RELATIVE_POSITION = 2
 # T5: distances of 0..6 fall in exact and logarithmic buckets. No integer
 # distance sits on a bucket boundary, where float32 and float64 logs could
 # disagree: below max_distance those are 4.47 (bidirectional) and 5.03,
@@ -62,8 +62,8 @@ SCHEMES = {
     "none": lambda: None,
     "rotary": lambda: RotaryEmbedding(max_wavelength=100.0),
     "alibi": lambda: AlibiBias(HEADS),
-    "alibi-symmetric": lambda: AlibiBias(HEADS, symmetric=True),
-    "shaw": lambda: RelativePositionEmbedding(SHAW_MAX_DISTANCE),
+    "alibi-bidirectional": lambda: AlibiBias(HEADS, bidirectional=True),
+    "shaw": lambda: RelativePositionEmbedding(SHAW_MAX_RELATIVE_POSITION),
     "t5": lambda: RelativePositionBias(
         HEADS, num_buckets=T5_BUCKETS, max_distance=T5_MAX_DISTANCE
     ),
@@ -155,15 +155,15 @@ def reference_attention(
             key_dim, position.max_wavelength
         )
         queries = references.rotary(
-            queries, query_positions, inverse_frequencies, layout=position.layout
+            queries, query_positions, inverse_frequencies, pairing=position.pairing
         )
         keys = references.rotary(
-            keys, key_positions, inverse_frequencies, layout=position.layout
+            keys, key_positions, inverse_frequencies, pairing=position.pairing
         )
     if isinstance(position, RelativePositionEmbedding):
         key_table = weight_named(position, "key_embeddings")  # (2k + 1, key_dim)
         value_table = weight_named(position, "value_embeddings")  # (2k + 1, value_dim)
-        clip = position.max_distance
+        clip = position.max_relative_position
     if isinstance(position, AlibiBias):
         slopes = references.alibi_slopes(heads)  # (heads,)
     if isinstance(position, RelativePositionBias):
@@ -196,7 +196,7 @@ def reference_attention(
                         value_vectors[j] += value_table[index]
                     logits[j] = queries[b, i, n] @ key_vector / math.sqrt(key_dim)
                     if isinstance(position, AlibiBias):
-                        if position.symmetric:
+                        if position.bidirectional:
                             logits[j] += -slopes[n] * abs(i_position - j_position)
                         else:
                             logits[j] += -slopes[n] * (i_position - j_position)
@@ -711,11 +711,11 @@ def test_position_weights_are_sized_for_the_attention():
         "none": {},
         "rotary": {},
         "alibi": {},
-        "alibi-symmetric": {},
+        "alibi-bidirectional": {},
         # Shared across heads, as in Shaw et al.
         "shaw": {
-            "key_embeddings": (2 * SHAW_MAX_DISTANCE + 1, KEY_DIM),
-            "value_embeddings": (2 * SHAW_MAX_DISTANCE + 1, VALUE_DIM),
+            "key_embeddings": (2 * SHAW_MAX_RELATIVE_POSITION + 1, KEY_DIM),
+            "value_embeddings": (2 * SHAW_MAX_RELATIVE_POSITION + 1, VALUE_DIM),
         },
         "t5": {"embeddings": (T5_BUCKETS, HEADS)},
         "t5-unidirectional": {"embeddings": (T5_BUCKETS, HEADS)},
@@ -739,7 +739,7 @@ def test_shaw_forms_no_query_key_feature_tensor():
     # work with the 2k + 1 distances instead, never holding (query, key, d).
     layer = attention("shaw")
     query_length, key_length = 11, 13
-    feature_sizes = {KEY_DIM, VALUE_DIM, 2 * SHAW_MAX_DISTANCE + 1}
+    feature_sizes = {KEY_DIM, VALUE_DIM, 2 * SHAW_MAX_RELATIVE_POSITION + 1}
     assert not feature_sizes & {BATCH, HEADS, query_length, key_length}
 
     @tf.function
@@ -843,7 +843,7 @@ def decoder_model(scheme, with_positions=False):
     "make_position",
     [
         lambda: RelativePositionBias(HEADS, num_buckets=8, max_distance=16),
-        lambda: RelativePositionEmbedding(max_distance=3),
+        lambda: RelativePositionEmbedding(max_relative_position=3),
     ],
     ids=["t5", "shaw"],
 )
@@ -1005,7 +1005,7 @@ def test_mixed_bfloat16_adds_alibi_bias_inside_the_float32_softmax():
     # the exponentials (blocks of 48 keys at 96): float32 there too.
     keras.config.set_dtype_policy("mixed_bfloat16")
     layer = PositionalMultiHeadAttention(
-        1, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(1, slopes=[0.5], symmetric=True)
+        1, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(1, slopes=[0.5], bidirectional=True)
     )
     tokens = random_inputs((BATCH, 96, FEATURES))
     layer(tokens, tokens)
@@ -1462,12 +1462,12 @@ def test_alibi_with_slopes_of_powers_of_two_joins_the_product():
     # Head 0, slope 1/16: [m, -m i] . [j, 1] = m (j - i), exactly.
     np.testing.assert_array_equal(query_factors[0, 0, 0], [1 / 16, -3 / 16])
     np.testing.assert_array_equal(key_factors[0, :, 0], [[0, 1], [1, 1], [2, 1], [3, 1]])
-    # Other slopes, and the symmetric form (not of rank two), add the bias.
+    # Other slopes, and the bidirectional form (not of rank two), add the bias.
     zero = int32_tensor([[0]])
     assert AlibiBias(3).logits_factors(zero, zero)
     assert AlibiBias(ALIBI_ADDED_HEADS).logits_factors(zero, zero) is None
     assert AlibiBias(2, slopes=[0.3, 0.5]).logits_factors(zero, zero) is None
-    assert AlibiBias(2, symmetric=True).logits_factors(zero, zero) is None
+    assert AlibiBias(2, bidirectional=True).logits_factors(zero, zero) is None
 
 
 @pytest.mark.parametrize("under_xla", [False, True], ids=["eager", "xla"])
@@ -1585,7 +1585,7 @@ def test_alibi_in_the_product_is_exact_at_long_positions(under_xla):
 # the bias inside the exponentials.
 
 
-def alibi_reference(layer, query, key, slopes, symmetric):
+def alibi_reference(layer, query, key, slopes, bidirectional):
     """Output and weights of `layer` at the default positions, in float64."""
     query = np.asarray(query, "float64")
     key = np.asarray(key, "float64")
@@ -1595,7 +1595,7 @@ def alibi_reference(layer, query, key, slopes, symmetric):
     distance = (
         np.arange(key.shape[1])[None, :] - np.arange(query.shape[1])[:, None]
     )  # (query, key): j - i
-    if symmetric:
+    if bidirectional:
         distance = -np.abs(distance)
     logits = np.einsum(
         "bthd,bshd->bhts", queries, keys
@@ -1610,10 +1610,10 @@ def alibi_reference(layer, query, key, slopes, symmetric):
     return np.einsum("bthd,hdf->btf", attended, kernel) + bias, weights
 
 
-def alibi_at_default_positions(heads, symmetric, queries, keys):
+def alibi_at_default_positions(heads, bidirectional, queries, keys):
     """An ALiBi attention of random weights, and its query and value inputs."""
     layer = PositionalMultiHeadAttention(
-        heads, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(heads, symmetric=symmetric)
+        heads, KEY_DIM, value_dim=VALUE_DIM, position=AlibiBias(heads, bidirectional=bidirectional)
     )
     query = random_inputs((BATCH, queries, FEATURES))
     value = random_inputs((BATCH, keys, FEATURES), seed=1)
@@ -1622,11 +1622,11 @@ def alibi_at_default_positions(heads, symmetric, queries, keys):
     return layer, query, value
 
 
-@pytest.mark.parametrize("symmetric", [False, True], ids=["causal-form", "symmetric"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["causal-form", "bidirectional"])
 @pytest.mark.parametrize("heads", [1, 8, ALIBI_ADDED_HEADS])
 @pytest.mark.parametrize("keys", [32, 96, 120, 128, 4096])
-def test_alibi_bias_maxima_bound_the_bias_of_each_block(keys, heads, symmetric):
-    alibi = AlibiBias(heads, symmetric=symmetric)
+def test_alibi_bias_maxima_bound_the_bias_of_each_block(keys, heads, bidirectional):
+    alibi = AlibiBias(heads, bidirectional=bidirectional)
     queries = 40
     block, maxima = alibi.logits_bias_maxima(
         int32_tensor(np.arange(queries)[None]), int32_tensor(np.arange(keys)[None])
@@ -1642,7 +1642,7 @@ def test_alibi_bias_maxima_bound_the_bias_of_each_block(keys, heads, symmetric):
         size for size in range(32, largest + 1) if keys % size == 0
     )
     distance = np.arange(keys)[None, :] - np.arange(queries)[:, None]
-    if symmetric:
+    if bidirectional:
         distance = -np.abs(distance)
     bias = (slopes[:, None, None] * distance).reshape(
         heads, queries, keys // block, block
@@ -1654,7 +1654,7 @@ def test_alibi_bias_maxima_bound_the_bias_of_each_block(keys, heads, symmetric):
     rounding = 1e-6 * (1 + np.abs(bias).max(-1))
     assert np.all(maxima >= bias.max(-1) - rounding)
     assert np.all(maxima - bias.min(-1) <= 32 + rounding)
-    if not symmetric:  # the bias at the block's last key
+    if not bidirectional:  # the bias at the block's last key
         np.testing.assert_allclose(maxima, bias[..., -1], rtol=1e-6, atol=1e-6)
 
 
@@ -1685,21 +1685,21 @@ def test_alibi_bias_maxima_need_a_length_known_when_traced():
 
 @pytest.mark.parametrize("under_xla", [False, True], ids=["eager", "xla"])
 @pytest.mark.parametrize(
-    "heads, symmetric",
+    "heads, bidirectional",
     [(ALIBI_PRODUCT_HEADS, False), (ALIBI_PRODUCT_HEADS, True), (ALIBI_ADDED_HEADS, False)],
-    ids=["causal-form", "symmetric", "added"],
+    ids=["causal-form", "bidirectional", "added"],
 )
 @pytest.mark.parametrize("queries, keys", [(96, 96), (40, 128)])
 def test_alibi_at_default_positions_equals_float64_reference(
-    queries, keys, heads, symmetric, under_xla
+    queries, keys, heads, bidirectional, under_xla
 ):
-    layer, query, value = alibi_at_default_positions(heads, symmetric, queries, keys)
+    layer, query, value = alibi_at_default_positions(heads, bidirectional, queries, keys)
     attend = functools.partial(layer, return_attention_scores=True)
     if under_xla:
         attend = compiled(attend)
     output, weights = attend(query, value)
     expected_output, expected_weights = alibi_reference(
-        layer, query, value, references.alibi_slopes(heads), symmetric
+        layer, query, value, references.alibi_slopes(heads), bidirectional
     )
     assert_close(weights, expected_weights)
     assert_close(output, expected_output)
@@ -1739,7 +1739,7 @@ def test_alibi_softmax_keeps_a_far_large_logit_from_underflowing(under_xla):
         attend = compiled(attend)
     output, weights = attend(tokens, tokens)
     expected_output, expected_weights = alibi_reference(
-        layer, tokens, tokens, [0.5], symmetric=False
+        layer, tokens, tokens, [0.5], bidirectional=False
     )
     assert expected_weights[0, 0, 0, 0] == pytest.approx(math.exp(-127.5 + 100 - 0))
     assert_close(weights, expected_weights)

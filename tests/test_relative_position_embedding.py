@@ -45,11 +45,11 @@ def random_array(shape, seed):
     return np.random.default_rng(seed).normal(size=shape).astype("float32")
 
 
-def built_layer(max_distance=2, seed=0):
+def built_layer(max_relative_position=2, seed=0):
     """A layer built for attention, its tables holding random values."""
-    layer = RelativePositionEmbedding(max_distance)
+    layer = RelativePositionEmbedding(max_relative_position)
     layer.build_for_attention(NUM_HEADS, KEY_DIM, VALUE_DIM)
-    rows = 2 * max_distance + 1
+    rows = 2 * max_relative_position + 1
     layer.set_weights(
         [
             random_array((rows, KEY_DIM), seed),
@@ -69,10 +69,10 @@ def paired_positions(query_positions, key_positions, batch_size):
     )
 
 
-def table_row(query_position, key_position, max_distance):
+def table_row(query_position, key_position, max_relative_position):
     """Section 3.2: the row of `w_clip(j - i, k)`, rows indexed from -k."""
-    return max(-max_distance, min(max_distance, key_position - query_position)) + (
-        max_distance
+    return max(-max_relative_position, min(max_relative_position, key_position - query_position)) + (
+        max_relative_position
     )
 
 
@@ -200,7 +200,7 @@ def test_value_term_sums_the_weights_times_the_clipped_value_rows(case):
     np.testing.assert_allclose(numpy(term), expected, **TOLERANCE)
 
 
-# (queries, keys, max_distance) for positions 0 .. queries - 1 and 0 ..
+# (queries, keys, max_relative_position) for positions 0 .. queries - 1 and 0 ..
 # keys - 1: keys in blocks of 8, 10 and 32, more queries than keys, a
 # clipping distance past the keys, and lengths where the segment sum
 # serves: few keys, and a prime number of them.
@@ -217,11 +217,11 @@ CONSECUTIVE = [
 
 
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["eager", "xla"])
-@pytest.mark.parametrize("queries, keys, max_distance", CONSECUTIVE)
+@pytest.mark.parametrize("queries, keys, max_relative_position", CONSECUTIVE)
 def test_value_term_of_consecutive_positions_equals_reference(
-    queries, keys, max_distance, jit_compile
+    queries, keys, max_relative_position, jit_compile
 ):
-    layer = built_layer(max_distance)
+    layer = built_layer(max_relative_position)
     query_positions, key_positions = np.arange(queries), np.arange(keys)
     weights = random_weights(2, queries, keys)
     value_term = graph_function(
@@ -236,7 +236,7 @@ def test_value_term_of_consecutive_positions_equals_reference(
         table(layer.value_embeddings),
         query_positions,
         key_positions,
-        max_distance,
+        max_relative_position,
     )
     np.testing.assert_allclose(numpy(term), expected, **TOLERANCE)
 
@@ -245,7 +245,7 @@ def test_both_terms_of_consecutive_positions_under_xla_gradients():
     # At consecutive positions each term's gradient with respect to its
     # input is the other term's map: the sums per distance and the read by
     # distance, each checked here against the float64 sums over pairs.
-    layer = built_layer(max_distance=3)
+    layer = built_layer(max_relative_position=3)
     queries, keys = 40, 96
     query_positions, key_positions = np.arange(queries), np.arange(keys)
     query = random_query(2, queries)
@@ -294,7 +294,7 @@ def test_both_terms_of_consecutive_positions_under_xla_gradients():
 
 
 def test_logits_term_of_consecutive_positions_equals_reference():
-    layer = built_layer(max_distance=3)
+    layer = built_layer(max_relative_position=3)
     query_positions, key_positions = np.arange(40), np.arange(96)
     query = random_query(2, 40)
     bias = layer.logits_bias(
@@ -306,8 +306,8 @@ def test_logits_term_of_consecutive_positions_equals_reference():
     np.testing.assert_allclose(numpy(bias), expected, **TOLERANCE)
 
 
-def test_keys_beyond_max_distance_read_the_edge_rows():
-    layer = built_layer(max_distance=2)
+def test_keys_beyond_max_relative_position_read_the_edge_rows():
+    layer = built_layer(max_relative_position=2)
     query = random_query(1, 1)
     keys = np.arange(-6, 7)  # query at 0: distances -6 .. 6
     bias = numpy(
@@ -449,7 +449,7 @@ def test_xla_gradients_sum_into_each_table_row():
 
 
 def test_tables_are_named_and_sized_by_the_attention():
-    layer = RelativePositionEmbedding(max_distance=4)
+    layer = RelativePositionEmbedding(max_relative_position=4)
     assert not layer.built
     layer.build_for_attention(num_heads=2, key_dim=6, value_dim=10)
     assert layer.built
@@ -507,10 +507,10 @@ def test_mixed_bfloat16_keeps_tables_and_terms_in_float32():
 def test_config_round_trip():
     initializer = keras.initializers.RandomNormal(stddev=0.02, seed=1)
     layer = RelativePositionEmbedding(
-        max_distance=16, embeddings_initializer=initializer, name="shaw"
+        max_relative_position=16, embeddings_initializer=initializer, name="shaw"
     )
     config = layer.get_config()
-    assert config["max_distance"] == 16
+    assert config["max_relative_position"] == 16
     assert config["embeddings_initializer"] == keras.initializers.serialize(
         initializer
     )
@@ -552,7 +552,7 @@ def test_keras_file_round_trip_of_a_model_calling_it_on_its_own(tmp_path):
 
 
 def test_call_before_build_for_attention_says_what_to_do():
-    layer = RelativePositionEmbedding(max_distance=2)
+    layer = RelativePositionEmbedding(max_relative_position=2)
     with pytest.raises(ValueError, match="build_for_attention"):
         layer(random_query(1, 3), np.arange(3), np.arange(3))
 
@@ -567,10 +567,10 @@ def test_call_with_queries_of_another_size_says_what_was_expected():
         )
 
 
-@pytest.mark.parametrize("max_distance", [0, -1, 1.5, True, "16", None])
-def test_bad_max_distance_raises_value_error_naming_it(max_distance):
-    with pytest.raises(ValueError, match="max_distance"):
-        RelativePositionEmbedding(max_distance)
+@pytest.mark.parametrize("max_relative_position", [0, -1, 1.5, True, "16", None])
+def test_bad_max_relative_position_raises_value_error_naming_it(max_relative_position):
+    with pytest.raises(ValueError, match="max_relative_position"):
+        RelativePositionEmbedding(max_relative_position)
 
 
 def test_bad_initializer_raises_value_error_naming_it():

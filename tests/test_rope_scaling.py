@@ -36,7 +36,7 @@ def frequency_rtol(dim, base):
 FLOAT32_CANCELLATION = 2.0**-22
 
 
-def reference_rtol(dim, base, scaling, sequence_length, expected):
+def reference_rtol(dim, base, scaling, length, expected):
     """The relative tolerance of each float32 frequency against the float64 one.
 
     frequency_rtol, plus what Hugging Face's own float32 evaluation of two
@@ -52,10 +52,10 @@ def reference_rtol(dim, base, scaling, sequence_length, expected):
     rtol = frequency_rtol(dim, base)
     rope_type = (scaling or {}).get("rope_type")
     original = (scaling or {}).get("original_max_position_embeddings")
-    if rope_type == "dynamic" and sequence_length is not None:
-        if sequence_length > original:
+    if rope_type == "dynamic" and length is not None:
+        if length > original:
             factor = scaling["factor"]
-            ratio = factor * sequence_length / original
+            ratio = factor * length / original
             return rtol + FLOAT32_CANCELLATION * dim / (dim - 2) * (ratio + factor) / (
                 ratio - (factor - 1)
             )
@@ -89,14 +89,14 @@ def longrope_scaling(dim, **keys):
     }
 
 
-def direct_call(scaling, dim, max_wavelength, sequence_length=None):
+def direct_call(scaling, dim, max_wavelength, length=None):
     """The schedule function named by `scaling`, called with its keys."""
     if scaling is None:
         return rope_scaling.default(dim, max_wavelength)
     keys = dict(scaling)
     schedule = getattr(rope_scaling, keys.pop("rope_type"))
-    if sequence_length is not None:
-        keys["sequence_length"] = sequence_length
+    if length is not None:
+        keys["length"] = length
     return schedule(dim, max_wavelength, **keys)
 
 
@@ -107,14 +107,14 @@ def assert_close(actual, expected, rtol):
     assert np.all(error <= bound), (np.max(error / bound), actual, expected)
 
 
-def assert_matches_reference(result, dim, base, scaling, sequence_length=None):
+def assert_matches_reference(result, dim, base, scaling, length=None):
     inverse_frequencies, attention_factor = result
     expected, expected_attention = references.rope_inverse_frequencies(
-        dim, base, scaling, sequence_length
+        dim, base, scaling, length
     )
     assert keras.backend.standardize_dtype(inverse_frequencies.dtype) == "float32"
     assert inverse_frequencies.shape == (dim // 2,)
-    rtol = reference_rtol(dim, base, scaling, sequence_length, expected)
+    rtol = reference_rtol(dim, base, scaling, length, expected)
     assert_close(numpy(inverse_frequencies), expected, rtol)
     assert isinstance(attention_factor, float)
     assert attention_factor == pytest.approx(expected_attention, rel=ATTENTION_RTOL)
@@ -142,9 +142,9 @@ def test_reference_against_hand_computed_values():
 
 
 @pytest.mark.parametrize(
-    "layout, second_feature", [("half", 3), ("interleaved", 1)]
+    "pairing, second_feature", [("half", 3), ("interleaved", 1)]
 )
-def test_rotary_reference_by_hand(layout, second_feature):
+def test_rotary_reference_by_hand(pairing, second_feature):
     # Width 8, rotary_dim 6: pair 0 is features (0, 3) in "half", (0, 1) in
     # "interleaved"; features 6 and 7 pass through.
     inputs = np.zeros((2, 3, 8))
@@ -153,7 +153,7 @@ def test_rotary_reference_by_hand(layout, second_feature):
     positions = np.array([[0.0, 1.0, 2.5], [7.0, -1.0, 0.0]])
     rotated = references.rotary(
         inputs, positions, [1.0, 0.1, 0.01], attention_factor=2.0,
-        layout=layout, rotary_dim=6,
+        pairing=pairing, rotary_dim=6,
     )
     np.testing.assert_allclose(rotated[..., 0], 2.0 * np.cos(positions), rtol=1e-15)
     np.testing.assert_allclose(
@@ -164,12 +164,12 @@ def test_rotary_reference_by_hand(layout, second_feature):
     assert np.all(rotated[..., 6:] == 5.0)
     # With heads: every head turns alike; (seq,) positions serve every batch.
     heads = np.random.default_rng(0).normal(size=(2, 3, 4, 6))
-    with_heads = references.rotary(heads, positions[0], [1.0, 0.1, 0.01], layout=layout)
+    with_heads = references.rotary(heads, positions[0], [1.0, 0.1, 0.01], pairing=pairing)
     for head in range(4):
         np.testing.assert_allclose(
             with_heads[:, :, head],
             references.rotary(heads[:, :, head], positions[0], [1.0, 0.1, 0.01],
-                              layout=layout),
+                              pairing=pairing),
             rtol=1e-14,
         )
     np.testing.assert_allclose(
@@ -192,21 +192,21 @@ def test_linear(dim, base, factor):
 
 @pytest.mark.parametrize("dim, base", [(64, 10000.0), (128, 500000.0)])
 @pytest.mark.parametrize("factor", [2.0, 4.0])
-@pytest.mark.parametrize("sequence_length", [None, 1, 4095, 4096, 4097, 12000, 65536])
-def test_dynamic_below_and_past_the_trained_length(dim, base, factor, sequence_length):
+@pytest.mark.parametrize("length", [None, 1, 4095, 4096, 4097, 12000, 65536])
+def test_dynamic_below_and_past_the_trained_length(dim, base, factor, length):
     scaling = {
         "rope_type": "dynamic",
         "factor": factor,
         "original_max_position_embeddings": 4096,
     }
     result = rope_scaling.dynamic(
-        dim, base, factor, 4096, sequence_length=sequence_length
+        dim, base, factor, 4096, length=length
     )
-    assert_matches_reference(result, dim, base, scaling, sequence_length)
+    assert_matches_reference(result, dim, base, scaling, length)
 
 
 @pytest.mark.parametrize(
-    "factor, original, sequence_length",
+    "factor, original, length",
     [
         (40.1, 4096, 4097),
         (23.8387240757, 43, 1),
@@ -215,7 +215,7 @@ def test_dynamic_below_and_past_the_trained_length(dim, base, factor, sequence_l
         (1.1, 3000, 3001),
     ],
 )
-def test_dynamic_with_factors_inexact_in_float32(factor, original, sequence_length):
+def test_dynamic_with_factors_inexact_in_float32(factor, original, length):
     # factor * L / original - (factor - 1) cancels to ~1 near the trained
     # length, where a float32 evaluation loses ~factor * 2**-24 (see
     # reference_rtol); at or below it the frequencies must be the default ones.
@@ -226,14 +226,14 @@ def test_dynamic_with_factors_inexact_in_float32(factor, original, sequence_leng
     }
     for dim in (4, 64):
         result = rope_scaling.dynamic(
-            dim, 100.0, factor, original, sequence_length=sequence_length
+            dim, 100.0, factor, original, length=length
         )
-        assert_matches_reference(result, dim, 100.0, scaling, sequence_length)
+        assert_matches_reference(result, dim, 100.0, scaling, length)
 
 
 @pytest.mark.parametrize("dtype", ["int32", "int64", "float32"])
-@pytest.mark.parametrize("sequence_length", [100, 4096, 12000])
-def test_dynamic_scalar_tensor_sequence_length(dtype, sequence_length):
+@pytest.mark.parametrize("length", [100, 4096, 12000])
+def test_dynamic_scalar_tensor_length(dtype, length):
     scaling = {
         "rope_type": "dynamic",
         "factor": 2.0,
@@ -245,9 +245,9 @@ def test_dynamic_scalar_tensor_sequence_length(dtype, sequence_length):
         2.0,
         4096,
         # int64 is int32 on JAX without x64.
-        sequence_length=keras.ops.convert_to_tensor(np.array(sequence_length, dtype)),
+        length=keras.ops.convert_to_tensor(np.array(length, dtype)),
     )
-    assert_matches_reference(result, 64, 10000.0, scaling, sequence_length)
+    assert_matches_reference(result, 64, 10000.0, scaling, length)
 
 
 def test_dynamic_and_longrope_follow_a_symbolic_length_under_xla():
@@ -259,24 +259,24 @@ def test_dynamic_and_longrope_follow_a_symbolic_length_under_xla():
     longrope = longrope_scaling(64)
 
     @compiled
-    def frequencies(sequence_length):
+    def frequencies(length):
         return (
-            rope_scaling.rope_parameters(dynamic, 64, 10000.0, sequence_length)[0],
-            rope_scaling.rope_parameters(longrope, 64, 10000.0, sequence_length)[0],
+            rope_scaling.rope_parameters(dynamic, 64, 10000.0, length)[0],
+            rope_scaling.rope_parameters(longrope, 64, 10000.0, length)[0],
         )
 
-    for sequence_length in (7, 2048, 4096, 4097, 30000):
+    for length in (7, 2048, 4096, 4097, 30000):
         dynamic_frequencies, longrope_frequencies = frequencies(
-            keras.ops.convert_to_tensor(sequence_length, "int32")
+            keras.ops.convert_to_tensor(length, "int32")
         )
         for scaling, result in [
             (dynamic, dynamic_frequencies),
             (longrope, longrope_frequencies),
         ]:
             expected, _ = references.rope_inverse_frequencies(
-                64, 10000.0, scaling, sequence_length
+                64, 10000.0, scaling, length
             )
-            rtol = reference_rtol(64, 10000.0, scaling, sequence_length, expected)
+            rtol = reference_rtol(64, 10000.0, scaling, length, expected)
             assert_close(numpy(result), expected, rtol)
 
 
@@ -380,16 +380,16 @@ def test_llama3(dim, base, keys):
 
 
 @pytest.mark.parametrize("dim, base", [(64, 10000.0), (96, 10000.0), (128, 500000.0)])
-@pytest.mark.parametrize("sequence_length", [None, 100, 4096, 4097, 100000])
+@pytest.mark.parametrize("length", [None, 100, 4096, 4097, 100000])
 @pytest.mark.parametrize(
     "keys",
     [{}, {"factor": 32.0}, {"factor": 0.5}, {"attention_factor": 1.5},
      {"factor": 32.0, "attention_factor": 1.5}],
 )
-def test_longrope(dim, base, sequence_length, keys):
+def test_longrope(dim, base, length, keys):
     scaling = longrope_scaling(dim, **keys)
-    result = direct_call(scaling, dim, base, sequence_length)
-    assert_matches_reference(result, dim, base, scaling, sequence_length)
+    result = direct_call(scaling, dim, base, length)
+    assert_matches_reference(result, dim, base, scaling, length)
 
 
 def test_longrope_switches_to_long_factors_past_the_trained_length():
@@ -409,13 +409,13 @@ def test_longrope_switches_to_long_factors_past_the_trained_length():
     assert long_attention == pytest.approx(expected_attention, rel=1e-12)
 
 
-@pytest.mark.parametrize("sequence_length", [4096, 4097])
-def test_longrope_scalar_tensor_sequence_length(sequence_length):
+@pytest.mark.parametrize("length", [4096, 4097])
+def test_longrope_scalar_tensor_sequence_length(length):
     scaling = longrope_scaling(64, factor=32.0)
     result = direct_call(
-        scaling, 64, 10000.0, keras.ops.convert_to_tensor(sequence_length)
+        scaling, 64, 10000.0, keras.ops.convert_to_tensor(length)
     )
-    assert_matches_reference(result, 64, 10000.0, scaling, sequence_length)
+    assert_matches_reference(result, 64, 10000.0, scaling, length)
 
 
 # Proportional RoPE, transformers' _compute_proportional_rope_parameters:
@@ -469,21 +469,21 @@ def test_proportional_spaces_frequencies_over_the_whole_width():
     )
 
 
-@pytest.mark.parametrize("sequence_length", [None, 100, 4096, 4097, 100000])
-def test_su_is_longrope(sequence_length):
+@pytest.mark.parametrize("length", [None, 100, 4096, 4097, 100000])
+def test_su_is_longrope(length):
     # Phi-3 vision configs name LongRoPE "su".
     longrope = longrope_scaling(96, factor=32.0)
     su = {**longrope, "rope_type": "su"}
     rope_scaling.check_scaling(su, 96)
     assert rope_scaling.depends_on_length(su)
     frequencies, attention_factor = rope_scaling.rope_parameters(
-        su, 96, 10000.0, sequence_length
+        su, 96, 10000.0, length
     )
-    direct = direct_call(longrope, 96, 10000.0, sequence_length)
+    direct = direct_call(longrope, 96, 10000.0, length)
     np.testing.assert_array_equal(numpy(frequencies), numpy(direct[0]))
     assert attention_factor == direct[1]
     assert_matches_reference(
-        (frequencies, attention_factor), 96, 10000.0, longrope, sequence_length
+        (frequencies, attention_factor), 96, 10000.0, longrope, length
     )
 
 
@@ -492,7 +492,7 @@ def test_proportional_through_rope_parameters():
     rope_scaling.check_scaling(scaling, 512)
     assert not rope_scaling.depends_on_length(scaling)
     frequencies, attention_factor = rope_scaling.rope_parameters(
-        scaling, 512, 1e6, sequence_length=100000
+        scaling, 512, 1e6, length=100000
     )
     np.testing.assert_array_equal(
         numpy(frequencies),
@@ -521,12 +521,12 @@ ALL_SCALINGS = [
 
 
 @pytest.mark.parametrize("scaling", ALL_SCALINGS)
-@pytest.mark.parametrize("sequence_length", [None, 100, 20000])
-def test_rope_parameters_dispatches_to_the_schedule(scaling, sequence_length):
+@pytest.mark.parametrize("length", [None, 100, 20000])
+def test_rope_parameters_dispatches_to_the_schedule(scaling, length):
     dim = 64
     rope_scaling.check_scaling(scaling)
     inverse_frequencies, attention_factor = rope_scaling.rope_parameters(
-        scaling, dim, 500000.0, sequence_length=sequence_length
+        scaling, dim, 500000.0, length=length
     )
     rope_type = (scaling or {"rope_type": "default"})["rope_type"]
     if rope_type == "default":
@@ -535,11 +535,11 @@ def test_rope_parameters_dispatches_to_the_schedule(scaling, sequence_length):
         # Lengths only matter to dynamic and longrope.
         direct = direct_call(scaling, dim, 500000.0)
     else:
-        direct = direct_call(scaling, dim, 500000.0, sequence_length)
+        direct = direct_call(scaling, dim, 500000.0, length)
     np.testing.assert_array_equal(numpy(inverse_frequencies), numpy(direct[0]))
     assert attention_factor == direct[1]
     assert_matches_reference(
-        (inverse_frequencies, attention_factor), dim, 500000.0, scaling, sequence_length
+        (inverse_frequencies, attention_factor), dim, 500000.0, scaling, length
     )
 
 
@@ -750,10 +750,10 @@ def test_dynamic_is_default_up_to_the_trained_length(
     half_dim, base, factor, original, data
 ):
     dim = 2 * half_dim
-    sequence_length = data.draw(st.integers(1, original))
+    length = data.draw(st.integers(1, original))
     at_trained_length, _ = rope_scaling.dynamic(dim, base, factor, original)
     below, attention_factor = rope_scaling.dynamic(
-        dim, base, factor, original, sequence_length=sequence_length
+        dim, base, factor, original, length=length
     )
     np.testing.assert_array_equal(numpy(below), numpy(at_trained_length))
     np.testing.assert_allclose(
@@ -763,7 +763,7 @@ def test_dynamic_is_default_up_to_the_trained_length(
     # Past it, the base grows with the length (factor * (L / orig - 1) + 1 > 1):
     # every frequency but the first (always 1) falls.
     longer, _ = rope_scaling.dynamic(
-        dim, base, factor, original, sequence_length=original * 3 + 1
+        dim, base, factor, original, length=original * 3 + 1
     )
     assert numpy(longer)[0] == 1.0
     assert np.all(numpy(longer)[1:] < numpy(below)[1:])
@@ -845,16 +845,16 @@ def test_yarn_matches_reference_and_blends_default_and_linear(
     half_dim=st.integers(1, 64),
     base=bases,
     data=st.data(),
-    sequence_length=st.integers(1, 20000),
+    length=st.integers(1, 20000),
 )
-def test_longrope_divides_default_by_its_factors(half_dim, base, data, sequence_length):
+def test_longrope_divides_default_by_its_factors(half_dim, base, data, length):
     dim = 2 * half_dim
     factors = st.lists(st.floats(1.0, 64.0), min_size=half_dim, max_size=half_dim)
     short_factor, long_factor = data.draw(factors), data.draw(factors)
     frequencies, _ = rope_scaling.longrope(
-        dim, base, short_factor, long_factor, 8192, sequence_length=sequence_length
+        dim, base, short_factor, long_factor, 8192, length=length
     )
-    rescale = long_factor if sequence_length > 8192 else short_factor
+    rescale = long_factor if length > 8192 else short_factor
     np.testing.assert_allclose(
         numpy(frequencies) * np.array(rescale),
         references.rope_inverse_frequencies(dim, base)[0],

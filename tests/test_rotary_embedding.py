@@ -54,9 +54,9 @@ def random_inputs(shape, seed=0):
     return np.random.default_rng(seed).normal(size=shape).astype("float32")
 
 
-def pair_norms(inputs, layout, rotated):
+def pair_norms(inputs, pairing, rotated):
     """The norm of each rotated feature pair: `(..., rotated / 2)`."""
-    if layout == "half":
+    if pairing == "half":
         first = inputs[..., : rotated // 2]
         second = inputs[..., rotated // 2 : rotated]
     else:
@@ -70,7 +70,7 @@ def assert_rotated(
     positions,
     inverse_frequencies,
     attention_factor=1.0,
-    layout="half",
+    pairing="half",
     rotary_dim=None,
 ):
     """`outputs` equal `references.rotary` up to float32 angle rounding.
@@ -85,7 +85,7 @@ def assert_rotated(
     assert outputs.shape == inputs.shape
     rotated = inputs.shape[-1] if rotary_dim is None else rotary_dim
     expected = references.rotary(
-        inputs, positions, inverse_frequencies, attention_factor, layout, rotary_dim
+        inputs, positions, inverse_frequencies, attention_factor, pairing, rotary_dim
     )
     positions = np.asarray(positions, "float64")
     if positions.ndim == 1:
@@ -96,10 +96,10 @@ def assert_rotated(
     )  # (b, seq, [1,] r / 2)
     pair_tolerance = (
         attention_factor
-        * pair_norms(inputs, layout, rotated)
+        * pair_norms(inputs, pairing, rotated)
         * (ANGLE_RTOL * angles + OUTPUT_RTOL)
     )  # (batch, seq, [heads,] r / 2)
-    if layout == "half":
+    if pairing == "half":
         tolerance = np.concatenate([pair_tolerance, pair_tolerance], -1)
     else:
         tolerance = np.repeat(pair_tolerance, 2, -1)  # (batch, seq, [heads,] r)
@@ -112,7 +112,7 @@ class RotaryEmbeddingLayerTest(TestCase):
     def test_layer_behaviour(self):
         for init_kwargs, input_shape in [
             ({}, (2, 4, 3, 8)),
-            ({"layout": "interleaved", "rotary_dim": 4}, (2, 4, 3, 8)),
+            ({"pairing": "interleaved", "rotary_dim": 4}, (2, 4, 3, 8)),
             (
                 {
                     "scaling": {
@@ -137,23 +137,23 @@ class RotaryEmbeddingLayerTest(TestCase):
             )
 
 
-@pytest.mark.parametrize("layout", ops.ROPE_LAYOUTS)
+@pytest.mark.parametrize("pairing", ops.PAIRINGS)
 @pytest.mark.parametrize("shape", [(2, 9, 8), (2, 9, 3, 8)])
-def test_rotates_each_pair_by_position_times_frequency(layout, shape):
+def test_rotates_each_pair_by_position_times_frequency(pairing, shape):
     inputs = random_inputs(shape)
-    outputs = RotaryEmbedding(layout=layout)(inputs, start_index=1000)
+    outputs = RotaryEmbedding(pairing=pairing)(inputs, start_index=1000)
     assert keras.backend.standardize_dtype(outputs.dtype) == "float32"
     inverse_frequencies, _ = references.rope_inverse_frequencies(8)
     assert_rotated(
-        outputs, inputs, 1000 + np.arange(9), inverse_frequencies, layout=layout
+        outputs, inputs, 1000 + np.arange(9), inverse_frequencies, pairing=pairing
     )
 
 
-@pytest.mark.parametrize("layout", ops.ROPE_LAYOUTS)
+@pytest.mark.parametrize("pairing", ops.PAIRINGS)
 @pytest.mark.parametrize("shape", [(2, 6, 10), (2, 6, 3, 10)])
-def test_partial_rotary_spaces_frequencies_over_rotary_dim(layout, shape):
+def test_partial_rotary_spaces_frequencies_over_rotary_dim(pairing, shape):
     inputs = random_inputs(shape)
-    outputs = RotaryEmbedding(layout=layout, rotary_dim=4)(inputs, start_index=30)
+    outputs = RotaryEmbedding(pairing=pairing, rotary_dim=4)(inputs, start_index=30)
     # Frequencies of a 4-feature rotation, not of all 10 features.
     inverse_frequencies, _ = references.rope_inverse_frequencies(4)
     assert_rotated(
@@ -161,20 +161,20 @@ def test_partial_rotary_spaces_frequencies_over_rotary_dim(layout, shape):
         inputs,
         30 + np.arange(6),
         inverse_frequencies,
-        layout=layout,
+        pairing=pairing,
         rotary_dim=4,
     )
 
 
-@pytest.mark.parametrize("layout", ops.ROPE_LAYOUTS)
-def test_other_base_and_float_positions(layout):
+@pytest.mark.parametrize("pairing", ops.PAIRINGS)
+def test_other_base_and_float_positions(pairing):
     inputs = random_inputs((2, 5, 2, 12))
     positions = np.array([-3.5, 0.0, 0.25, 17.75, 1000.125], "float32")
-    outputs = RotaryEmbedding(max_wavelength=500000.0, layout=layout)(
+    outputs = RotaryEmbedding(max_wavelength=500000.0, pairing=pairing)(
         inputs, positions=positions
     )
     inverse_frequencies, _ = references.rope_inverse_frequencies(12, 500000.0)
-    assert_rotated(outputs, inputs, positions, inverse_frequencies, layout=layout)
+    assert_rotated(outputs, inputs, positions, inverse_frequencies, pairing=pairing)
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 8), (2, 5, 3, 8)])
@@ -191,15 +191,15 @@ def test_positions_per_batch(shape):
 
 def test_sequence_and_feature_axes_anywhere():
     inputs = random_inputs((2, 7, 3, 8))  # (batch, seq, heads, dim)
-    expected = numpy(RotaryEmbedding(layout="interleaved")(inputs))
-    heads_first = RotaryEmbedding(layout="interleaved", sequence_axis=2)(
+    expected = numpy(RotaryEmbedding(pairing="interleaved")(inputs))
+    heads_first = RotaryEmbedding(pairing="interleaved", sequence_axis=2)(
         inputs.transpose(0, 2, 1, 3)  # (batch, heads, seq, dim)
     )
     np.testing.assert_array_equal(
         numpy(heads_first), expected.transpose(0, 2, 1, 3)
     )
     features_first = RotaryEmbedding(
-        layout="interleaved", sequence_axis=-1, feature_axis=1
+        pairing="interleaved", sequence_axis=-1, feature_axis=1
     )(inputs.transpose(0, 3, 2, 1))  # (batch, dim, heads, seq)
     np.testing.assert_array_equal(
         numpy(features_first), expected.transpose(0, 3, 2, 1)
@@ -309,13 +309,13 @@ SCHEDULE_CASES = {
 
 
 @pytest.mark.parametrize("case", SCHEDULE_CASES)
-@pytest.mark.parametrize("layout", ops.ROPE_LAYOUTS)
-def test_scaling_schedules(case, layout):
+@pytest.mark.parametrize("pairing", ops.PAIRINGS)
+def test_scaling_schedules(case, pairing):
     scaling, positions, sequence_length = SCHEDULE_CASES[case]
     dim = 8 if scaling["rope_type"] == "longrope" else 16  # 4 longrope factors
     batch = positions.shape[0] if positions.ndim == 2 else 2
     inputs = random_inputs((batch, positions.shape[-1], 2, dim))
-    layer = RotaryEmbedding(max_wavelength=500000.0, layout=layout, scaling=scaling)
+    layer = RotaryEmbedding(max_wavelength=500000.0, pairing=pairing, scaling=scaling)
     if positions.ndim == 1 and np.array_equal(
         positions, positions[0] + np.arange(len(positions))
     ):
@@ -326,7 +326,7 @@ def test_scaling_schedules(case, layout):
         dim, 500000.0, scaling, sequence_length
     )
     assert_rotated(
-        outputs, inputs, positions, inverse_frequencies, attention_factor, layout
+        outputs, inputs, positions, inverse_frequencies, attention_factor, pairing
     )
 
 
@@ -377,7 +377,7 @@ def test_yarn_attention_factor_scales_every_pair():
 def test_from_hf_config_llama_3_1_past_its_trained_length():
     layer = RotaryEmbedding.from_hf_config(LLAMA_3_1_CONFIG)
     assert layer.max_wavelength == 500000.0
-    assert layer.layout == "half"
+    assert layer.pairing == "half"
     assert layer.rotary_dim is None
     assert layer.scaling == LLAMA_3_1_SCALING
     inputs = random_inputs((1, 11, 2, 128))  # head_dim = 4096 / 32
@@ -462,7 +462,7 @@ def test_from_hf_config_gpt_j_interleaved():
         "n_positions": 2048,
     }
     layer = RotaryEmbedding.from_hf_config(gpt_j)
-    assert (layer.layout, layer.rotary_dim) == ("interleaved", 16)
+    assert (layer.pairing, layer.rotary_dim) == ("interleaved", 16)
     inputs = random_inputs((1, 4, 4, 64))
     inverse_frequencies, _ = references.rope_inverse_frequencies(16)
     assert_rotated(
@@ -470,7 +470,7 @@ def test_from_hf_config_gpt_j_interleaved():
         inputs,
         300 + np.arange(4),
         inverse_frequencies,
-        layout="interleaved",
+        pairing="interleaved",
         rotary_dim=16,
     )
 
@@ -847,7 +847,7 @@ def test_from_hf_config_deepseek_rotates_the_rope_slice_interleaved(
 ):
     layer = RotaryEmbedding.from_hf_config(config)
     scaling = config.get("rope_scaling") or config["rope_parameters"]
-    assert (layer.layout, layer.rotary_dim) == ("interleaved", None)
+    assert (layer.pairing, layer.rotary_dim) == ("interleaved", None)
     assert layer.max_wavelength == 10000.0
     assert layer.scaling == {
         "rope_type": "yarn",
@@ -913,9 +913,9 @@ def test_from_hf_config_deepseek_rotates_the_rope_slice_interleaved(
         positions,
         frequencies,
         attention_factor,
-        layout="interleaved",
+        pairing="interleaved",
     )
-    # The half layout over the same slice, as before, is off by order 1.
+    # The half pairing over the same slice, as before, is off by order 1.
     half = RotaryEmbedding(max_wavelength=10000.0, scaling=layer.scaling)
     half_query = numpy(half(query_rope, positions=positions))
     half_logits = multi_head_latent_logits(
@@ -929,7 +929,7 @@ def test_from_hf_config_deepseek_rotates_the_rope_slice_interleaved(
 def test_from_hf_config_deepseek_v3_without_interleave_pairs_halves():
     config = {**DEEPSEEK_V3_CONFIG, "rope_interleave": False}
     layer = RotaryEmbedding.from_hf_config(config)
-    assert (layer.layout, layer.rotary_dim) == ("half", None)
+    assert (layer.pairing, layer.rotary_dim) == ("half", None)
     frequencies, attention_factor = references.rope_inverse_frequencies(
         64,
         10000.0,
@@ -1120,7 +1120,7 @@ def test_from_hf_config_layer_type_mistakes_name_the_layer_types(
 def test_from_hf_config_gemma_4_proportional():
     full = RotaryEmbedding.from_hf_config(GEMMA_4_TEXT, layer_type="full_attention")
     assert full.max_wavelength == 1000000.0
-    assert (full.layout, full.rotary_dim) == ("half", None)
+    assert (full.pairing, full.rotary_dim) == ("half", None)
     assert full.scaling == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
     # Applied to the global_head_dim = 512 wide heads of full attention:
     # pairs (i, i + 256) for i < 64 turn at 1e6^(-2i / 512), the others not.
@@ -1297,10 +1297,10 @@ def test_a_start_index_read_at_run_time_computes_the_sines_once():
     half_dim=st.integers(1, 16),
     positions=st.tuples(st.integers(0, 4000), st.integers(0, 4000)),
     shift=st.integers(0, 4000),
-    layout=st.sampled_from(ops.ROPE_LAYOUTS),
+    pairing=st.sampled_from(ops.PAIRINGS),
 )
 def test_scores_depend_on_relative_position_only(
-    data, half_dim, positions, shift, layout
+    data, half_dim, positions, shift, pairing
 ):
     dim = 2 * half_dim
     vectors = hnp.arrays(
@@ -1309,7 +1309,7 @@ def test_scores_depend_on_relative_position_only(
     query, key = data.draw(vectors), data.draw(vectors)
     m, n = positions
     rotated = numpy(
-        RotaryEmbedding(layout=layout)(
+        RotaryEmbedding(pairing=pairing)(
             np.stack([query, key, query, key])[None],  # (1, 4, dim)
             positions=[m, n, m + shift, n + shift],
         )
@@ -1320,8 +1320,8 @@ def test_scores_depend_on_relative_position_only(
     # at both positions; the float64 dot products add nothing that matters.
     inverse_frequencies, _ = references.rope_inverse_frequencies(dim)
     tolerance = np.sum(
-        pair_norms(query.astype("float64"), layout, dim)
-        * pair_norms(key.astype("float64"), layout, dim)
+        pair_norms(query.astype("float64"), pairing, dim)
+        * pair_norms(key.astype("float64"), pairing, dim)
         * (
             ANGLE_RTOL * inverse_frequencies * (2 * m + 2 * n + 2 * shift)
             + 4 * OUTPUT_RTOL
@@ -1341,7 +1341,7 @@ def assert_same_rotation(outputs, expected):
 
 
 def test_start_index_equals_slicing_a_longer_call():
-    layer = RotaryEmbedding(layout="interleaved", rotary_dim=6)
+    layer = RotaryEmbedding(pairing="interleaved", rotary_dim=6)
     inputs = random_inputs((2, 30, 3, 8))
     full = numpy(layer(inputs))
     for start_index in (
@@ -1369,7 +1369,7 @@ def test_start_index_equals_slicing_a_longer_call():
 def test_start_index_in_a_graph_of_unknown_lengths_equals_slicing():
     import tensorflow as tf
 
-    layer = RotaryEmbedding(layout="interleaved", rotary_dim=6)
+    layer = RotaryEmbedding(pairing="interleaved", rotary_dim=6)
     inputs = random_inputs((2, 30, 3, 8))
     full = numpy(layer(inputs))
 
@@ -1429,7 +1429,7 @@ def rotary_functional_model():
     inputs = keras.Input(shape=(None, 8))
     heads = keras.layers.Reshape((-1, 2, 4))(keras.layers.Dense(8)(inputs))
     rotated = RotaryEmbedding(
-        layout="interleaved",
+        pairing="interleaved",
         rotary_dim=2,
         max_wavelength=500.0,
         scaling={
@@ -1516,7 +1516,7 @@ def test_xla_training_and_predict_at_two_lengths():
 
 def test_unknown_length_in_a_functional_model():
     inputs = keras.Input(shape=(None, 3, 8))
-    outputs = RotaryEmbedding(layout="interleaved")(inputs)
+    outputs = RotaryEmbedding(pairing="interleaved")(inputs)
     assert tuple(outputs.shape) == (None, None, 3, 8)
     model = keras.Model(inputs, outputs)
     inverse_frequencies, _ = references.rope_inverse_frequencies(8)
@@ -1527,7 +1527,7 @@ def test_unknown_length_in_a_functional_model():
             features,
             np.arange(length),
             inverse_frequencies,
-            layout="interleaved",
+            pairing="interleaved",
         )
 
 
@@ -1540,7 +1540,7 @@ def test_config_round_trip():
     }
     layer = RotaryEmbedding(
         max_wavelength=500000.0,
-        layout="interleaved",
+        pairing="interleaved",
         rotary_dim=6,
         scaling=scaling,
         sequence_axis=2,
@@ -1549,7 +1549,7 @@ def test_config_round_trip():
     config = layer.get_config()
     assert {
         "max_wavelength": 500000.0,
-        "layout": "interleaved",
+        "pairing": "interleaved",
         "rotary_dim": 6,
         "scaling": scaling,
         "sequence_axis": 2,
@@ -1573,7 +1573,7 @@ def test_config_round_trip():
         ({"max_wavelength": -1}, "max_wavelength=-1"),
         ({"max_wavelength": 1}, "max_wavelength=1"),
         ({"max_wavelength": "long"}, "max_wavelength='long'"),
-        ({"layout": "concat"}, "layout='concat'"),
+        ({"pairing": "concat"}, "pairing='concat'"),
         ({"rotary_dim": 3}, "rotary_dim=3"),
         ({"rotary_dim": 0}, "rotary_dim=0"),
         ({"rotary_dim": -2}, "rotary_dim=-2"),

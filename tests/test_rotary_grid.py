@@ -38,7 +38,7 @@ LAYOUTS = {
         references.axial_rope_frequencies(16, 2, BASE),
     ),
     "axial 2-D, interleaved (EVA-02)": (
-        {"num_axes": 2, "layout": "interleaved"},
+        {"num_axes": 2, "pairing": "interleaved"},
         references.axial_rope_frequencies(16, 2, BASE),
     ),
     "axial 3-D": (
@@ -49,8 +49,8 @@ LAYOUTS = {
         {"num_axes": 3, "axis_layout": "sections", "axis_sections": [2, 3, 3]},
         references.mrope_frequencies(16, [2, 3, 3], BASE),
     ),
-    "interleaved (Qwen3-VL M-RoPE)": (
-        {"num_axes": 3, "axis_layout": "interleaved", "axis_sections": [4, 2, 2]},
+    "cyclic (Qwen3-VL M-RoPE)": (
+        {"num_axes": 3, "axis_layout": "cyclic", "axis_sections": [4, 2, 2]},
         references.interleaved_mrope_frequencies(16, [4, 2, 2], BASE),
     ),
     "alternating (Pixtral)": (
@@ -83,7 +83,7 @@ def test_layouts_rotate_as_their_references(name):
     layer = RotaryEmbedding(max_wavelength=BASE, **kwargs)
     outputs = layer(inputs, positions=positions)
     expected = references.grid_rotary(
-        inputs, positions, theta, kwargs.get("layout", "half")
+        inputs, positions, theta, kwargs.get("pairing", "half")
     )
     assert_close_to_reference(outputs, expected, inputs, 60 * num_axes)
 
@@ -116,17 +116,17 @@ def test_one_axis_is_todays_schedule_bit_for_bit(axis_layout):
 
 
 def test_qwen3_vl_and_pixtral_differ_by_a_permutation_of_pairs():
-    # Both give rows w_0, w_2, ... and columns w_1, w_3, ...; interleaved
-    # puts them in pairs 0, 2, ... and 1, 3, ..., alternating in the first
-    # and second half of the pairs.
-    interleaved = numpy(ops.rope_frequency_matrix(16, 2, "interleaved"))
+    # Both give rows w_0, w_2, ... and columns w_1, w_3, ...; cyclic puts
+    # them in pairs 0, 2, ... and 1, 3, ..., alternating in the first and
+    # second half of the pairs.
+    cyclic = numpy(ops.rope_frequency_matrix(16, 2, "cyclic"))
     alternating = numpy(ops.rope_frequency_matrix(16, 2, "alternating"))
     order = [0, 2, 4, 6, 1, 3, 5, 7]
-    np.testing.assert_array_equal(alternating, interleaved[order])
-    assert not np.array_equal(alternating, interleaved)
+    np.testing.assert_array_equal(alternating, cyclic[order])
+    assert not np.array_equal(alternating, cyclic)
     query, key = random_inputs((1, 6, 1, 16)), random_inputs((1, 6, 1, 16), 1)
     positions = ops.grid_positions((2, 3))
-    features = order + [pair + 8 for pair in order]  # the "half" layout's pairs
+    features = order + [pair + 8 for pair in order]  # the "half" pairing's pairs
 
     def scores(axis_layout, features):
         layer = RotaryEmbedding(num_axes=2, axis_layout=axis_layout)
@@ -135,7 +135,7 @@ def test_qwen3_vl_and_pixtral_differ_by_a_permutation_of_pairs():
         return np.einsum("bqhd,bkhd->bqk", rotated_query, rotated_key)
 
     np.testing.assert_allclose(
-        scores("alternating", features), scores("interleaved", list(range(16))),
+        scores("alternating", features), scores("cyclic", list(range(16))),
         rtol=1e-5, atol=1e-5,
     )
 
@@ -313,7 +313,7 @@ class RotaryGridLayerTest(TestCase):
                 (1, 2, 2),
                 0,
             ),
-            ({"num_axes": 3, "axis_layout": "interleaved"}, (2, 4, 2, 12), (1, 2, 2), 0),
+            ({"num_axes": 3, "axis_layout": "cyclic"}, (2, 4, 2, 12), (1, 2, 2), 0),
             ({"num_axes": 2, "axis_layout": "alternating"}, (2, 4, 2, 8), (2, 2), 0),
             (
                 {"num_axes": 2, "learned_frequencies": True, "num_prefix_tokens": 1},
@@ -394,7 +394,7 @@ def test_xla_training_of_learned_frequencies_at_two_grid_sizes():
     [
         {"num_axes": 2},
         {"num_axes": 3, "axis_layout": "sections", "axis_sections": [2, 3, 3]},
-        {"num_axes": 3, "axis_layout": "interleaved", "axis_sections": (4, 2, 2)},
+        {"num_axes": 3, "axis_layout": "cyclic", "axis_sections": (4, 2, 2)},
         {"num_axes": 2, "axis_layout": "alternating", "num_prefix_tokens": 4},
         {"num_axes": 2, "learned_frequencies": True},
     ],
@@ -484,7 +484,7 @@ def test_bad_arguments_fail_at_construction(kwargs, message):
         ({"num_axes": 3, "axis_sections": [2, 3, 3]}, (1, 6, 32), r"sum to.*16"),
         ({"num_axes": 3}, (1, 6, 16), r"8 rotary pairs.*not divisible by 3"),
         (
-            {"num_axes": 3, "axis_layout": "interleaved", "axis_sections": [2, 1, 5]},
+            {"num_axes": 3, "axis_layout": "cyclic", "axis_sections": [2, 1, 5]},
             (1, 6, 16),
             "axis 2 5 pairs",
         ),
@@ -579,7 +579,7 @@ PIXTRAL_VISION = {  # mistral-community/pixtral-12b's vision_config
         ),
         (
             QWEN3_VL_TEXT,
-            {"num_axes": 3, "axis_layout": "interleaved", "axis_sections": [24, 20, 20], "max_wavelength": 5e6},
+            {"num_axes": 3, "axis_layout": "cyclic", "axis_sections": [24, 20, 20], "max_wavelength": 5e6},
             references.interleaved_mrope_frequencies(128, [24, 20, 20], 5e6),
         ),
         (
@@ -592,7 +592,7 @@ PIXTRAL_VISION = {  # mistral-community/pixtral-12b's vision_config
 def test_from_hf_config_reads_grid_models(config, expected, theta):
     layer = RotaryEmbedding.from_hf_config(config)
     assert {key: getattr(layer, key) for key in expected} == expected
-    assert (layer.layout, layer.scaling, layer.rotary_dim) == ("half", None, None)
+    assert (layer.pairing, layer.scaling, layer.rotary_dim) == ("half", None, None)
     num_axes, dim = theta.shape[1], 2 * theta.shape[0]
     inputs = random_inputs((1, 3, 1, dim))
     positions = np.array([[5, 5, 5], [6, 6, 7], [6, 7, 6]])[:, :num_axes]

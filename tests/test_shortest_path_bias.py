@@ -42,7 +42,7 @@ from tests.test_positional_multi_head_attention import reference_attention
 HEADS = 3
 KEY_DIM = 4
 FEATURES = 5
-MAX_DISTANCE = 3
+MAX_HOPS = 3
 
 # 10 nodes (hop counts past 3), 7 (two components, an isolated node),
 # 5 weighted, and 1, padded to 10.
@@ -61,21 +61,21 @@ def embeddings_of(layer):
     return weight
 
 
-def layer_with_table(num_heads=HEADS, max_distance=MAX_DISTANCE, seed=0):
+def layer_with_table(num_heads=HEADS, max_hops=MAX_HOPS, seed=0):
     """A built layer whose table holds random values."""
-    layer = ShortestPathBias(num_heads, max_distance)
+    layer = ShortestPathBias(num_heads, max_hops)
     layer.build()
-    table = np.random.default_rng(seed).normal(size=(max_distance + 2, num_heads))
+    table = np.random.default_rng(seed).normal(size=(max_hops + 2, num_heads))
     embeddings_of(layer).assign(table.astype("float32"))
     return layer
 
 
 def reference_bias(layer, adjacency):
     """`embeddings[hops[b, i, j], h]`, with breadth-first hop counts."""
-    table = numpy(embeddings_of(layer).value)  # (max_distance + 2, heads)
+    table = numpy(embeddings_of(layer).value)  # (max_hops + 2, heads)
     bias = np.zeros((len(adjacency), layer.num_heads) + adjacency.shape[1:], "float32")
     for b, graph in enumerate(adjacency):
-        hops = references.hop_counts(graph, layer.max_distance)  # (n, n)
+        hops = references.hop_counts(graph, layer.max_hops)  # (n, n)
         bias[b] = table[hops].transpose(2, 0, 1)
     return bias
 
@@ -90,8 +90,8 @@ class ShortestPathBiasLayerTest(TestCase):
     def test_layer_behaviour(self):
         adjacency, _ = pad_batch([cycle(5), path(5)])
         for init_kwargs in (
-            {"num_heads": 2, "max_distance": 3},
-            {"num_heads": 1, "max_distance": 1, "embeddings_initializer": "zeros"},
+            {"num_heads": 2, "max_hops": 3},
+            {"num_heads": 1, "max_hops": 1, "embeddings_initializer": "zeros"},
         ):
             self.run_layer_test(
                 ShortestPathBias,
@@ -105,10 +105,10 @@ class ShortestPathBiasLayerTest(TestCase):
 
     def test_config_and_serialization_round_trip(self):
         for kwargs in (
-            {"num_heads": 8, "max_distance": 5},
+            {"num_heads": 8, "max_hops": 5},
             {
                 "num_heads": 2,
-                "max_distance": 1,
+                "max_hops": 1,
                 "embeddings_initializer": keras.initializers.RandomNormal(stddev=0.3),
             },
         ):
@@ -117,7 +117,7 @@ class ShortestPathBiasLayerTest(TestCase):
             self.assertEqual(revived.get_config(), layer.get_config())
             config = layer.get_config()
             self.assertEqual(config["num_heads"], kwargs["num_heads"])
-            self.assertEqual(config["max_distance"], kwargs["max_distance"])
+            self.assertEqual(config["max_hops"], kwargs["max_hops"])
             initializer = kwargs.get("embeddings_initializer", "uniform")
             self.assertEqual(
                 config["embeddings_initializer"],
@@ -137,9 +137,9 @@ def test_table_has_a_row_per_hop_count_and_one_for_unreachable():
     assert layer.weights == [weight]
 
 
-@pytest.mark.parametrize("max_distance", [1, 3, 12])
-def test_bias_reads_the_row_of_each_hop_count(max_distance):
-    layer = layer_with_table(max_distance=max_distance)
+@pytest.mark.parametrize("max_hops", [1, 3, 12])
+def test_bias_reads_the_row_of_each_hop_count(max_hops):
+    layer = layer_with_table(max_hops=max_hops)
     adjacency, _ = pad_batch(GRAPHS)
     assert_bias(layer(adjacency), reference_bias(layer, adjacency))
 
@@ -189,9 +189,9 @@ def test_gradient_sums_over_each_hop_count():
         return keras.ops.multiply(bias, weights)
 
     (gradient,) = gradients(weighted_bias, numpy(embeddings_of(layer).value))
-    expected = np.zeros((MAX_DISTANCE + 2, HEADS), "float64")
+    expected = np.zeros((MAX_HOPS + 2, HEADS), "float64")
     for b, graph in enumerate(adjacency):
-        hops = references.hop_counts(graph, MAX_DISTANCE)
+        hops = references.hop_counts(graph, MAX_HOPS)
         for h, i, j in np.ndindex(HEADS, 10, 10):
             expected[hops[i, j], h] += weights[b, h, i, j]
     np.testing.assert_allclose(gradient, expected, rtol=1e-5, atol=1e-5)
@@ -219,7 +219,7 @@ def test_xla_at_two_graph_sizes():
 def graph_attention(seed=1):
     """A built attention with the bias, every weight random."""
     layer = PositionalMultiHeadAttention(
-        HEADS, KEY_DIM, position=ShortestPathBias(HEADS, MAX_DISTANCE)
+        HEADS, KEY_DIM, position=ShortestPathBias(HEADS, MAX_HOPS)
     )
     nodes = np.zeros((1, 2, FEATURES), "float32")
     layer(nodes, nodes, adjacency=np.zeros((1, 2, 2), "float32"))
@@ -295,7 +295,7 @@ def attention_model():
         KEY_DIM,
         position=ShortestPathBias(
             HEADS,
-            MAX_DISTANCE,
+            MAX_HOPS,
             embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
         ),
     )
@@ -318,7 +318,7 @@ def test_keras_file_round_trip_is_bit_identical(tmp_path):
         if isinstance(layer, PositionalMultiHeadAttention)
     ]
     assert isinstance(attention.position, ShortestPathBias)
-    assert attention.position.get_config()["max_distance"] == MAX_DISTANCE
+    assert attention.position.get_config()["max_hops"] == MAX_HOPS
 
 
 @tensorflow_only
@@ -362,7 +362,7 @@ def shared_bias_model():
     """Two attention layers reading one ShortestPathBias (one table)."""
     position = ShortestPathBias(
         HEADS,
-        MAX_DISTANCE,
+        MAX_HOPS,
         embeddings_initializer=keras.initializers.RandomNormal(stddev=1.0),
     )
     nodes = keras.Input((None, FEATURES))
@@ -464,13 +464,13 @@ def test_num_heads_must_equal_the_attentions():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"num_heads": 0, "max_distance": 3}, "num_heads=0"),
-        ({"num_heads": 2.0, "max_distance": 3}, "num_heads=2.0"),
-        ({"num_heads": True, "max_distance": 3}, "num_heads=True"),
-        ({"num_heads": 2, "max_distance": 0}, "max_distance=0"),
-        ({"num_heads": 2, "max_distance": -1}, "max_distance=-1"),
-        ({"num_heads": 2, "max_distance": 3.0}, "max_distance=3.0"),
-        ({"num_heads": 2, "max_distance": None}, "max_distance=None"),
+        ({"num_heads": 0, "max_hops": 3}, "num_heads=0"),
+        ({"num_heads": 2.0, "max_hops": 3}, "num_heads=2.0"),
+        ({"num_heads": True, "max_hops": 3}, "num_heads=True"),
+        ({"num_heads": 2, "max_hops": 0}, "max_hops=0"),
+        ({"num_heads": 2, "max_hops": -1}, "max_hops=-1"),
+        ({"num_heads": 2, "max_hops": 3.0}, "max_hops=3.0"),
+        ({"num_heads": 2, "max_hops": None}, "max_hops=None"),
     ],
 )
 def test_bad_arguments_raise_value_error_naming_them(kwargs, message):

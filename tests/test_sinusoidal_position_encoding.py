@@ -28,7 +28,7 @@ class SinusoidalPositionEncodingLayerTest(TestCase):
     def test_layer_behaviour(self):
         for init_kwargs, expected_output_shape in [
             ({}, (2, 5, 8)),
-            ({"layout": "concat", "merge_mode": "concat", "output_dim": 4}, (2, 5, 12)),
+            ({"pairing": "half", "merge_mode": "concat", "output_dim": 4}, (2, 5, 12)),
             ({"merge_mode": None, "output_dim": 6}, (2, 5, 6)),
         ]:
             self.run_layer_test(
@@ -47,15 +47,15 @@ def random_embeddings(shape, seed=0):
 
 
 @pytest.mark.parametrize(
-    "layout, dim", [("interleaved", 8), ("interleaved", 9), ("concat", 8)]
+    "pairing, dim", [("interleaved", 8), ("interleaved", 9), ("half", 8)]
 )
-def test_adds_the_paper_encoding(layout, dim):
+def test_adds_the_paper_encoding(pairing, dim):
     embeddings = random_embeddings((3, 40, dim))
-    outputs = SinusoidalPositionEncoding(layout=layout, max_wavelength=1000.0)(
+    outputs = SinusoidalPositionEncoding(pairing=pairing, max_wavelength=1000.0)(
         embeddings
     )
     expected = embeddings + references.sinusoidal(
-        np.arange(40), dim, 1000.0, layout
+        np.arange(40), dim, 1000.0, pairing
     )
     np.testing.assert_allclose(numpy(outputs), expected, atol=1e-5)
 
@@ -185,12 +185,12 @@ def test_unknown_length_and_xla():
 
 def test_config_round_trip():
     layer = SinusoidalPositionEncoding(
-        max_wavelength=500.0, layout="concat", merge_mode="concat", output_dim=4
+        max_wavelength=500.0, pairing="half", merge_mode="concat", output_dim=4
     )
     config = layer.get_config()
     assert {
         "max_wavelength": 500.0,
-        "layout": "concat",
+        "pairing": "half",
         "merge_mode": "concat",
         "output_dim": 4,
     }.items() <= config.items()
@@ -207,14 +207,14 @@ def test_config_round_trip():
         ({"max_wavelength": np.float32(1.0)}, "max_wavelength="),
         ({"max_wavelength": np.inf}, "finite number greater than 1. Received: max_wavelength=inf"),
         ({"max_wavelength": float("nan")}, "max_wavelength=nan"),
-        ({"layout": "half"}, "layout='half'"),
+        ({"pairing": "stacked"}, "pairing='stacked'"),
         ({"merge_mode": "multiply"}, "merge_mode='multiply'"),
         ({"merge_mode": "concat"}, "output_dim=None"),
         ({"merge_mode": "add", "output_dim": 4}, "output_dim=4"),
         ({"merge_mode": None, "output_dim": 0}, "output_dim=0"),
         ({"merge_mode": None, "output_dim": 2.5}, "output_dim=2.5"),
         (
-            {"layout": "concat", "merge_mode": "concat", "output_dim": 5},
+            {"pairing": "half", "merge_mode": "concat", "output_dim": 5},
             "output_dim=5",
         ),
     ],
@@ -229,7 +229,7 @@ def test_bad_inputs_say_what_was_expected():
     with pytest.raises(ValueError, match=r"\(batch, sequence, features\)"):
         layer(np.zeros((2, 8), "float32"))
     with pytest.raises(ValueError, match="even encoding width"):
-        SinusoidalPositionEncoding(layout="concat")(np.zeros((1, 3, 5), "float32"))
+        SinusoidalPositionEncoding(pairing="half")(np.zeros((1, 3, 5), "float32"))
     with pytest.raises(ValueError, match="positions"):
         layer(np.zeros((1, 3, 4), "float32"), positions=np.arange(5))
     with pytest.raises(ValueError, match="positions"):

@@ -39,7 +39,7 @@ def token_model(position):
         vocabulary_size=100,
         embedding_dim=FEATURES,
         sequence_length=16,
-        position=position,
+        position_encoding=position,
     )
     return keras.Model(inputs, embedding(inputs))
 
@@ -87,7 +87,7 @@ MODELS = {
     "attention_rotary": lambda: attention_model(keras_posenc.RotaryEmbedding()),
     "attention_alibi": lambda: attention_model(keras_posenc.AlibiBias(2)),
     "attention_shaw": lambda: attention_model(
-        keras_posenc.RelativePositionEmbedding(max_distance=4)
+        keras_posenc.RelativePositionEmbedding(max_relative_position=4)
     ),
     "attention_t5": lambda: attention_model(
         keras_posenc.RelativePositionBias(2, num_buckets=8, max_distance=16)

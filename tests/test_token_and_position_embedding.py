@@ -23,7 +23,7 @@ class TokenAndPositionEmbeddingLayerTest(TestCase):
                     "vocabulary_size": 20,
                     "embedding_dim": 6,
                     "sequence_length": 5,
-                    "position": "learned",
+                    "position_encoding": "learned",
                 },
                 2,
             ),
@@ -51,7 +51,7 @@ def test_sinusoidal_adds_the_paper_encoding_to_the_token_vectors():
 
 def test_learned_adds_the_position_rows_and_honours_start_index():
     layer = TokenAndPositionEmbedding(
-        10, 4, sequence_length=8, position="learned"
+        10, 4, sequence_length=8, position_encoding="learned"
     )
     outputs = numpy(layer(TOKENS, start_index=keras.ops.convert_to_tensor(2)))
     vocabulary = numpy(layer.token_embedding.embeddings.value)
@@ -71,7 +71,7 @@ def test_mask_zero_masks_padding_only():
 
 def test_sublayers_follow_the_dtype_policy():
     keras.config.set_dtype_policy("mixed_bfloat16")
-    layer = TokenAndPositionEmbedding(10, 4, sequence_length=6, position="learned")
+    layer = TokenAndPositionEmbedding(10, 4, sequence_length=6, position_encoding="learned")
     outputs = layer(TOKENS)
     assert dtype_of(outputs) == "bfloat16"
     assert layer.token_embedding.dtype_policy.name == "mixed_bfloat16"
@@ -102,14 +102,14 @@ def test_mixed_bfloat16_keeps_float_positions_in_float32():
 
 def test_config_round_trip():
     layer = TokenAndPositionEmbedding(
-        30, 8, sequence_length=16, position="learned", mask_zero=True
+        30, 8, sequence_length=16, position_encoding="learned", mask_zero=True
     )
     config = layer.get_config()
     assert {
         "vocabulary_size": 30,
         "embedding_dim": 8,
         "sequence_length": 16,
-        "position": "learned",
+        "position_encoding": "learned",
         "mask_zero": True,
     }.items() <= config.items()
     assert TokenAndPositionEmbedding.from_config(config).get_config() == config
@@ -125,11 +125,11 @@ def test_config_round_trip():
             "sequence_length=0",
         ),
         (
-            {"vocabulary_size": 10, "embedding_dim": 4, "position": "rotary"},
-            "position='rotary'",
+            {"vocabulary_size": 10, "embedding_dim": 4, "position_encoding": "rotary"},
+            "position_encoding='rotary'",
         ),
         (
-            {"vocabulary_size": 10, "embedding_dim": 4, "position": "learned"},
+            {"vocabulary_size": 10, "embedding_dim": 4, "position_encoding": "learned"},
             "sequence_length=None",
         ),
         (

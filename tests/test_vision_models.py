@@ -85,7 +85,7 @@ def absolute(scheme):
         grid = TRAIN_SIZE // PATCH
         # Started from the 2-D sinusoidal table, as MAE fixes its table.
         return keras_posenc.PositionEmbedding(
-            grid_shape=(grid, grid), initializer="sinusoidal"
+            grid_shape=(grid, grid), embeddings_initializer="sinusoidal"
         )
     return None
 

@@ -145,7 +145,7 @@ class AbsoluteEncoding(keras.layers.Layer):
         return ops.read_positions(
             positions,
             self.num_axes,
-            sequence_length=inputs.shape[1],
+            length=inputs.shape[1],
             batch_size=inputs.shape[0],
         )
 

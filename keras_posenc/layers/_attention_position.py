@@ -246,7 +246,7 @@ class HeadBias(AttentionPosition):
         return self.logits_bias(None, query_positions, key_positions)
 
     def compute_output_shape(self, query_positions_shape, key_positions_shape):
-        batch, queries, keys = ops.relative_distance_shape(
+        batch, queries, keys = ops.relative_position_shape(
             query_positions_shape, key_positions_shape, self.num_axes
         )[:3]
         queries, keys = (

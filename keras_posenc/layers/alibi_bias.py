@@ -9,6 +9,7 @@ from keras_posenc.ops import _backend
 from keras_posenc.layers._attention_position import BIAS_SPREAD
 from keras_posenc.layers._attention_position import HeadBias
 from keras_posenc.layers._attention_position import largest_divisor
+from keras_posenc.layers._renamed import renamed_arguments
 
 
 def _powers_of_two(slopes):
@@ -50,6 +51,7 @@ def _float_distance(query_positions, key_positions):
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
+@renamed_arguments({"symmetric": "bidirectional"})
 class AlibiBias(HeadBias):
     """Attention with linear biases (ALiBi): a per-head penalty on distance.
 
@@ -61,15 +63,16 @@ class AlibiBias(HeadBias):
     range. Models trained with it extrapolate to sequences longer than those
     they were trained on.
 
-    `symmetric=False`, the paper's form for decoders, gives
+    `bidirectional=False`, the paper's form for decoders, gives
     `-m_h * (i - j) = m_h * (j - i)`: a penalty growing with the distance to
     earlier keys, and a growing reward for later keys, so it is only right
     under a causal mask, which removes them. keras-hub's `AlibiBias`, which
     adds `m_h * (j - (key_length - 1))`, differs from it by a constant per
     query, which the softmax ignores: it is this causal form, and in an
     encoder without a causal mask it favours the last keys, not the near
-    ones. `symmetric=True` gives `-m_h * |i - j|`, the same penalty on both
-    sides: the form for encoders.
+    ones. `bidirectional=True` gives `-m_h * |i - j|`, the same penalty on
+    both sides: the form for encoders, whose queries attend both ways (T5's
+    name for it, as in `RelativePositionBias(bidirectional=True)`).
 
     The bias is computed from the query and key positions, not from their
     indices, so that a query at position 10 against cached keys `0 .. 10`
@@ -83,8 +86,9 @@ class AlibiBias(HeadBias):
 
     Args:
         num_heads: int. The attention's number of heads, one slope each.
-        symmetric: bool. `False` for the causal bias `-m (i - j)`, `True` for
-            the symmetric `-m |i - j|`. Defaults to `False`.
+        bidirectional: bool. `False` for the causal bias `-m (i - j)`,
+            `True` for `-m |i - j|`, the same both ways. Defaults to
+            `False`.
         slopes: list of floats or None. One positive slope per head, to use
             instead of the geometric ones (a checkpoint trained with other
             slopes, say). Defaults to `None`.
@@ -109,8 +113,8 @@ class AlibiBias(HeadBias):
     (1, 2, 4, 4)
     >>> keras.ops.convert_to_numpy(bias)[0, 0, 3].tolist()  # query 3, head 0
     [-0.1875, -0.125, -0.0625, 0.0]
-    >>> symmetric = AlibiBias(num_heads=2, symmetric=True)
-    >>> bias = symmetric(np.arange(4), np.arange(4))
+    >>> bidirectional = AlibiBias(num_heads=2, bidirectional=True)
+    >>> bias = bidirectional(np.arange(4), np.arange(4))
     >>> keras.ops.convert_to_numpy(bias)[0, 0, 1].tolist()
     [-0.0625, 0.0, -0.0625, -0.125]
 
@@ -118,12 +122,13 @@ class AlibiBias(HeadBias):
         - [Press et al., 2022](https://arxiv.org/abs/2108.12409)
     """
 
-    def __init__(self, num_heads, symmetric=False, slopes=None, **kwargs):
+    def __init__(self, num_heads, bidirectional=False, slopes=None, **kwargs):
         super().__init__(**kwargs)
         ops.check_positive_int("num_heads", num_heads)
-        if not isinstance(symmetric, bool):
+        if not isinstance(bidirectional, bool):
             raise ValueError(
-                f"`symmetric` must be a bool. Received: symmetric={symmetric!r}"
+                "`bidirectional` must be a bool. "
+                f"Received: bidirectional={bidirectional!r}"
             )
         if slopes is not None and (
             not isinstance(slopes, (list, tuple))
@@ -141,7 +146,7 @@ class AlibiBias(HeadBias):
                 f"({num_heads}) positive numbers. Received: slopes={slopes!r}"
             )
         self.num_heads = num_heads
-        self.symmetric = symmetric
+        self.bidirectional = bidirectional
         self.slopes = None if slopes is None else [float(slope) for slope in slopes]
         # The float32 slopes, known when traced (a JAX trace has no values):
         # the blocks of `logits_bias_maxima` and the columns of
@@ -160,10 +165,10 @@ class AlibiBias(HeadBias):
         ):
             distance = _float_distance(query_positions, key_positions)
         else:
-            distance = ops.relative_distance(
+            distance = ops.relative_position(
                 query_positions, key_positions
             )  # (batch or 1, query, key): j - i
-        if self.symmetric:
+        if self.bidirectional:
             distance = -keras.ops.abs(distance)
         slopes = self._slopes()
         return (
@@ -197,8 +202,8 @@ class AlibiBias(HeadBias):
         # where every product m i and m j is exact, slopes that are powers
         # of two (the default ones of a power-of-two number of heads) and
         # positions below 2 ** 24: then m j - m i is the exact m (j - i).
-        # The symmetric -m |j - i| is not of low rank.
-        if self.symmetric or not _powers_of_two(self._slope_values):
+        # The bidirectional -m |j - i| is not of low rank.
+        if self.bidirectional or not _powers_of_two(self._slope_values):
             return None
         m = self._slopes()[:, None]  # (heads, 1)
         i = keras.ops.cast(query_positions, "float32")[
@@ -226,7 +231,7 @@ class AlibiBias(HeadBias):
         config.update(
             {
                 "num_heads": self.num_heads,
-                "symmetric": self.symmetric,
+                "bidirectional": self.bidirectional,
                 "slopes": None if self.slopes is None else list(self.slopes),
             }
         )

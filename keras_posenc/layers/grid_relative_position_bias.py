@@ -154,7 +154,7 @@ class GridRelativePositionBias(HeadBias):
         )
 
     def logits_bias(self, query, query_positions, key_positions, consecutive=False):
-        distance = ops.relative_distance(
+        distance = ops.relative_position(
             query_positions, key_positions, self.num_axes
         )  # (batch or 1, query, key[, num_axes]): key - query
         if self.num_axes == 1:

@@ -7,12 +7,14 @@ from keras_posenc import ops
 from keras_posenc.ops import _backend
 from keras_posenc.layers._absolute import AbsoluteEncoding
 from keras_posenc.layers._grid_config import add_grid_arguments
+from keras_posenc.layers._renamed import renamed_arguments
 
 _LINE_INTERPOLATIONS = ("linear",)
 _GRID_INTERPOLATIONS = ("bilinear", "bicubic")
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
+@renamed_arguments({"initializer": "embeddings_initializer"})
 class PositionEmbedding(AbsoluteEncoding):
     """A learned position embedding, as in BERT, GPT-2 and ViT.
 
@@ -52,7 +54,7 @@ class PositionEmbedding(AbsoluteEncoding):
         sequence_length: int or None. The number of positions of a line
             table. Exactly one of `sequence_length` and `grid_shape` is set.
             Defaults to `None`.
-        initializer: str, `keras.initializers.Initializer` or
+        embeddings_initializer: str, `keras.initializers.Initializer` or
             `"sinusoidal"`. How the table starts. `"sinusoidal"` starts a
             table from the fixed interleaved sinusoidal encoding of
             Vaswani et al. (on a grid, one block per coordinate, one per
@@ -108,7 +110,9 @@ class PositionEmbedding(AbsoluteEncoding):
 
     Example:
 
-    >>> layer = PositionEmbedding(sequence_length=16, initializer="sinusoidal")
+    >>> layer = PositionEmbedding(
+    ...     sequence_length=16, embeddings_initializer="sinusoidal"
+    ... )
     >>> encoded = layer(np.zeros((2, 10, 8), "float32"))
     >>> tuple(encoded.shape)
     (2, 10, 8)
@@ -140,7 +144,7 @@ class PositionEmbedding(AbsoluteEncoding):
     def __init__(
         self,
         sequence_length=None,
-        initializer="glorot_uniform",
+        embeddings_initializer="glorot_uniform",
         merge_mode="add",
         output_dim=None,
         grid_shape=None,
@@ -179,15 +183,18 @@ class PositionEmbedding(AbsoluteEncoding):
         )
         self.sequence_length = sequence_length
         self.grid_shape = grid_shape
-        if initializer == "sinusoidal":
-            self.initializer = initializer
+        if embeddings_initializer == "sinusoidal":
+            self.embeddings_initializer = embeddings_initializer
         else:
             try:
-                self.initializer = keras.initializers.get(initializer)
+                self.embeddings_initializer = keras.initializers.get(
+                    embeddings_initializer
+                )
             except ValueError as error:
                 raise ValueError(
-                    "`initializer` must be a Keras initializer or "
-                    f"'sinusoidal'. Received: initializer={initializer!r}"
+                    "`embeddings_initializer` must be a Keras initializer or "
+                    "'sinusoidal'. Received: "
+                    f"embeddings_initializer={embeddings_initializer!r}"
                 ) from error
         if grid_shape is None:
             allowed = _LINE_INTERPOLATIONS
@@ -210,10 +217,10 @@ class PositionEmbedding(AbsoluteEncoding):
 
     def build(self, input_shape):
         dim = self._encoding_dim(input_shape)
-        if self.initializer == "sinusoidal":
+        if self.embeddings_initializer == "sinusoidal":
             initializer = self._sinusoidal_initializer
         else:
-            initializer = self.initializer
+            initializer = self.embeddings_initializer
         cells = 1
         for size in self._table_grid:
             cells *= size
@@ -231,7 +238,8 @@ class PositionEmbedding(AbsoluteEncoding):
             positions = positions[:, 0]  # (cells,)
         elif dim % self.num_axes:
             raise ValueError(
-                f"initializer='sinusoidal' on a grid of num_axes={self.num_axes} "
+                "embeddings_initializer='sinusoidal' on a grid of "
+                f"num_axes={self.num_axes} "
                 f"needs a width that is a multiple of {self.num_axes}. "
                 f"Received a table of shape {tuple(shape)}"
             )
@@ -476,12 +484,15 @@ class PositionEmbedding(AbsoluteEncoding):
 
     def get_config(self):
         config = super().get_config()
-        if self.initializer == "sinusoidal":
-            initializer = self.initializer
+        if self.embeddings_initializer == "sinusoidal":
+            initializer = self.embeddings_initializer
         else:
-            initializer = keras.initializers.serialize(self.initializer)
+            initializer = keras.initializers.serialize(self.embeddings_initializer)
         config.update(
-            {"sequence_length": self.sequence_length, "initializer": initializer}
+            {
+                "sequence_length": self.sequence_length,
+                "embeddings_initializer": initializer,
+            }
         )
         return add_grid_arguments(
             config,

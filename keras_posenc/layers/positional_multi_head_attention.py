@@ -392,7 +392,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             positions = ops.read_positions(
                 positions,
                 num_axes,
-                sequence_length=length,
+                length=length,
                 batch_size=inputs.shape[0],
                 name=name,
                 integer=True,
@@ -712,7 +712,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if self._call_state.positions is None:
             return super()._compute_sliding_window_mask(query, value)
         query_positions, key_positions = self._call_state.positions
-        distance = ops.relative_distance(
+        distance = ops.relative_position(
             query_positions, key_positions
         )  # (batch or 1, query, key): key - query
         return keras.ops.abs(distance) < _sliding_window(self)
@@ -1054,7 +1054,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )  # (key,)
             masks.append((slots < written)[None, None, None])
         if self._call_state.causal:
-            distance = ops.relative_distance(
+            distance = ops.relative_position(
                 query_positions, key_positions
             )  # (batch or 1, query, key): key - query
             masks.append((distance <= 0)[:, None])  # (batch | 1, 1, query, key)

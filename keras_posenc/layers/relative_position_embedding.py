@@ -5,6 +5,7 @@ from keras_posenc.ops import _backend
 from keras_posenc.layers._attention_position import AttentionPosition
 from keras_posenc.layers._attention_position import largest_divisor
 from keras_posenc.layers._attention_position import read_embeddings_initializer
+from keras_posenc.layers._renamed import renamed_arguments
 
 
 def _block_size(keys):
@@ -43,7 +44,7 @@ def _read_by_distance(per_distance, rows):
     )  # (batch, heads, query, key)
 
 
-def _sum_by_band(values, max_distance, block):
+def _sum_by_band(values, max_relative_position, block):
     """The sums of each query's entries per clipped distance, `-k` to `k`.
 
     For queries at positions `0 .. query - 1` and keys at `0 .. key - 1`,
@@ -56,13 +57,13 @@ def _sum_by_band(values, max_distance, block):
 
     Args:
         values: float32 tensor of shape `(batch, heads, query, key)`.
-        max_distance: int. The clipping distance `k`.
+        max_relative_position: int. The clipping distance `k`.
         block: int. A divisor of `key`.
 
     Returns:
         A float32 tensor of shape `(batch, heads, query, 2k + 1)`.
     """
-    k = max_distance
+    k = max_relative_position
     batch_size, heads, queries, _ = keras.ops.shape(values)
     keys = values.shape[3]
 
@@ -114,7 +115,7 @@ def _sum_by_band(values, max_distance, block):
     )  # (batch, heads, query, 2k + 1)
 
 
-def _by_band(query_positions, key_positions, max_distance, block):
+def _by_band(query_positions, key_positions, max_relative_position, block):
     """`_read_by_distance` and the sums per distance, each the other's gradient.
 
     The two are adjoint: reading a table by distance and summing per
@@ -126,7 +127,7 @@ def _by_band(query_positions, key_positions, max_distance, block):
         query_positions: int32 tensor of shape `(1, query)`, `0 .. query -
             1`.
         key_positions: int32 tensor of shape `(1, key)`, `0 .. key - 1`.
-        max_distance: int. The clipping distance `k`.
+        max_relative_position: int. The clipping distance `k`.
         block: int. A divisor of `key`, the block of `_sum_by_band`.
 
     Returns:
@@ -145,7 +146,7 @@ def _by_band(query_positions, key_positions, max_distance, block):
         rows = ops.clipped_distance_rows(
             query_positions,
             key_positions,
-            max_distance,
+            max_relative_position,
             keras.ops.shape(per_distance)[0],
         )  # (batch, query, key)
         return _read_by_distance(per_distance, rows), gradient
@@ -155,20 +156,22 @@ def _by_band(query_positions, key_positions, max_distance, block):
         def gradient(*arguments, upstream=None):
             return read(arguments[-1] if upstream is None else upstream)
 
-        sums = _sum_by_band(values, max_distance, block)
+        sums = _sum_by_band(values, max_relative_position, block)
         return keras.ops.transpose(sums, [0, 2, 3, 1]), gradient
 
     return read, total
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
+@renamed_arguments({"max_distance": "max_relative_position"})
 class RelativePositionEmbedding(AttentionPosition):
     """Shaw et al.'s relative position representations, on keys and values.
 
     Relation-aware self-attention (Shaw, Uszkoreit and Vaswani 2018) gives
     each pair of query `i` and key `j` two learned vectors, `a^K_ij` and
     `a^V_ij`, read from tables of `2k + 1` rows by the clipped relative
-    position `clip(j - i, -k, k)`, with `k = max_distance` (section 3.2):
+    position `clip(j - i, -k, k)`, with `k = max_relative_position`
+    (section 3.2, tensor2tensor's `max_relative_position`):
     every key more than `k` positions away shares the row of distance `k`
     (or `-k`). They enter the logits and the output (eq. 4 and 3):
     `e_ij = q_i (k_j + a^K_ij)^T / sqrt(d)` and
@@ -200,9 +203,9 @@ class RelativePositionEmbedding(AttentionPosition):
     policy, and both terms are computed in float32.
 
     Args:
-        max_distance: int. The clipping distance `k`: relative positions
-            beyond `k` either way share the table row of `k` (or `-k`).
-            Shaw et al. use `16`.
+        max_relative_position: int. The clipping distance `k`: relative
+            positions beyond `k` either way share the table row of `k` (or
+            `-k`). Shaw et al. use `16`.
         embeddings_initializer: str or `keras.initializers.Initializer`. How
             the two tables start. Defaults to `"uniform"`.
         **kwargs: other keyword arguments passed to `keras.layers.Layer`,
@@ -224,7 +227,7 @@ class RelativePositionEmbedding(AttentionPosition):
     Example:
 
     >>> from keras_posenc import PositionalMultiHeadAttention
-    >>> shaw = RelativePositionEmbedding(max_distance=16)
+    >>> shaw = RelativePositionEmbedding(max_relative_position=16)
     >>> attention = PositionalMultiHeadAttention(
     ...     num_heads=2, key_dim=8, position=shaw
     ... )
@@ -233,7 +236,7 @@ class RelativePositionEmbedding(AttentionPosition):
     (1, 5, 16)
     >>> tuple(shaw.key_embeddings.shape), tuple(shaw.value_embeddings.shape)
     ((33, 8), (33, 8))
-    >>> alone = RelativePositionEmbedding(max_distance=2)
+    >>> alone = RelativePositionEmbedding(max_relative_position=2)
     >>> alone.build_for_attention(num_heads=2, key_dim=4, value_dim=4)
     >>> queries = np.ones((1, 1, 2, 4), "float32")  # one query, 2 heads
     >>> tuple(alone(queries, np.array([10]), np.arange(11)).shape)  # keys 0 to 10
@@ -248,11 +251,13 @@ class RelativePositionEmbedding(AttentionPosition):
     # heads, 32, key) (`AttentionPosition.fused_query_block`).
     fused_query_block = 32
 
-    def __init__(self, max_distance, embeddings_initializer="uniform", **kwargs):
+    def __init__(
+        self, max_relative_position, embeddings_initializer="uniform", **kwargs
+    ):
         super().__init__(**kwargs)
-        ops.check_positive_int("max_distance", max_distance)
+        ops.check_positive_int("max_relative_position", max_relative_position)
         initializer = read_embeddings_initializer(embeddings_initializer)
-        self.max_distance = max_distance
+        self.max_relative_position = max_relative_position
         self.embeddings_initializer = initializer
         # (num_heads, key_dim, value_dim) once the tables are made.
         self._attention_sizes = None
@@ -277,7 +282,7 @@ class RelativePositionEmbedding(AttentionPosition):
                     f"{self._attention_sizes}. Received: {sizes}"
                 )
             return
-        rows = 2 * self.max_distance + 1
+        rows = 2 * self.max_relative_position + 1
         self.key_embeddings = self.add_weight(
             name="key_embeddings",
             shape=(rows, key_dim),
@@ -321,7 +326,7 @@ class RelativePositionEmbedding(AttentionPosition):
         # One row of indices per batch element, as the batched gather and
         # the segment sum below take them: 1 / heads of the logits' size.
         return ops.clipped_distance_rows(
-            query_positions, key_positions, self.max_distance, batch_size
+            query_positions, key_positions, self.max_relative_position, batch_size
         )
 
     def logits_bias(self, query, query_positions, key_positions, consecutive=False):
@@ -335,7 +340,9 @@ class RelativePositionEmbedding(AttentionPosition):
                 query_positions, key_positions, keras.ops.shape(query)[0]
             )  # (batch, query, key)
             return _read_by_distance(relative_logits, rows)
-        read, _ = _by_band(query_positions, key_positions, self.max_distance, block)
+        read, _ = _by_band(
+            query_positions, key_positions, self.max_relative_position, block
+        )
         return read(relative_logits)  # (batch, heads, query, key)
 
     def value_term(
@@ -350,7 +357,7 @@ class RelativePositionEmbedding(AttentionPosition):
             summed = self._sum_by_segments(weights, rows)
         else:
             _, total = _by_band(
-                query_positions, key_positions, self.max_distance, block
+                query_positions, key_positions, self.max_relative_position, block
             )
             summed = total(weights)  # (batch, query, 2k + 1, heads)
         return keras.ops.einsum(
@@ -368,7 +375,7 @@ class RelativePositionEmbedding(AttentionPosition):
             A float32 tensor of shape `(batch, query, 2k + 1, heads)`.
         """
         batch_size, heads, queries, _ = keras.ops.shape(weights)
-        distances = 2 * self.max_distance + 1
+        distances = 2 * self.max_relative_position + 1
         if 0 in weights.shape[2:]:
             # No queries or no keys: nothing to sum (PyTorch's segment sum
             # refuses empty segment ids).
@@ -431,7 +438,7 @@ class RelativePositionEmbedding(AttentionPosition):
         config = super().get_config()
         config.update(
             {
-                "max_distance": self.max_distance,
+                "max_relative_position": self.max_relative_position,
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer
                 ),

@@ -8,9 +8,13 @@ from keras_posenc import ops
 from keras_posenc import rope_scaling
 from keras_posenc.layers._attention_position import AttentionPosition
 from keras_posenc.layers._grid_config import add_grid_arguments
+from keras_posenc.layers._renamed import renamed_arguments
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
+@renamed_arguments(
+    {"layout": "pairing"}, {"axis_layout": {"interleaved": "cyclic"}}
+)
 class RotaryEmbedding(AttentionPosition):
     """Rotary position embedding (RoPE): rotate queries and keys by position.
 
@@ -22,7 +26,7 @@ class RotaryEmbedding(AttentionPosition):
     The rotation is computed element-wise, `x * cos + rotate(x) * sin`, never
     with a rotation matrix.
 
-    `layout` chooses which features form a pair, and must match the
+    `pairing` chooses which features form a pair, and must match the
     checkpoint: `"half"` pairs feature `i` with `i + d / 2` (GPT-NeoX, Llama,
     Hugging Face, keras-hub); `"interleaved"` pairs `2i` with `2i + 1`
     (RoFormer, GPT-J, rotary-embedding-torch). `scaling` takes a Hugging Face
@@ -48,9 +52,9 @@ class RotaryEmbedding(AttentionPosition):
       over the whole rotary width, whose contiguous sections of
       `axis_sections[a]` pairs read axes `t, h, w` in turn; the later axes
       get the slower frequencies.
-    - `"interleaved"` (Qwen3-VL's interleaved M-RoPE): one 1-D schedule,
-      pair `i` reading axis `i % num_axes` (`t, h, w, t, h, w, ...`), so
-      every axis spans the range of frequencies. With `axis_sections`, as
+    - `"cyclic"` (Qwen3-VL's M-RoPE, which its config calls interleaved):
+      one 1-D schedule, pair `i` reading axis `i % num_axes` (`t, h, w, t,
+      h, w, ...`), so every axis spans the range of frequencies. With `axis_sections`, as
       Qwen3-VL's `mrope_section` `[24, 20, 20]`, axis `a >= 1` reads pairs
       `a, a + n, ...` below `n * axis_sections[a]` and axis 0 the rest (the
       last 4 pairs there).
@@ -60,7 +64,7 @@ class RotaryEmbedding(AttentionPosition):
       (the first half of the pairs read rows, the second half columns).
 
     Qwen3-VL and Pixtral give each axis the same frequencies but put them in
-    different pairs: interleaved, pair `2j` reads rows and `2j + 1` columns
+    different pairs: cyclic, pair `2j` reads rows and `2j + 1` columns
     at frequency `w_2j` and `w_2j+1`; alternating, pair `j` reads rows at
     `w_2j` and pair `d / 4 + j` columns at `w_2j+1`. The two differ by a
     fixed permutation of the pairs, so they give the same attention scores
@@ -83,8 +87,8 @@ class RotaryEmbedding(AttentionPosition):
     Args:
         max_wavelength: float. The base of the frequencies, `rope_theta` in
             Hugging Face configs (500000 for Llama 3). Defaults to `10000.0`.
-        layout: str. `"half"` or `"interleaved"`, as above. Defaults to
-            `"half"`.
+        pairing: str. Which features form a pair: `"half"` or
+            `"interleaved"`, as above. Defaults to `"half"`.
         rotary_dim: int or None. Rotate only the first `rotary_dim` features
             and pass the rest through unchanged (GPT-NeoX, Phi); the
             frequencies are spaced over `rotary_dim`. Must be even. `None`
@@ -102,7 +106,7 @@ class RotaryEmbedding(AttentionPosition):
             2 for an image, 3 for video or Qwen2-VL's `(t, h, w)`. Defaults
             to `1`.
         axis_layout: str. Which axis each rotary pair reads, and at which
-            frequency: `"blocks"`, `"sections"`, `"interleaved"` or
+            frequency: `"blocks"`, `"sections"`, `"cyclic"` or
             `"alternating"`, as above. Defaults to `"blocks"`.
         axis_sections: list of ints or None. The number of rotary pairs of
             each axis, summing to `rotary_dim / 2` (Qwen2-VL's
@@ -187,7 +191,7 @@ class RotaryEmbedding(AttentionPosition):
     def __init__(
         self,
         max_wavelength=10000.0,
-        layout="half",
+        pairing="half",
         rotary_dim=None,
         scaling=None,
         sequence_axis=1,
@@ -204,7 +208,7 @@ class RotaryEmbedding(AttentionPosition):
         # the layer casts inputs and outputs itself.
         super().__init__(autocast=False, **kwargs)
         ops.check_max_wavelength(max_wavelength)
-        ops.check_rope_layout(layout)
+        ops.check_pairing(pairing)
         ops.check_positive_int("rotary_dim", rotary_dim, allow_none=True)
         if rotary_dim is not None and rotary_dim % 2:
             raise ValueError(
@@ -237,7 +241,7 @@ class RotaryEmbedding(AttentionPosition):
             feature_axis,
         )
         self.max_wavelength = float(max_wavelength)
-        self.layout = layout
+        self.pairing = pairing
         self.rotary_dim = rotary_dim
         self.scaling = copy.deepcopy(scaling)
         self.sequence_axis = sequence_axis
@@ -410,7 +414,7 @@ class RotaryEmbedding(AttentionPosition):
             return ops.read_positions(
                 positions,
                 self.num_axes,
-                sequence_length=length,
+                length=length,
                 batch_size=inputs.shape[0],
                 per_batch=sequence_axis > 0,
             )
@@ -531,11 +535,11 @@ class RotaryEmbedding(AttentionPosition):
 
         selected = keras.ops.cast(inputs[..., :rotated], "float32")
         if start_index is None:
-            turned = ops.rotate(selected, table_shape(phases), self.layout)
+            turned = ops.rotate(selected, table_shape(phases), self.pairing)
         else:
             cos, sin = phases
             turned = ops.rotate_by_tables(
-                selected, table_shape(cos), table_shape(sin), self.layout
+                selected, table_shape(cos), table_shape(sin), self.pairing
             )  # like inputs, rotated features only
         if attention_factor != 1.0:
             turned = turned * attention_factor  # scales cos and sin alike
@@ -631,7 +635,7 @@ class RotaryEmbedding(AttentionPosition):
           trained length is always `max_position_embeddings`: like
           transformers, it ignores `original_max_position_embeddings`, at
           the top level or in the schedule.
-        - Features pair in the `"half"` layout, as Llama-style models pair
+        - Features pair in the `"half"` pairing, as Llama-style models pair
           them. GPT-J (`"model_type": "gptj"`) pairs them `"interleaved"`
           and rotates its `rotary_dim` features.
         - Some models give each layer type its own RoPE: a `rope_parameters`
@@ -658,7 +662,7 @@ class RotaryEmbedding(AttentionPosition):
           Build the positions with `keras_posenc.ops.multimodal_positions`.
         - Qwen3-VL (`"qwen3_vl"`, `"qwen3_vl_moe"`, their `"_text"`
           configs, or any `"mrope_interleaved": true`): likewise with
-          `axis_layout="interleaved"` (`mrope_section` `[24, 20, 20]`
+          `axis_layout="cyclic"` (`mrope_section` `[24, 20, 20]`
           when missing). Its text config carries them in `rope_scaling`
           or, as transformers 5 writes it, `rope_parameters`.
         - Pixtral's vision encoder (`"model_type": "pixtral"`, its
@@ -682,7 +686,7 @@ class RotaryEmbedding(AttentionPosition):
         for all heads; then concatenate. Applied to a whole head it would
         rotate the wrong features. transformers' DeepSeek-V3 hands back its
         rotated slices with each pair moved to the places the `"half"`
-        layout gives it: the same rotation in another feature order, which
+        pairing gives it: the same rotation in another feature order, which
         leaves every query-key dot product as it is. Their YaRN attention
         factor is `mscale(factor, mscale) / mscale(factor, mscale_all_dim)`
         (1 in the released configs); the further `mscale(factor,
@@ -755,7 +759,7 @@ class RotaryEmbedding(AttentionPosition):
         config.update(
             {
                 "max_wavelength": self.max_wavelength,
-                "layout": self.layout,
+                "pairing": self.pairing,
                 "rotary_dim": self.rotary_dim,
                 "scaling": copy.deepcopy(self.scaling),
                 "sequence_axis": self.sequence_axis,

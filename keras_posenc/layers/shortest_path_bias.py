@@ -3,9 +3,11 @@ import keras
 from keras_posenc import ops
 from keras_posenc.layers._attention_position import HeadBias
 from keras_posenc.layers._attention_position import read_embeddings_initializer
+from keras_posenc.layers._renamed import renamed_arguments
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
+@renamed_arguments({"max_distance": "max_hops"})
 class ShortestPathBias(HeadBias):
     """Graphormer's spatial encoding: a learned bias per head per hop count.
 
@@ -13,7 +15,7 @@ class ShortestPathBias(HeadBias):
     are: Graphormer (Ying et al. 2021, section 3.1.2) adds to the attention
     logit of nodes `i` and `j` a learned scalar `b_h(phi(i, j))` per head,
     `phi` the number of edges on a shortest path between them. Hop counts
-    from `max_distance` on share one entry, and pairs with no path between
+    from `max_hops` on share one entry, and pairs with no path between
     them (in different components of the graph, or padding) have their
     own. The hop counts are computed from the adjacency in the model, by
     boolean matrix products (see `keras_posenc.ops.hop_counts`).
@@ -23,14 +25,14 @@ class ShortestPathBias(HeadBias):
     the attention is then over the nodes of each graph, queries and keys
     alike. Or call it on an adjacency to get the bias.
 
-    The table, weight `"embeddings"` of shape `(max_distance + 2,
-    num_heads)`, holds hop counts `0 .. max_distance` in its rows `0 ..
-    max_distance` and the unreachable pairs in its last row. It is kept and
+    The table, weight `"embeddings"` of shape `(max_hops + 2,
+    num_heads)`, holds hop counts `0 .. max_hops` in its rows `0 ..
+    max_hops` and the unreachable pairs in its last row. It is kept and
     read in float32 whatever the dtype policy, as is the bias.
 
     Args:
         num_heads: int. The attention's number of heads, one bias each.
-        max_distance: int. The largest hop count with its own entry;
+        max_hops: int. The largest hop count with its own entry;
             farther pairs share it.
         embeddings_initializer: str or `keras.initializers.Initializer`. How
             the table starts. Defaults to `"uniform"`.
@@ -50,7 +52,7 @@ class ShortestPathBias(HeadBias):
     >>> from keras_posenc import PositionalMultiHeadAttention
     >>> path = np.eye(5, k=1) + np.eye(5, k=-1)  # 0 - 1 - 2 - 3 - 4
     >>> path = path[np.newaxis]
-    >>> spatial = ShortestPathBias(num_heads=2, max_distance=3)
+    >>> spatial = ShortestPathBias(num_heads=2, max_hops=3)
     >>> bias = spatial(path)
     >>> tuple(bias.shape)
     (1, 2, 5, 5)
@@ -75,14 +77,14 @@ class ShortestPathBias(HeadBias):
     takes_adjacency = True
 
     def __init__(
-        self, num_heads, max_distance, embeddings_initializer="uniform", **kwargs
+        self, num_heads, max_hops, embeddings_initializer="uniform", **kwargs
     ):
         super().__init__(**kwargs)
         ops.check_positive_int("num_heads", num_heads)
-        ops.check_positive_int("max_distance", max_distance)
+        ops.check_positive_int("max_hops", max_hops)
         initializer = read_embeddings_initializer(embeddings_initializer)
         self.num_heads = num_heads
-        self.max_distance = max_distance
+        self.max_hops = max_hops
         self.embeddings_initializer = initializer
 
     def build_for_attention(self, num_heads, key_dim, value_dim):
@@ -98,7 +100,7 @@ class ShortestPathBias(HeadBias):
             ops.check_adjacency_shape(input_shape)
         self.embeddings = self.add_weight(
             name="embeddings",
-            shape=(self.max_distance + 2, self.num_heads),
+            shape=(self.max_hops + 2, self.num_heads),
             initializer=self.embeddings_initializer,
             # Read in float32 even inside a mixed precision attention.
             autocast=False,
@@ -107,7 +109,7 @@ class ShortestPathBias(HeadBias):
     def logits_bias(self, query, query_positions, key_positions, consecutive=False):
         # On a graph, the attention passes the adjacency as both positions.
         adjacency = ops.read_adjacency(query_positions)  # (batch, nodes, nodes)
-        hops = ops.hop_counts(adjacency, self.max_distance)  # (batch, nodes, nodes)
+        hops = ops.hop_counts(adjacency, self.max_hops)  # (batch, nodes, nodes)
         bias = keras.ops.take(
             keras.ops.cast(self.embeddings, "float32"), hops, axis=0
         )  # (batch, nodes, nodes, heads)
@@ -134,7 +136,7 @@ class ShortestPathBias(HeadBias):
         config.update(
             {
                 "num_heads": self.num_heads,
-                "max_distance": self.max_distance,
+                "max_hops": self.max_hops,
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer
                 ),

@@ -3,9 +3,11 @@ import keras
 from keras_posenc import ops
 from keras_posenc.layers._absolute import AbsoluteEncoding
 from keras_posenc.layers._grid_config import add_grid_arguments
+from keras_posenc.layers._renamed import renamed_arguments
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
+@renamed_arguments({"layout": "pairing"}, {"pairing": {"concat": "half"}})
 class SinusoidalPositionEncoding(AbsoluteEncoding):
     """The fixed sinusoidal position encoding of "Attention Is All You Need".
 
@@ -25,8 +27,8 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
     On a grid (images, video; `num_axes` > 1) a position is a coordinate per
     axis, and the features split into `num_axes` equal blocks: block `a` is
     the 1-D encoding above of coordinate `a`, with `features / num_axes`
-    features, in the layer's `layout`. With `num_axes=2` and
-    `layout="concat"` this is MAE's fixed 2-D encoding, with one quirk
+    features, in the layer's `pairing`. With `num_axes=2` and
+    `pairing="half"` this is MAE's fixed 2-D encoding, with one quirk
     matched by swapping coordinates: MAE's `get_2d_sincos_pos_embed` builds
     its grid with `np.meshgrid(grid_w, grid_h)`, so its first block encodes
     the column and its second the row, while this layer takes `(row,
@@ -49,11 +51,12 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
     Args:
         max_wavelength: float. The longest wavelength, in positions. Defaults
             to `10000.0`.
-        layout: str. Where the sines and cosines go. `"interleaved"` (the
-            paper's, and keras-hub's `SinePositionEncoding`) pairs feature
-            `2i` (sine) with `2i + 1` (cosine); an odd width ends with a sine.
-            `"concat"` puts all sines first, then all cosines; the width must
-            be even. Defaults to `"interleaved"`.
+        pairing: str. Which features form a (sin, cos) pair.
+            `"interleaved"` (the paper's, and keras-hub's
+            `SinePositionEncoding`) pairs feature `2i` (sine) with `2i + 1`
+            (cosine); an odd width ends with a sine. `"half"` pairs feature
+            `i` with `i + width / 2`: all sines first, then all cosines; the
+            width must be even. Defaults to `"interleaved"`.
         merge_mode: str or None. `"add"` adds the encoding to the inputs,
             `"concat"` appends an encoding of width `output_dim` to the
             features, `None` returns the encoding alone, broadcast to the
@@ -63,7 +66,7 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
             `None` for `"add"`. Defaults to `None`.
         num_axes: int. The number of coordinates of a position: `1` for a
             line, `2` for an image grid, `3` for video. The encoding width
-            must be a multiple of it (of twice it for `layout="concat"`).
+            must be a multiple of it (of twice it for `pairing="half"`).
             Defaults to `1`.
         num_prefix_tokens: int. The number of tokens before those with
             positions, which get no encoding. Defaults to `0`.
@@ -103,7 +106,7 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
     the row, the last 4 the column):
 
     >>> patches = np.zeros((2, 3, 4, 8), "float32")  # (batch, h, w, features)
-    >>> layer = SinusoidalPositionEncoding(num_axes=2, layout="concat")
+    >>> layer = SinusoidalPositionEncoding(num_axes=2, pairing="half")
     >>> encoded = layer(patches)
     >>> tuple(encoded.shape)
     (2, 3, 4, 8)
@@ -119,7 +122,7 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
     def __init__(
         self,
         max_wavelength=10000.0,
-        layout="interleaved",
+        pairing="interleaved",
         merge_mode="add",
         output_dim=None,
         num_axes=1,
@@ -134,33 +137,33 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
             **kwargs,
         )
         ops.check_max_wavelength(max_wavelength)
-        ops.check_layout(layout)
-        if layout == "concat" and output_dim is not None and output_dim % 2:
+        ops.check_pairing(pairing)
+        if pairing == "half" and output_dim is not None and output_dim % 2:
             raise ValueError(
-                "`output_dim` must be even for layout='concat'. "
+                "`output_dim` must be even for pairing='half'. "
                 f"Received: output_dim={output_dim}"
             )
-        block = 2 * num_axes if layout == "concat" else num_axes
+        block = 2 * num_axes if pairing == "half" else num_axes
         if num_axes > 1 and output_dim is not None and output_dim % block:
             raise ValueError(
                 f"`output_dim` must be a multiple of {block} for "
-                f"num_axes={num_axes} and layout={layout!r}. "
+                f"num_axes={num_axes} and pairing={pairing!r}. "
                 f"Received: output_dim={output_dim}"
             )
         self.max_wavelength = float(max_wavelength)
-        self.layout = layout
+        self.pairing = pairing
 
     def _encoding_dim(self, input_shape):
         dim = super()._encoding_dim(input_shape)
-        if self.layout == "concat" and dim % 2:
+        if self.pairing == "half" and dim % 2:
             raise ValueError(
-                "layout='concat' needs an even encoding width. "
+                "pairing='half' needs an even encoding width. "
                 f"Received inputs of shape {tuple(input_shape)}"
             )
-        block = 2 * self.num_axes if self.layout == "concat" else self.num_axes
+        block = 2 * self.num_axes if self.pairing == "half" else self.num_axes
         if self.num_axes > 1 and dim % block:
             raise ValueError(
-                f"num_axes={self.num_axes} and layout={self.layout!r} need an "
+                f"num_axes={self.num_axes} and pairing={self.pairing!r} need an "
                 f"encoding width that is a multiple of {block}. "
                 f"Received inputs of shape {tuple(input_shape)}"
             )
@@ -168,13 +171,13 @@ class SinusoidalPositionEncoding(AbsoluteEncoding):
 
     def _encode(self, positions, dim):
         return ops.sinusoidal(
-            positions, dim, self.max_wavelength, self.layout, self.num_axes
+            positions, dim, self.max_wavelength, self.pairing, self.num_axes
         )  # (..., dim)
 
     def get_config(self):
         config = super().get_config()
         config.update(
-            {"max_wavelength": self.max_wavelength, "layout": self.layout}
+            {"max_wavelength": self.max_wavelength, "pairing": self.pairing}
         )
         return add_grid_arguments(
             config,

@@ -1,15 +1,17 @@
 import keras
 
 from keras_posenc import ops
+from keras_posenc.layers._renamed import renamed_arguments
 from keras_posenc.layers.position_embedding import PositionEmbedding
 from keras_posenc.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding,
 )
 
-POSITIONS = ("sinusoidal", "learned")
+POSITION_ENCODINGS = ("sinusoidal", "learned")
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
+@renamed_arguments({"position": "position_encoding"})
 class TokenAndPositionEmbedding(keras.layers.Layer):
     """Token embedding plus a position encoding, the input of a transformer.
 
@@ -26,9 +28,9 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         vocabulary_size: int. The number of token ids.
         embedding_dim: int. The width of the embeddings.
         sequence_length: int or None. The number of positions a learned table
-            holds; required for `position="learned"`, unused by
+            holds; required for `position_encoding="learned"`, unused by
             `"sinusoidal"`. Defaults to `None`.
-        position: str. `"sinusoidal"` or `"learned"`. Defaults to
+        position_encoding: str. `"sinusoidal"` or `"learned"`. Defaults to
             `"sinusoidal"`.
         mask_zero: bool. Whether token id 0 is padding, to be masked.
             Defaults to `False`.
@@ -68,7 +70,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         vocabulary_size,
         embedding_dim,
         sequence_length=None,
-        position="sinusoidal",
+        position_encoding="sinusoidal",
         mask_zero=False,
         **kwargs,
     ):
@@ -80,14 +82,15 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         ops.check_positive_int(
             "sequence_length", sequence_length, allow_none=True
         )
-        if position not in POSITIONS:
+        if position_encoding not in POSITION_ENCODINGS:
             raise ValueError(
-                f"`position` must be one of {POSITIONS}. "
-                f"Received: position={position!r}"
+                f"`position_encoding` must be one of {POSITION_ENCODINGS}. "
+                f"Received: position_encoding={position_encoding!r}"
             )
-        if position == "learned" and sequence_length is None:
+        if position_encoding == "learned" and sequence_length is None:
             raise ValueError(
-                "`sequence_length` is required when position='learned'. "
+                "`sequence_length` is required when "
+                "position_encoding='learned'. "
                 "Received: sequence_length=None"
             )
         if not isinstance(mask_zero, bool):
@@ -97,7 +100,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.vocabulary_size = vocabulary_size
         self.embedding_dim = embedding_dim
         self.sequence_length = sequence_length
-        self.position = position
+        self.position_encoding = position_encoding
         self.mask_zero = mask_zero
         self.token_embedding = keras.layers.Embedding(
             vocabulary_size,
@@ -106,7 +109,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="token_embedding",
         )
-        if position == "learned":
+        if position_encoding == "learned":
             self.position_embedding = PositionEmbedding(
                 sequence_length,
                 dtype=self.dtype_policy,
@@ -147,7 +150,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 "vocabulary_size": self.vocabulary_size,
                 "embedding_dim": self.embedding_dim,
                 "sequence_length": self.sequence_length,
-                "position": self.position,
+                "position_encoding": self.position_encoding,
                 "mask_zero": self.mask_zero,
             }
         )

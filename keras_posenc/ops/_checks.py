@@ -7,25 +7,19 @@ import keras
 
 from keras_posenc.ops import _backend
 
-LAYOUTS = ("interleaved", "concat")
+PAIRINGS = ("interleaved", "half")
 
 
-ROPE_LAYOUTS = ("half", "interleaved")
+def check_pairing(pairing):
+    """Raise a `ValueError` unless `pairing` names which features form a pair.
 
-
-def check_layout(layout):
-    """Raise a `ValueError` unless `layout` is a known sin/cos layout."""
-    if layout not in LAYOUTS:
+    `"interleaved"` pairs feature `2i` with `2i + 1`, `"half"` pairs feature
+    `i` with `i + d / 2`: a (sin, cos) pair of a sinusoidal encoding, or the
+    two features that a rotary embedding turns together.
+    """
+    if pairing not in PAIRINGS:
         raise ValueError(
-            f"`layout` must be one of {LAYOUTS}. Received: layout={layout!r}"
-        )
-
-
-def check_rope_layout(layout):
-    """Raise a `ValueError` unless `layout` is a known rotary pairing."""
-    if layout not in ROPE_LAYOUTS:
-        raise ValueError(
-            f"`layout` must be one of {ROPE_LAYOUTS}. Received: layout={layout!r}"
+            f"`pairing` must be one of {PAIRINGS}. Received: pairing={pairing!r}"
         )
 
 
@@ -131,7 +125,7 @@ def check_integer_scalar(name, value):
 
 # Rotary position embedding on grids (issue 14): which axis each pair reads.
 
-AXIS_LAYOUTS = ("blocks", "sections", "interleaved", "alternating")
+AXIS_LAYOUTS = ("blocks", "sections", "cyclic", "alternating")
 
 
 def check_axis_layout(axis_layout, num_axes, axis_sections=None):

@@ -9,6 +9,7 @@ from keras_posenc.ops._checks import (
     check_laplacian_normalization,
     check_positive_int,
 )
+from keras_posenc.ops._renamed import renamed_arguments
 
 
 def _first_bad_entry(adjacency, symmetric):
@@ -327,36 +328,37 @@ def random_walk_probabilities(adjacency, steps):
     return keras.ops.stack(diagonals, axis=-1)  # (batch, nodes, steps)
 
 
-def hop_counts(adjacency, max_distance):
+@renamed_arguments({"max_distance": "max_hops"})
+def hop_counts(adjacency, max_hops):
     """Shortest-path hop counts between all nodes, clipped, with unreachable.
 
     The spatial positions of Graphormer (Ying et al. 2021): the number of
     edges on a shortest path from node `i` to node `j`, an edge where
-    `adjacency[b, i, j]` is not zero, clipped to `max_distance`, and
-    `max_distance + 1` where no path leads from `i` to `j`. Found by
+    `adjacency[b, i, j]` is not zero, clipped to `max_hops`, and
+    `max_hops + 1` where no path leads from `i` to `j`. Found by
     boolean matrix products: the nodes within `d` hops are those within `d
-    - 1`, and their neighbours (`max_distance - 1` products), and the
+    - 1`, and their neighbours (`max_hops - 1` products), and the
     reachable ones by squaring the within-`d` relation until it stops
-    growing (about `log2(nodes / max_distance)` more).
+    growing (about `log2(nodes / max_hops)` more).
 
     Args:
         adjacency: float tensor of shape `(batch, nodes, nodes)`.
-        max_distance: int. The largest hop count told apart.
+        max_hops: int. The largest hop count told apart.
 
     Returns:
         An int32 tensor of shape `(batch, nodes, nodes)`, entries in `[0,
-        max_distance + 1]`.
+        max_hops + 1]`.
 
     Example:
 
     >>> path = [[[0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]]]
-    >>> keras.ops.convert_to_numpy(hop_counts(path, max_distance=1))[0]  # 0-1-2, 3
+    >>> keras.ops.convert_to_numpy(hop_counts(path, max_hops=1))[0]  # 0-1-2, 3
     array([[0, 1, 1, 2],
            [1, 0, 1, 2],
            [1, 1, 0, 2],
            [2, 2, 2, 0]], dtype=int32)
     """
-    check_positive_int("max_distance", max_distance)
+    check_positive_int("max_hops", max_hops)
     adjacency = keras.ops.cast(adjacency, "float32")
     identity = keras.ops.eye(_nodes(adjacency), dtype="float32")
     # One step, or staying: 0/1 entries, so products count paths exactly.
@@ -366,9 +368,9 @@ def hop_counts(adjacency, max_distance):
     within = keras.ops.broadcast_to(
         identity, keras.ops.shape(adjacency)
     )  # within 0 hops
-    # hops = the number of d in 0 .. max_distance - 1 with j not within d.
+    # hops = the number of d in 0 .. max_hops - 1 with j not within d.
     hops = keras.ops.zeros(keras.ops.shape(adjacency), "int32")
-    for _ in range(max_distance):
+    for _ in range(max_hops):
         hops += keras.ops.cast(within == 0, "int32")
         within = keras.ops.cast(keras.ops.matmul(within, step) > 0, "float32")
 
@@ -386,4 +388,4 @@ def hop_counts(adjacency, max_distance):
         square,
         (keras.ops.cast(keras.ops.matmul(within, step) > 0, "float32"), within),
     )  # (batch, nodes, nodes): 1 where a path leads from i to j
-    return keras.ops.where(reachable > 0, hops, max_distance + 1)
+    return keras.ops.where(reachable > 0, hops, max_hops + 1)

@@ -12,9 +12,10 @@ from keras_posenc.ops._checks import (
     check_num_axes,
     check_positive_int,
 )
+from keras_posenc.ops._renamed import renamed_arguments
 
 
-def _expected_positions(shape, sequence_length, batch_size, per_batch, num_axes):
+def _expected_positions(shape, length, batch_size, per_batch, num_axes):
     """None if positions of `shape` fit, else the shapes that would."""
     shape = tuple(shape)
     rank = len(shape)
@@ -39,22 +40,23 @@ def _expected_positions(shape, sequence_length, batch_size, per_batch, num_axes)
     if (
         axes_fit
         and rank in ((1, 2) if per_batch else (1,))
-        and fits(shape[-1], sequence_length)
+        and fits(shape[-1], length)
         and (rank == 1 or shape[0] == 1 or fits(shape[0], batch_size))
     ):
         return None
-    if sequence_length is not None or batch_size is not None:
+    if length is not None or batch_size is not None:
         expected += (
-            f" for inputs of sequence length {sequence_length} and batch "
+            f" for inputs of sequence length {length} and batch "
             f"size {batch_size}"
         )
     return expected
 
 
+@renamed_arguments({"sequence_length": "length"})
 def read_positions(
     positions,
     num_axes=1,
-    sequence_length=None,
+    length=None,
     batch_size=None,
     per_batch=True,
     name="positions",
@@ -74,7 +76,7 @@ def read_positions(
         positions: tensor-like of one of the shapes above.
         num_axes: int. The number of coordinates of a position. Defaults to
             `1`.
-        sequence_length: int or None. The inputs' sequence length (the
+        length: int or None. The inputs' sequence length (the
             tokens that have positions), if known. Defaults to `None`.
         batch_size: int or None. The inputs' batch size, if known. Defaults
             to `None`.
@@ -123,7 +125,7 @@ def read_positions(
         )
     shape = tuple(positions.shape)
     expected = _expected_positions(
-        shape, sequence_length, batch_size, per_batch, num_axes
+        shape, length, batch_size, per_batch, num_axes
     )
     if expected:
         raise ValueError(
@@ -181,18 +183,19 @@ def grid_positions(grid_shape):
     )  # (prod(grid_shape), num_axes)
 
 
-def position_ids(sequence_length, start_index=0):
-    """Positions `start_index, ..., start_index + sequence_length - 1`.
+@renamed_arguments({"sequence_length": "length"})
+def position_ids(length, start_index=0):
+    """Positions `start_index, ..., start_index + length - 1`.
 
     Args:
-        sequence_length: int or scalar integer tensor.
+        length: int or scalar integer tensor.
         start_index: int or scalar integer tensor. Defaults to `0`.
 
     Returns:
-        An int32 tensor of shape `(sequence_length,)`.
+        An int32 tensor of shape `(length,)`.
     """
     check_integer_scalar("start_index", start_index)
-    return keras.ops.arange(sequence_length, dtype="int32") + keras.ops.cast(
+    return keras.ops.arange(length, dtype="int32") + keras.ops.cast(
         start_index, "int32"
     )
 

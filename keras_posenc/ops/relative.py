@@ -1,4 +1,4 @@
-"""Relative positions: distances, ALiBi slopes, T5 buckets, grid index."""
+"""Relative positions (key - query), ALiBi slopes, T5 buckets, grid index."""
 
 import math
 
@@ -11,6 +11,7 @@ from keras_posenc.ops._checks import (
     check_positive_int,
     check_relative_position_buckets,
 )
+from keras_posenc.ops._renamed import renamed_function
 from keras_posenc.ops.positions import (
     grid_positions,
     read_positions,
@@ -53,8 +54,8 @@ def alibi_slopes(num_heads):
     )
 
 
-def relative_distance_shape(query_shape, key_shape, num_axes=1):
-    """The shape `relative_distance` gives for positions of these shapes.
+def relative_position_shape(query_shape, key_shape, num_axes=1):
+    """The shape `relative_position` gives for positions of these shapes.
 
     Args:
         query_shape: tuple. The shape of `query_positions`, `(query,)` or
@@ -80,7 +81,7 @@ def relative_distance_shape(query_shape, key_shape, num_axes=1):
     return (batch, query_shape[-1], key_shape[-1]) + axes
 
 
-def relative_distance(query_positions, key_positions, num_axes=1):
+def relative_position(query_positions, key_positions, num_axes=1):
     """The relative position `key - query` of every query and key, in int32.
 
     The convention of every relative scheme here: a key `j` positions after
@@ -103,12 +104,12 @@ def relative_distance(query_positions, key_positions, num_axes=1):
     Example:
 
     >>> keras.ops.convert_to_numpy(
-    ...     relative_distance([[10]], [[0, 1, 9, 10]])
+    ...     relative_position([[10]], [[0, 1, 9, 10]])
     ... )  # cached decoding
     array([[[-10,  -9,  -1,   0]]], dtype=int32)
-    >>> tuple(relative_distance(np.arange(3), np.arange(2)).shape)
+    >>> tuple(relative_position(np.arange(3), np.arange(2)).shape)
     (1, 3, 2)
-    >>> on_grid = relative_distance(grid_positions((2, 2)), [[1, 1]], num_axes=2)
+    >>> on_grid = relative_position(grid_positions((2, 2)), [[1, 1]], num_axes=2)
     >>> keras.ops.convert_to_numpy(on_grid[0, :, 0]).tolist()  # key (1, 1)
     [[1, 1], [1, 0], [0, 1], [0, 0]]
     """
@@ -149,8 +150,8 @@ def clipped_distance_rows(query_positions, key_positions, max_distance, batch_si
     are read by the relative distance clipped to `k = max_distance`.
 
     Args:
-        query_positions: integer tensor, as `relative_distance` takes it.
-        key_positions: integer tensor, as `relative_distance` takes it.
+        query_positions: integer tensor, as `relative_position` takes it.
+        key_positions: integer tensor, as `relative_position` takes it.
         max_distance: int. The clipping distance `k`.
         batch_size: None, or int or scalar integer tensor: the batch the
             rows are broadcast to, one row of indices per batch element.
@@ -169,7 +170,7 @@ def clipped_distance_rows(query_positions, key_positions, max_distance, batch_si
     """
     rows = (
         keras.ops.clip(
-            relative_distance(query_positions, key_positions),
+            relative_position(query_positions, key_positions),
             -max_distance,
             max_distance,
         )
@@ -309,7 +310,7 @@ def grid_relative_position_index(relative_position, grid_shape):
 
     Args:
         relative_position: integer tensor of shape `(..., num_axes)`: `key -
-            query` per axis, as `relative_distance` gives it.
+            query` per axis, as `relative_position` gives it.
         grid_shape: list or tuple of positive ints, one per axis: the
             window.
 
@@ -337,3 +338,10 @@ def grid_relative_position_index(relative_position, grid_shape):
         stride = math.prod(2 * later - 1 for later in grid_shape[axis + 1 :])
         index += shifted * stride
     return index  # (...)
+
+
+# The names before issue 28, kept as aliases that warn.
+relative_distance = renamed_function(relative_position, "relative_distance")
+relative_distance_shape = renamed_function(
+    relative_position_shape, "relative_distance_shape"
+)

@@ -6,32 +6,35 @@ from keras_posenc.ops import _backend
 from keras_posenc.ops._checks import (
     AXIS_LAYOUTS,
     check_axis_layout,
+    check_pairing,
     check_positive_int,
-    check_rope_layout,
 )
+from keras_posenc.ops._renamed import renamed_arguments
 from keras_posenc.ops.sinusoidal import (
     angles,
     inverse_frequencies,
 )
 
 
-def rotate(inputs, phases, layout="half"):
+@renamed_arguments({"layout": "pairing", "phases": "angles"})
+def rotate(inputs, angles, pairing="half"):
     """Turn each pair of features by an angle: the rotary position embedding.
 
-    Pair `i` of the last axis, `(a, b)`, turned by the angle `t = phases[i]`
+    Pair `i` of the last axis, `(a, b)`, turned by the angle `t = angles[i]`
     becomes `(a cos t - b sin t, b cos t + a sin t)`, computed in the
     element-wise form `inputs * cos + rotate(inputs) * sin` of Su et al.
-    (2021), eq. 34, never with a rotation matrix. With `layout="half"`
+    (2021), eq. 34, never with a rotation matrix. With `pairing="half"`
     (GPT-NeoX, Llama, Hugging Face, keras-hub) feature `i` pairs with
-    `i + d / 2`; with `layout="interleaved"` (RoFormer, GPT-J) feature `2i`
+    `i + d / 2`; with `pairing="interleaved"` (RoFormer, GPT-J) feature `2i`
     pairs with `2i + 1`.
 
     Args:
         inputs: float tensor of shape `(..., d)`, `d` even.
-        phases: tensor of shape `(..., d / 2)`, one angle per pair,
+        angles: tensor of shape `(..., d / 2)`, one angle per pair,
             broadcastable against `inputs[..., : d / 2]`, in the dtype of
             `inputs`.
-        layout: `"half"` or `"interleaved"`. Defaults to `"half"`.
+        pairing: `"half"` or `"interleaved"`: which features form a pair.
+            Defaults to `"half"`.
 
     Returns:
         A tensor of the shape and dtype of `inputs`.
@@ -44,34 +47,34 @@ def rotate(inputs, phases, layout="half"):
     >>> np.round(keras.ops.convert_to_numpy(turned), 6) + 0.0
     array([[ 0.,  1., -2.,  0.]], dtype=float32)
     """
-    check_rope_layout(layout)
+    check_pairing(pairing)
     inputs = keras.ops.convert_to_tensor(inputs)
-    phases = keras.ops.convert_to_tensor(phases)
+    angles = keras.ops.convert_to_tensor(angles)
     if _backend.computes_tables_apart():
         # One cosine and one sine per pair, each a tensor of its own
         # (`_backend.computed_apart`), then laid out per feature.
         cosines, sines = (
-            _full_width(_backend.computed_apart(table), layout)
-            for table in (keras.ops.cos(phases), keras.ops.sin(phases))
+            _full_width(_backend.computed_apart(table), pairing)
+            for table in (keras.ops.cos(angles), keras.ops.sin(angles))
         )  # (..., d) each
     else:
         # The angles laid out at full width before cos and sin, which lets
         # XLA fuse the whole rotation into one loop over the inputs.
-        phases = _full_width(phases, layout)  # (..., d)
-        cosines, sines = keras.ops.cos(phases), keras.ops.sin(phases)
-    return inputs * cosines + _turned(inputs, layout) * sines
+        angles = _full_width(angles, pairing)  # (..., d)
+        cosines, sines = keras.ops.cos(angles), keras.ops.sin(angles)
+    return inputs * cosines + _turned(inputs, pairing) * sines
 
 
-def _full_width(pairs, layout):
+def _full_width(pairs, pairing):
     """One value per pair `(..., d / 2)` laid out per feature `(..., d)`."""
-    if layout == "half":
+    if pairing == "half":
         return keras.ops.concatenate([pairs, pairs], axis=-1)
     return keras.ops.repeat(pairs, 2, axis=-1)
 
 
-def _turned(inputs, layout):
+def _turned(inputs, pairing):
     """Each pair `(a, b)` of `inputs` as `(-b, a)`: the quarter turn."""
-    if layout == "half":
+    if pairing == "half":
         first, second = keras.ops.split(inputs, 2, axis=-1)  # (..., d / 2) each
         return keras.ops.concatenate([-second, first], axis=-1)  # (..., d)
     shape = keras.ops.shape(inputs)  # static sizes, tensors where unknown
@@ -83,7 +86,8 @@ def _turned(inputs, layout):
     )
 
 
-def rotate_by_tables(inputs, cos, sin, layout="half"):
+@renamed_arguments({"layout": "pairing"})
+def rotate_by_tables(inputs, cos, sin, pairing="half"):
     """`rotate` with the cosines and sines of the angles given.
 
     Args:
@@ -92,18 +96,19 @@ def rotate_by_tables(inputs, cos, sin, layout="half"):
             angle, broadcastable against `inputs[..., : d / 2]`, in the
             dtype of `inputs`.
         sin: tensor like `cos`, the sine of each pair's angle.
-        layout: `"half"` or `"interleaved"`. Defaults to `"half"`.
+        pairing: `"half"` or `"interleaved"`: which features form a pair.
+            Defaults to `"half"`.
 
     Returns:
         A tensor of the shape and dtype of `inputs`.
     """
-    check_rope_layout(layout)
+    check_pairing(pairing)
     inputs = keras.ops.convert_to_tensor(inputs)
     cos = keras.ops.convert_to_tensor(cos)
     sin = keras.ops.convert_to_tensor(sin)
-    return inputs * _full_width(cos, layout) + _turned(inputs, layout) * _full_width(
-        sin, layout
-    )
+    return inputs * _full_width(cos, pairing) + _turned(
+        inputs, pairing
+    ) * _full_width(sin, pairing)
 
 
 def shifted_cos_sin(length, start_index, frequencies):
@@ -160,6 +165,7 @@ def shifted_cos_sin(length, start_index, frequencies):
     return cos, sin
 
 
+@renamed_arguments(values={"axis_layout": {"interleaved": "cyclic"}})
 def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None):
     """The axis that each rotary pair reads, and its place in its schedule.
 
@@ -173,8 +179,8 @@ def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None
     - `"sections"`: contiguous sections read the axes in turn, as in
       `"blocks"`, but pair `i` keeps place `i` of one schedule over the
       whole width (Qwen2-VL's M-RoPE, `mrope_section`).
-    - `"interleaved"`: pair `i` reads axis `i % num_axes` and keeps place `i`
-      (Qwen3-VL's interleaved M-RoPE). With `axis_sections`, as Qwen3-VL
+    - `"cyclic"`: pair `i` reads axis `i % num_axes` and keeps place `i`
+      (Qwen3-VL's M-RoPE, which its config calls interleaved). With `axis_sections`, as Qwen3-VL
       does: axis `a >= 1` reads the pairs `i = a, a + n, ...` below
       `n * axis_sections[a]`, and axis 0 every other pair.
     - `"alternating"`: contiguous equal blocks, as `"blocks"`, but the one
@@ -203,7 +209,7 @@ def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None
     check_positive_int("num_pairs", num_pairs)
     check_axis_layout(axis_layout, num_axes, axis_sections)
     if axis_sections is None:
-        if axis_layout != "interleaved" and num_pairs % num_axes:
+        if axis_layout != "cyclic" and num_pairs % num_axes:
             raise ValueError(
                 f"axis_layout={axis_layout!r} with num_axes={num_axes} splits "
                 f"the {num_pairs} rotary pairs (rotary width "
@@ -221,7 +227,7 @@ def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None
                 f"{num_pairs} (half the rotary width {2 * num_pairs}). "
                 f"Received: axis_sections={axis_sections!r}"
             )
-    if axis_layout == "interleaved":
+    if axis_layout == "cyclic":
         axes = [0] * num_pairs
         for axis in range(1, num_axes):
             count = (
@@ -256,6 +262,7 @@ def rope_pair_axes(num_pairs, num_axes, axis_layout="blocks", axis_sections=None
     return axes, places, [2 * num_pairs] * num_pairs
 
 
+@renamed_arguments(values={"axis_layout": {"interleaved": "cyclic"}})
 def rope_frequency_matrix(
     rotary_dim,
     num_axes,

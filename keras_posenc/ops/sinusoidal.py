@@ -3,11 +3,12 @@
 import keras
 
 from keras_posenc.ops._checks import (
-    check_layout,
     check_max_wavelength,
     check_num_axes,
+    check_pairing,
     check_positive_int,
 )
+from keras_posenc.ops._renamed import renamed_arguments
 from keras_posenc.ops.positions import grid_positions
 
 
@@ -47,25 +48,27 @@ def angles(positions, frequencies):
     return positions[..., None] * frequencies  # (..., num_frequencies)
 
 
+@renamed_arguments({"layout": "pairing"}, {"pairing": {"concat": "half"}})
 def sinusoidal(
-    positions, dim, max_wavelength=10000.0, layout="interleaved", num_axes=1
+    positions, dim, max_wavelength=10000.0, pairing="interleaved", num_axes=1
 ):
     """The sinusoidal position encoding of Vaswani et al. (2017), in float32.
 
     `PE(p, 2i) = sin(p / max_wavelength ** (2i / dim))` and
     `PE(p, 2i + 1) = cos(p / max_wavelength ** (2i / dim))`.
 
-    With `layout="interleaved"` (the paper's, and keras-hub's
-    `SinePositionEncoding`) sines sit at even and cosines at odd features; an
-    odd `dim` drops the last cosine, so the last feature is a sine. With
-    `layout="concat"` all `dim / 2` sines come first, then all cosines; `dim`
-    must then be even.
+    With `pairing="interleaved"` (the paper's, and keras-hub's
+    `SinePositionEncoding`) sines sit at even and cosines at odd features,
+    feature `2i` pairing with `2i + 1`; an odd `dim` drops the last cosine,
+    so the last feature is a sine. With `pairing="half"` all `dim / 2` sines
+    come first, then all cosines, feature `i` pairing with `i + dim / 2`;
+    `dim` must then be even.
 
     With `num_axes` > 1 (a position on a grid, as in MAE) `positions` end in
     an axis of `num_axes` coordinates, and the features split into
-    `num_axes` equal blocks: block `a` is this encoding, in `layout`, of
+    `num_axes` equal blocks: block `a` is this encoding, in `pairing`, of
     coordinate `a` with `dim / num_axes` features. `dim` must then be a
-    multiple of `num_axes` (of `2 * num_axes` for `layout="concat"`).
+    multiple of `num_axes` (of `2 * num_axes` for `pairing="half"`).
 
     Args:
         positions: tensor of any shape, integer or float, ending in an axis
@@ -73,7 +76,8 @@ def sinusoidal(
             (timestamps, say) are encoded as they are.
         dim: int. The encoding width.
         max_wavelength: float. The longest wavelength. Defaults to `10000.0`.
-        layout: `"interleaved"` or `"concat"`. Defaults to `"interleaved"`.
+        pairing: `"interleaved"` or `"half"`: which features form a
+            (sin, cos) pair. Defaults to `"interleaved"`.
         num_axes: int. The number of coordinates of a position. Defaults to
             `1`.
 
@@ -92,23 +96,23 @@ def sinusoidal(
     >>> tuple(grid.shape)  # (row, column) blocks of 4 features each
     (6, 8)
     """
-    check_layout(layout)
+    check_pairing(pairing)
     check_positive_int("dim", dim)
     check_num_axes(num_axes)
     if num_axes > 1:
         return _sinusoidal_on_axes(
-            positions, dim, max_wavelength, layout, num_axes
+            positions, dim, max_wavelength, pairing, num_axes
         )
-    if layout == "concat" and dim % 2:
+    if pairing == "half" and dim % 2:
         raise ValueError(
-            "`dim` must be even for layout='concat'. "
+            "`dim` must be even for pairing='half'. "
             f"Received: dim={dim}"
         )
     phases = angles(
         positions, inverse_frequencies(dim, max_wavelength)
     )  # (..., ceil(dim / 2))
     sines, cosines = keras.ops.sin(phases), keras.ops.cos(phases)
-    if layout == "concat":
+    if pairing == "half":
         return keras.ops.concatenate([sines, cosines], axis=-1)  # (..., dim)
     pairs = keras.ops.stack([sines, cosines], axis=-1)  # (..., ceil(dim / 2), 2)
     table = keras.ops.reshape(
@@ -117,13 +121,13 @@ def sinusoidal(
     return table[..., :dim]
 
 
-def _sinusoidal_on_axes(positions, dim, max_wavelength, layout, num_axes):
+def _sinusoidal_on_axes(positions, dim, max_wavelength, pairing, num_axes):
     """`sinusoidal` of each coordinate in its own block of `dim / num_axes`."""
-    block = 2 * num_axes if layout == "concat" else num_axes
+    block = 2 * num_axes if pairing == "half" else num_axes
     if dim % block:
         raise ValueError(
             f"`dim` must be a multiple of {block} for num_axes={num_axes} "
-            f"and layout={layout!r}. Received: dim={dim}"
+            f"and pairing={pairing!r}. Received: dim={dim}"
         )
     positions = keras.ops.convert_to_tensor(positions)
     if positions.ndim in (None, 0) or positions.shape[-1] != num_axes:
@@ -134,7 +138,7 @@ def _sinusoidal_on_axes(positions, dim, max_wavelength, layout, num_axes):
         )
     return keras.ops.concatenate(
         [
-            sinusoidal(positions[..., axis], dim // num_axes, max_wavelength, layout)
+            sinusoidal(positions[..., axis], dim // num_axes, max_wavelength, pairing)
             for axis in range(num_axes)
         ],
         axis=-1,
@@ -144,7 +148,7 @@ def _sinusoidal_on_axes(positions, dim, max_wavelength, layout, num_axes):
 def translation_matrix(shift, dim, max_wavelength=10000.0):
     """The matrix `T` with `sinusoidal(p + shift) == sinusoidal(p) @ T`.
 
-    For the interleaved layout each (sin, cos) feature pair turns by the angle
+    For the interleaved pairing each (sin, cos) feature pair turns by the angle
     `shift * w_i`, so `T` is block diagonal with 2x2 rotations
     `[[cos, -sin], [sin, cos]]`: a translation in position is a linear map of
     the encoding, which is why attention can learn relative offsets

@@ -160,11 +160,14 @@ def _candidates(encoding, shape, vocabulary_size, inputs, token_ids):
             "keras_hub": _add_keras_hub(hub_layer),
             "floor": _add_variable(_table_variable(layer.embeddings)),
         }
-    position = "learned" if encoding == "token_learned" else "sinusoidal"
+    position_encoding = "learned" if encoding == "token_learned" else "sinusoidal"
     layer, again = (
         _built(
             keras_posenc.TokenAndPositionEmbedding(
-                vocabulary_size, dim, sequence_length, position=position
+                vocabulary_size,
+                dim,
+                sequence_length,
+                position_encoding=position_encoding,
             ),
             token_ids,
         )
@@ -173,7 +176,7 @@ def _candidates(encoding, shape, vocabulary_size, inputs, token_ids):
     again.token_embedding.embeddings.assign(layer.token_embedding.embeddings)
     token_table = _table_variable(layer.token_embedding.embeddings)
     candidates = {"keras_posenc": layer, "keras_posenc_again": again}
-    if position == "sinusoidal":
+    if position_encoding == "sinusoidal":
         position_table = _sinusoidal_table(sequence_length, dim)
     else:
         again.position_embedding.embeddings.assign(

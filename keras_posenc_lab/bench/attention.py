@@ -98,14 +98,16 @@ TARGETS = {"rope": 1.05, "alibi": 1.05, "t5": 1.10, "shaw": 1.25}
 MEMORY_TARGETS = {"rope": 1.0, "alibi": 1.0, "t5": 1.1, "shaw": 1.15}
 # The candidates whose peak memory is measured: all but the noise copy.
 MEMORY_CANDIDATES = (BASELINE, "plain") + SCHEMES
-SHAW_MAX_DISTANCE = encodings.LANGUAGE["shaw"].arguments["max_distance"]
+SHAW_MAX_RELATIVE_POSITION = encodings.LANGUAGE["shaw"].arguments[
+    "max_relative_position"
+]
 LABELS = {
     "plain": "plain, `dot_product_attention` path",
     "plain_einsum_path": "plain `MultiHeadAttention`, Keras' einsum path",
     "rope": "RoPE (`RotaryEmbedding`)",
     "alibi": "ALiBi (`AlibiBias`)",
     "t5": "T5 (`RelativePositionBias`)",
-    "shaw": f"Shaw, k = {SHAW_MAX_DISTANCE} (`RelativePositionEmbedding`)",
+    "shaw": f"Shaw, k = {SHAW_MAX_RELATIVE_POSITION} (`RelativePositionEmbedding`)",
 }
 
 

@@ -80,7 +80,7 @@ def _floor_add(table):
 
 
 def _floor_rotate(cos, sin):
-    """The floor of a rotation in the half layout, with its tables given."""
+    """The floor of a rotation in the half pairing, with its tables given."""
 
     def rotate(inputs):
         first, second = keras.ops.split(inputs, 2, axis=-1)  # (..., dim / 2) each
@@ -93,7 +93,7 @@ def _floor_rotate(cos, sin):
 def _rotation_tables(layer, tokens, dim, **call_arguments):
     """cos and sin of `layer`'s rotation, `(tokens, 1, dim)`, from the layer.
 
-    In the half layout pair `i` is features `i` and `i + dim / 2`; the unit
+    In the half pairing pair `i` is features `i` and `i + dim / 2`; the unit
     input `(1, 0)` of every pair turns into `(cos, sin)` of the pair's angle.
     """
     unit = np.concatenate([np.ones(dim // 2), np.zeros(dim // 2)]).astype(

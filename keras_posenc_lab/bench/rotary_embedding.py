@@ -45,8 +45,8 @@ MAX_WAVELENGTH = 10000.0
 FLOAT32_ANGLE_ERROR = 1.2e-7
 
 
-def _half_layout_tables(sequence_length, dim):
-    """cos and sin of the half layout, as Hugging Face computes them.
+def _half_pairing_tables(sequence_length, dim):
+    """cos and sin of the half pairing, as Hugging Face computes them.
 
     Held in variables, so that every backend passes them to the compiled
     call as arguments rather than folding them into it.
@@ -95,7 +95,7 @@ def run(shape=SHAPE, repeats=30, warmup=3, seed=0):
     """
     sequence_length, dim = shape[1], shape[3]
     inputs = compiled.normal(shape, seed)
-    cos, sin = _half_layout_tables(sequence_length, dim)
+    cos, sin = _half_pairing_tables(sequence_length, dim)
     layer = keras_posenc.RotaryEmbedding()
     hub_layer = keras_hub.layers.RotaryEmbedding()
     candidates = {

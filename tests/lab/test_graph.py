@@ -231,7 +231,7 @@ EXPECTED_POSITION = {
     ),
     "shortest_path": (
         keras_posenc.ShortestPathBias,
-        {"num_heads": graph.NUM_HEADS, "max_distance": MAX_HOPS},
+        {"num_heads": graph.NUM_HEADS, "max_hops": MAX_HOPS},
     ),
 }
 POSITION_CLASSES = tuple(value[0] for value in EXPECTED_POSITION.values() if value)
