@@ -285,7 +285,7 @@ def test_bad_resize_arguments_raise_value_error_naming_them(call, message):
         call()
 
 
-# The arguments renamed since (issue 28), by layer: old name -> new name.
+# The arguments renamed since, by layer: old name -> new name.
 RENAMED = {
     "sinusoidal": {"layout": "pairing"},
     "learned": {"initializer": "embeddings_initializer"},

@@ -1,4 +1,4 @@
-"""Layers that take their arguments' old names (private): issue 28's renames.
+"""Layers that take their arguments' old names (private): the renamed arguments of 0.1.0.
 
 `renamed_arguments` makes a layer's constructor take an old name or value
 with a `DeprecationWarning` naming the new one, and its `from_config` read

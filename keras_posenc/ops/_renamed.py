@@ -1,4 +1,4 @@
-"""Old argument names and values, still taken (private): issue 28's renames.
+"""Old argument names and values, still taken (private): the renamed arguments of 0.1.0.
 
 A public function or layer whose argument was renamed takes the old name
 (and an old value) with a `DeprecationWarning` naming the new one; a saved

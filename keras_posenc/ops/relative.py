@@ -340,7 +340,7 @@ def grid_relative_position_index(relative_position, grid_shape):
     return index  # (...)
 
 
-# The names before issue 28, kept as aliases that warn.
+# The names before the renames, kept as aliases that warn.
 relative_distance = renamed_function(relative_position, "relative_distance")
 relative_distance_shape = renamed_function(
     relative_position_shape, "relative_distance_shape"

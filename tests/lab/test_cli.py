@@ -584,7 +584,8 @@ def test_a_one_step_training_is_timed_after_it(tmp_path, capsys):
         assert "nan" not in file.read()
     printed = capsys.readouterr().out
     assert "Timing training: 5 rounds of one call per model." in printed
-    assert "Training speed against sinusoidal: alibi " in printed
+    # The speeds are in the table; a quick run compares nothing in words.
+    assert training.QUICK_NOTE in printed
 
 
 def test_demo_on_the_standard_librarys_bytes(tmp_path, capsys):
