@@ -561,11 +561,13 @@ def test_bad_adjacency_values_are_refused_in_a_graph(kind, complaint):
 @BAD_VALUES
 def test_compiled_code_makes_a_bad_graphs_bias_nan(kind, complaint):
     # XLA drops the check, a JAX trace cannot raise: the bias shows it.
-    if not XLA:
-        pytest.skip("PyTorch runs `compiled` eagerly, and refuses")
     layer = ShortestPathBias(2, 3)
     adjacency = np.concatenate([cycle(4)[None], bad_adjacency(kind)])
     expected = numpy(layer(adjacency[:1]))[0]  # built eagerly
+    if not XLA:  # PyTorch runs `compiled` eagerly: it refuses instead
+        with pytest.raises(ValueError, match=complaint):
+            compiled(layer)(adjacency)
+        return
     bias = numpy(compiled(layer)(adjacency))  # (batch, heads, nodes, nodes)
     assert np.isnan(bias[1]).all()
     np.testing.assert_array_equal(bias[0], expected)
