@@ -13,6 +13,7 @@ from tests import references
 from tests.backend import compiled
 from tests.backend import numpy
 from tests.test_case import TestCase
+from keras_posenc.layers.attention_position import AttentionContext
 
 # The float32 slope is 2 ** x rounded once, then multiplied by an exact
 # integer distance and rounded again: two half ulps.
@@ -131,12 +132,12 @@ def test_logits_bias_is_the_call_and_ignores_the_query():
     query_positions = keras.ops.convert_to_tensor(np.array([[7, 8, 9]], "int32"))
     key_positions = keras.ops.arange(10, dtype="int32")[None]
     query = keras.random.normal((1, 3, 4, 16))
-    bias = layer.logits_bias(query, query_positions, key_positions)
+    bias = layer.logits_bias(query, None, AttentionContext(query_positions=query_positions, key_positions=key_positions))
     np.testing.assert_array_equal(
         numpy(bias), numpy(layer(query_positions, key_positions))
     )
-    assert layer.transform_query_key(query, query, None, None) == (query, query)
-    assert layer.value_term(None, query_positions, key_positions) is None
+    assert layer.transform_query_key(query, query, AttentionContext(query_positions=None, key_positions=None)) == (query, query)
+    assert layer.value_term(None, AttentionContext(query_positions=query_positions, key_positions=key_positions)) is None
 
 
 def test_num_heads_must_equal_the_attentions():
@@ -313,11 +314,7 @@ def test_bias_inside_attention_is_exact_far_from_zero(bidirectional):
     query_positions = np.array([[start + 7, start + 9], [start, start + 1]], "int32")
     key_positions = np.array([[start + k for k in range(10)]] * 2, "int32")
     query = keras.ops.zeros((2, 2, 3, 4))
-    bias = layer.logits_bias(
-        query,
-        keras.ops.convert_to_tensor(query_positions),
-        keras.ops.convert_to_tensor(key_positions),
-    )
+    bias = layer.logits_bias(query, None, AttentionContext(query_positions=keras.ops.convert_to_tensor(query_positions), key_positions=keras.ops.convert_to_tensor(key_positions)))
     assert_bias(
         bias,
         reference_bias(query_positions, key_positions, references.alibi_slopes(3), bidirectional),
@@ -329,5 +326,5 @@ def test_bias_inside_attention_without_queries_or_keys_is_empty():
     layer.build_for_attention(2, 4, 4)
     none = keras.ops.zeros((1, 0), "int32")
     some = keras.ops.arange(3, dtype="int32")[None]
-    assert tuple(layer.logits_bias(keras.ops.zeros((1, 0, 2, 4)), none, some).shape) == (1, 2, 0, 3)
-    assert tuple(layer.logits_bias(keras.ops.zeros((1, 3, 2, 4)), some, none).shape) == (1, 2, 3, 0)
+    assert tuple(layer.logits_bias(keras.ops.zeros((1, 0, 2, 4)), None, AttentionContext(query_positions=none, key_positions=some)).shape) == (1, 2, 0, 3)
+    assert tuple(layer.logits_bias(keras.ops.zeros((1, 3, 2, 4)), None, AttentionContext(query_positions=some, key_positions=none)).shape) == (1, 2, 3, 0)

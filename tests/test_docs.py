@@ -26,8 +26,21 @@ MODULES = sorted(
     }
     | {"keras_posenc.rope_scaling", "keras_posenc.hf_config"}
 )
-PUBLIC_LAYERS = [getattr(keras_posenc, name) for name in keras_posenc.layers.__all__]
+# The scheme protocol (its base and context) has no constructor arguments
+# of its own: its hooks' docstrings are checked instead.
+PROTOCOL = {"AttentionPosition", "AttentionContext"}
+PUBLIC_LAYERS = [
+    getattr(keras_posenc, name)
+    for name in keras_posenc.layers.__all__
+    if name not in PROTOCOL
+]
 PUBLIC_FUNCTIONS = [
+    keras_posenc.AttentionPosition.check_attention,
+    keras_posenc.AttentionPosition.build_for_attention,
+    keras_posenc.AttentionPosition.logits_scale,
+    keras_posenc.AttentionPosition.transform_query_key,
+    keras_posenc.AttentionPosition.logits_bias,
+    keras_posenc.AttentionPosition.value_term,
     plot.encoding_heatmap,
     plot.similarity_curve,
     plot.save_plots,

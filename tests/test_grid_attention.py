@@ -23,7 +23,7 @@ from keras_posenc import RelativePositionBias
 from keras_posenc import RelativePositionEmbedding
 from keras_posenc import RotaryEmbedding
 from keras_posenc import ops
-from keras_posenc.layers._attention_position import AttentionPosition
+from keras_posenc.layers.attention_position import AttentionPosition
 from tests import references
 from tests.backend import XLA
 from tests.backend import numpy
@@ -334,11 +334,11 @@ class GridStub(AttentionPosition):
     num_axes = 2
     num_prefix_tokens = 1
 
-    def transform_query_key(self, query, key, query_positions, key_positions):
+    def transform_query_key(self, query, key, context):
         self.seen = (
             tuple(query.shape),
-            tuple(query_positions.shape),
-            keras.backend.standardize_dtype(query_positions.dtype),
+            tuple(context.query_positions.shape),
+            keras.backend.standardize_dtype(context.query_positions.dtype),
         )
         return query, key
 

@@ -12,7 +12,11 @@ import keras_posenc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = pathlib.Path(keras_posenc.__file__).parent
-PUBLIC_LAYERS = [getattr(keras_posenc, name) for name in keras_posenc.layers.__all__]
+PUBLIC_LAYERS = [
+    getattr(keras_posenc, name)
+    for name in keras_posenc.layers.__all__
+    if issubclass(getattr(keras_posenc, name), keras.layers.Layer)
+]
 
 
 def test_public_api():
@@ -23,8 +27,12 @@ def test_public_api():
 
 
 def test_every_public_layer_file_is_exported():
-    # One public layer per file, the file named after the class.
-    exported = set(keras_posenc.layers.__all__)
+    # One public layer per file, the file named after the class; the one
+    # export that is not a layer is the protocol's context, beside it.
+    assert keras_posenc.AttentionContext.__module__ == (
+        "keras_posenc.layers.attention_position"
+    )
+    exported = {layer.__name__ for layer in PUBLIC_LAYERS}
     for path in (PACKAGE / "layers").glob("*.py"):
         if path.name.startswith("_"):
             continue
@@ -34,6 +42,7 @@ def test_every_public_layer_file_is_exported():
     assert len(exported) == len(
         [path for path in (PACKAGE / "layers").glob("*.py") if not path.name.startswith("_")]
     )
+    assert set(keras_posenc.layers.__all__) == exported | {"AttentionContext"}
 
 
 @pytest.mark.parametrize("layer", PUBLIC_LAYERS, ids=lambda layer: layer.__name__)

@@ -37,6 +37,7 @@ from tests.backend import keras_mask as keras_mask_of
 from tests.backend import numpy
 from tests.backend import tensorflow_only
 from tests.backend import XLA
+from keras_posenc.layers.attention_position import AttentionContext
 
 BATCH = 2
 LENGTH = 7
@@ -1455,19 +1456,17 @@ def alibi_attention(heads, seed=1):
 
 
 def test_alibi_with_slopes_of_powers_of_two_joins_the_product():
-    two_heads = AlibiBias(2).logits_factors(
-        int32_tensor([[3]]), int32_tensor([[0, 1, 2, 3]])
-    )
+    two_heads = AlibiBias(2).logits_factors(AttentionContext(query_positions=int32_tensor([[3]]), key_positions=int32_tensor([[0, 1, 2, 3]])))
     query_factors, key_factors = (numpy(factor) for factor in two_heads)
     # Head 0, slope 1/16: [m, -m i] . [j, 1] = m (j - i), exactly.
     np.testing.assert_array_equal(query_factors[0, 0, 0], [1 / 16, -3 / 16])
     np.testing.assert_array_equal(key_factors[0, :, 0], [[0, 1], [1, 1], [2, 1], [3, 1]])
     # Other slopes, and the bidirectional form (not of rank two), add the bias.
     zero = int32_tensor([[0]])
-    assert AlibiBias(3).logits_factors(zero, zero)
-    assert AlibiBias(ALIBI_ADDED_HEADS).logits_factors(zero, zero) is None
-    assert AlibiBias(2, slopes=[0.3, 0.5]).logits_factors(zero, zero) is None
-    assert AlibiBias(2, bidirectional=True).logits_factors(zero, zero) is None
+    assert AlibiBias(3).logits_factors(AttentionContext(query_positions=zero, key_positions=zero))
+    assert AlibiBias(ALIBI_ADDED_HEADS).logits_factors(AttentionContext(query_positions=zero, key_positions=zero)) is None
+    assert AlibiBias(2, slopes=[0.3, 0.5]).logits_factors(AttentionContext(query_positions=zero, key_positions=zero)) is None
+    assert AlibiBias(2, bidirectional=True).logits_factors(AttentionContext(query_positions=zero, key_positions=zero)) is None
 
 
 @pytest.mark.parametrize("under_xla", [False, True], ids=["eager", "xla"])
@@ -1628,9 +1627,7 @@ def alibi_at_default_positions(heads, bidirectional, queries, keys):
 def test_alibi_bias_maxima_bound_the_bias_of_each_block(keys, heads, bidirectional):
     alibi = AlibiBias(heads, bidirectional=bidirectional)
     queries = 40
-    block, maxima = alibi.logits_bias_maxima(
-        int32_tensor(np.arange(queries)[None]), int32_tensor(np.arange(keys)[None])
-    )
+    block, maxima = alibi.logits_bias_maxima(AttentionContext(query_positions=int32_tensor(np.arange(queries)[None]), key_positions=int32_tensor(np.arange(keys)[None])))
     slopes = references.alibi_slopes(heads)
     # The largest divisor of the keys from 32 to 64 over which the steepest
     # slope moves the bias by at most 32: 1/256 (1 head), 1/2 (8 heads),
@@ -1664,10 +1661,10 @@ def test_alibi_bias_maxima_need_blocks_the_bias_varies_little_over():
     # divisor from 32 to 64 (a prime), or slopes so steep that 32 keys move
     # the bias by more than 32: the bias is added to the logits, or joins
     # the product.
-    assert AlibiBias(8).logits_bias_maxima(positions[:, :31], positions[:, :31]) is None
-    assert AlibiBias(8).logits_bias_maxima(positions, positions[:, :127]) is None
-    assert AlibiBias(2, slopes=[1.0, 2.0]).logits_bias_maxima(positions, positions) is None
-    assert AlibiBias(2, slopes=[1.0, 0.5]).logits_bias_maxima(positions, positions)[0] == 32
+    assert AlibiBias(8).logits_bias_maxima(AttentionContext(query_positions=positions[:, :31], key_positions=positions[:, :31])) is None
+    assert AlibiBias(8).logits_bias_maxima(AttentionContext(query_positions=positions, key_positions=positions[:, :127])) is None
+    assert AlibiBias(2, slopes=[1.0, 2.0]).logits_bias_maxima(AttentionContext(query_positions=positions, key_positions=positions)) is None
+    assert AlibiBias(2, slopes=[1.0, 0.5]).logits_bias_maxima(AttentionContext(query_positions=positions, key_positions=positions))[0] == 32
 
 
 @tensorflow_only  # only a TensorFlow graph leaves a length unknown when traced
@@ -1675,7 +1672,7 @@ def test_alibi_bias_maxima_need_a_length_known_when_traced():
     positions = int32_tensor(np.arange(128)[None])
 
     def unknown_length(key_positions):
-        assert AlibiBias(8).logits_bias_maxima(positions, key_positions) is None
+        assert AlibiBias(8).logits_bias_maxima(AttentionContext(query_positions=positions, key_positions=key_positions)) is None
         return key_positions
 
     graph_function(

@@ -13,6 +13,7 @@ from tests.backend import XLA
 from tests.backend import gradients
 from tests.backend import numpy
 from tests.test_case import TestCase
+from keras_posenc.layers.attention_position import AttentionContext
 
 
 def random_table(num_buckets, num_heads, seed=0):
@@ -179,12 +180,12 @@ def test_logits_bias_is_the_call_and_ignores_the_query():
     query_positions = keras.ops.convert_to_tensor([[7, 8, 9]])
     key_positions = keras.ops.arange(10)[None]
     query = keras.random.normal((1, 3, 4, 16))
-    bias = layer.logits_bias(query, query_positions, key_positions)
+    bias = layer.logits_bias(query, None, AttentionContext(query_positions=query_positions, key_positions=key_positions))
     assert keras.backend.standardize_dtype(bias.dtype) == "float32"
     np.testing.assert_array_equal(
         numpy(bias), numpy(layer(query_positions, key_positions))
     )
-    assert layer.value_term(None, query_positions, key_positions) is None
+    assert layer.value_term(None, AttentionContext(query_positions=query_positions, key_positions=key_positions)) is None
 
 
 def test_num_heads_must_equal_the_attentions():
@@ -207,7 +208,7 @@ class MixedPrecisionHolder(keras.layers.Layer):
         self.position = position
 
     def call(self, query_positions, key_positions):
-        return self.position.logits_bias(None, query_positions, key_positions)
+        return self.position.logits_bias(None, None, AttentionContext(query_positions=query_positions, key_positions=key_positions))
 
 
 def test_mixed_bfloat16_reads_the_table_in_float32():

@@ -25,6 +25,7 @@ from tests.backend import gradients
 from tests.backend import numpy
 from tests.backend import tensorflow_only
 from tests.test_case import TestCase
+from keras_posenc.layers.attention_position import AttentionContext
 
 FIXTURE = os.path.join(
     os.path.dirname(__file__), "fixtures", "qwen2_vl_rope_index.npz"
@@ -286,9 +287,7 @@ def test_transform_query_key_rotates_the_tokens_after_the_prefix():
         layer = RotaryEmbedding(max_wavelength=BASE, num_axes=2, num_prefix_tokens=1, **kwargs)
         layer.build_for_attention(num_heads=2, key_dim=8, value_dim=8)
         assert (layer.num_axes, layer.num_prefix_tokens) == (2, 1)
-        rotated_query, rotated_key = layer.transform_query_key(
-            query, key, query_positions, key_positions
-        )
+        rotated_query, rotated_key = layer.transform_query_key(query, key, AttentionContext(query_positions=query_positions, key_positions=key_positions))
         theta = references.axial_rope_frequencies(8, 2, BASE)
         for rotated, inputs, positions in (
             (rotated_query, query, np.tile(query_positions, (2, 1, 1))),

@@ -1,4 +1,4 @@
-"""The package's layers, one public layer per file."""
+"""The package's layers, one public layer per file, and the scheme protocol's context."""
 
 import keras
 
@@ -10,6 +10,8 @@ if keras.backend.backend() not in BACKENDS:
     _refuse_backend(keras.backend.backend())
 
 from keras_posenc.layers.alibi_bias import AlibiBias
+from keras_posenc.layers.attention_position import AttentionContext
+from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.layers.grid_relative_position_bias import (
     GridRelativePositionBias,
 )
@@ -38,6 +40,8 @@ from keras_posenc.layers.token_and_position_embedding import (
 
 __all__ = [
     "AlibiBias",
+    "AttentionContext",
+    "AttentionPosition",
     "GridRelativePositionBias",
     "LaplacianPositionEncoding",
     "PositionEmbedding",

@@ -6,9 +6,9 @@ import numpy as np
 
 from keras_posenc import ops
 from keras_posenc.ops import _backend
-from keras_posenc.layers._attention_position import BIAS_SPREAD
-from keras_posenc.layers._attention_position import HeadBias
-from keras_posenc.layers._attention_position import largest_divisor
+from keras_posenc.layers._schemes import BIAS_SPREAD
+from keras_posenc.layers._schemes import HeadBias
+from keras_posenc.layers._schemes import largest_divisor
 from keras_posenc.layers._renamed import renamed_arguments
 
 
@@ -157,7 +157,9 @@ class AlibiBias(HeadBias):
             else np.asarray(self.slopes, "float32")
         )
 
-    def logits_bias(self, query, query_positions, key_positions, consecutive=False):
+    def logits_bias(self, query, key, context):
+        query_positions = context.query_positions
+        key_positions = context.key_positions
         if (
             query is not None
             and query_positions.shape[-1] != 0
@@ -175,7 +177,7 @@ class AlibiBias(HeadBias):
             slopes[:, None, None] * keras.ops.cast(distance, "float32")[:, None]
         )  # (batch or 1, heads, query, key)
 
-    def logits_bias_maxima(self, query_positions, key_positions):
+    def logits_bias_maxima(self, context):
         # Within a block of B consecutive keys the bias is `m (j - i)`, from
         # its first key to its last, or `-m |j - i|`, largest at the key
         # nearest the query: either way at most the smaller of the two
@@ -186,18 +188,20 @@ class AlibiBias(HeadBias):
         # at 2048 queries and keys), while from a slice of the whole bias
         # XLA computes those entries alone, as it runs.
         slopes = self._slopes()
-        block = _maxima_block_size(key_positions.shape[-1], max(self._slope_values))
+        block = _maxima_block_size(
+            context.key_positions.shape[-1], max(self._slope_values)
+        )
         if block is None:
             return None
         bias = self.logits_bias(
-            None, query_positions, key_positions
+            None, None, context
         )  # (batch or 1, heads, query, key)
         ends = keras.ops.minimum(
             bias[..., ::block], bias[..., block - 1 :: block]
         )  # (batch or 1, heads, query, key / block)
         return block, ends + (block - 1) * slopes[:, None, None]
 
-    def logits_factors(self, query_positions, key_positions):
+    def logits_factors(self, context):
         # The causal bias m (j - i) is of rank two: [m, -m i] . [j, 1]. Only
         # where every product m i and m j is exact, slopes that are powers
         # of two (the default ones of a power-of-two number of heads) and
@@ -206,10 +210,10 @@ class AlibiBias(HeadBias):
         if self.bidirectional or not _powers_of_two(self._slope_values):
             return None
         m = self._slopes()[:, None]  # (heads, 1)
-        i = keras.ops.cast(query_positions, "float32")[
+        i = keras.ops.cast(context.query_positions, "float32")[
             ..., None, None
         ]  # (batch or 1, query, 1, 1)
-        j = keras.ops.cast(key_positions, "float32")[
+        j = keras.ops.cast(context.key_positions, "float32")[
             ..., None, None
         ]  # (batch or 1, key, 1, 1)
         query_factors = keras.ops.concatenate(

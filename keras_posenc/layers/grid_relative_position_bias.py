@@ -5,8 +5,8 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc.ops import _backend
-from keras_posenc.layers._attention_position import HeadBias
-from keras_posenc.layers._attention_position import read_embeddings_initializer
+from keras_posenc.layers._schemes import HeadBias
+from keras_posenc.layers._schemes import read_embeddings_initializer
 
 # Rows of the table after the grid's, for prefix tokens, in BEiT's order.
 _PREFIX_TO_GRID, _GRID_TO_PREFIX, _PREFIX_TO_PREFIX = 0, 1, 2
@@ -134,7 +134,7 @@ class GridRelativePositionBias(HeadBias):
         """The table's rows for relative positions on the grid."""
         return math.prod(2 * size - 1 for size in self.grid_shape)
 
-    def build_for_attention(self, num_heads, key_dim, value_dim):
+    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
         self.check_attention(num_heads, key_dim, value_dim)
         self.build()
 
@@ -153,7 +153,9 @@ class GridRelativePositionBias(HeadBias):
             autocast=False,
         )
 
-    def logits_bias(self, query, query_positions, key_positions, consecutive=False):
+    def logits_bias(self, query, key, context):
+        query_positions = context.query_positions
+        key_positions = context.key_positions
         distance = ops.relative_position(
             query_positions, key_positions, self.num_axes
         )  # (batch or 1, query, key[, num_axes]): key - query

@@ -1,14 +1,16 @@
+import dataclasses
 import functools
 import math
 import numbers
-import types
 import warnings
+from typing import Any
 
 import keras
 import numpy as np
 
 from keras_posenc import ops
-from keras_posenc.layers._attention_position import AttentionPosition
+from keras_posenc.layers.attention_position import AttentionContext
+from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.ops import _backend
 
 # The private parts of `keras.layers.MultiHeadAttention` this layer uses, all
@@ -21,9 +23,13 @@ from keras_posenc.ops import _backend
 #   which the override passes on to Keras' own untouched).
 # - `_dropout_layer`: the dropout on the attention weights (3.8 on).
 # - `_flash_attention`: whether flash attention is on (3.8 on).
-# - `_compute_sliding_window_mask(query, value)` and `_sliding_window`: the
-#   sliding-window mask, by indices (3.15 on; earlier versions have no
-#   sliding window and never call it).
+# - `_sliding_window`: the sliding window's size (3.15 on; earlier versions
+#   have none).
+# - `_query_dense`, `_key_dense`: the projections, which a scheme may apply
+#   to a table of its own (`AttentionContext.project_query`) (3.8 on).
+# - `_compute_attention_mask(query, value, query_mask=, value_mask=,
+#   key_mask=, attention_mask=, use_causal_mask=)`: called by Keras' `call`
+#   with the masks (3.8 on), overridden to carry this call's state.
 #
 # Everything else comes from Keras' public properties and its own `call`.
 
@@ -40,6 +46,33 @@ def _sliding_window(layer):
     return getattr(layer, "_sliding_window", None)
 
 
+def _query_projection(layer):
+    """The query projection, `(batch, length, features)` to `(..., heads, key_dim)`."""
+    return layer._query_dense
+
+
+def _key_projection(layer):
+    """The key projection, `(batch, length, features)` to `(..., heads, key_dim)`."""
+    return layer._key_dense
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """One call's state on its way through Keras' `call`, by its arguments.
+
+    `call` passes it as Keras' `attention_mask`; `_compute_attention_mask`
+    returns it with `mask` combined from the inputs' masks, and
+    `_compute_attention` takes it and returns it as the scores, with
+    `scores` and the updated `cache`. Nothing is kept on the layer.
+    """
+
+    mask: Any = None
+    context: AttentionContext = None
+    cache: Any = None
+    returns_scores: bool = False
+    scores: Any = None
+
+
 def _fused_attention_fails(layer):
     """Whether Keras' `dot_product_attention` path fails for this layer.
 
@@ -51,17 +84,6 @@ def _fused_attention_fails(layer):
         and not _flash_attention(layer)
         and _backend.dot_product_attention_needs_equal_head_sizes()
     )
-
-
-def _returns_scores(args, kwargs):
-    """Whether Keras' `call` asked `_compute_attention` for the weights.
-
-    Keras 3.9 and later pass `return_attention_scores` after `training`;
-    3.8 does not say, so the weights are returned.
-    """
-    if args:
-        return bool(args[0])
-    return bool(kwargs.get("return_attention_scores", True))
 
 
 def _broadcast_batch(factors, heads):
@@ -305,10 +327,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if position is not None:
             if not isinstance(position, AttentionPosition):
                 raise ValueError(
-                    "`position` must be None or a RotaryEmbedding, AlibiBias, "
-                    "RelativePositionBias, GridRelativePositionBias, "
-                    "ShortestPathBias or RelativePositionEmbedding layer. "
-                    f"Received: position={position!r}"
+                    "`position` must be None or a position scheme, a layer "
+                    "subclassing keras_posenc.AttentionPosition. Received: "
+                    f"position={position!r}"
                 )
             # Axis 1 (or -2) of the projected (batch, seq, heads, dim).
             if self.attention_axes is not None and tuple(
@@ -333,18 +354,6 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 )
             position.check_attention(num_heads, key_dim, self.value_dim)
         self.position = position
-        # Keras' `call` passes `_compute_attention` the projected heads and
-        # the mask only; this call's positions and causality reach it here,
-        # set by `call` around Keras' `call` and cleared after it.
-        # With a `cache`, `_compute_attention` writes the new keys and values
-        # in it and leaves the cache so updated here for `call` to return.
-        self._call_state = types.SimpleNamespace(
-            positions=None,
-            consecutive=False,
-            causal=False,
-            cache=None,
-            cache_update_index=None,
-        )
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
@@ -356,7 +365,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     f"query_shape={tuple(query_shape)}"
                 )
             self.position.build_for_attention(
-                self.num_heads, self.key_dim, self.value_dim
+                self.num_heads, self.key_dim, self.value_dim, features=query_shape[-1]
             )
 
     def _positions(self, positions, inputs, name, start_index=0):
@@ -447,6 +456,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             query_positions, key_positions = self._grid_positions(
                 grid_shape, query_positions, key_positions, adjacency
             )
+        query_positions_given, key_positions_given = query_positions, key_positions
         arguments = dict(
             key=key,
             query_mask=query_mask,
@@ -496,50 +506,55 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             start_index = cache_update_index
         keys = value if key is None else key
         if on_graph:
-            # A scheme on graphs reads the adjacency in place of positions.
-            self._call_state.positions = (adjacency, adjacency)
+            query_positions = key_positions = None
         else:
-            self._call_state.positions = (
-                self._positions(
-                    query_positions, query, "query_positions", start_index
-                ),
-                # With a cache the keys are its slots, `0 .. slots - 1`.
-                self._positions(
-                    key_positions,
-                    keys if cache is None else cache[:, 0],
-                    "key_positions",
-                ),
-            )  # (batch or 1, query), (batch or 1, key)
-        # The defaults on one axis, 0 .. length - 1 for queries and keys,
-        # whose structure a scheme may use (`consecutive` of
-        # `AttentionPosition.logits_bias` and `value_term`).
-        self._call_state.consecutive = (
-            query_positions is None
-            and key_positions is None
-            and cache is None
-            and not on_graph
-            and self.position is not None
-            and _on_a_line(self.position)
+            query_positions = self._positions(
+                query_positions, query, "query_positions", start_index
+            )  # (batch or 1, query[, num_axes])
+            # With a cache the keys are its slots, `0 .. slots - 1`.
+            key_positions = self._positions(
+                key_positions,
+                keys if cache is None else cache[:, 0],
+                "key_positions",
+            )  # (batch or 1, key[, num_axes])
+        context = AttentionContext(
+            query_positions=query_positions,
+            key_positions=key_positions,
+            adjacency=adjacency if on_graph else None,
+            causal=bool(use_causal_mask),
+            cache_update_index=cache_update_index,
+            project_query=_query_projection(self),
+            project_key=_key_projection(self),
+            # The defaults on one axis, 0 .. length - 1 for queries and
+            # keys, whose structure a scheme may use for speed.
+            consecutive=(
+                query_positions_given is None
+                and key_positions_given is None
+                and cache is None
+                and not on_graph
+                and self.position is not None
+                and _on_a_line(self.position)
+            ),
         )
-        # Keras' causal mask compares indices; this layer's compares
-        # positions, in `_compute_attention`.
-        self._call_state.causal = use_causal_mask
-        self._call_state.cache = cache
-        self._call_state.cache_update_index = cache_update_index
-        try:
-            outputs = super().call(query, value, use_causal_mask=False, **arguments)
-            if cache is None:
-                return outputs
-            # `_compute_attention` wrote the new keys and values in the cache.
-            if return_attention_scores:
-                return outputs + (self._call_state.cache,)
-            return outputs, self._call_state.cache
-        finally:
-            self._call_state.positions = None
-            self._call_state.consecutive = False
-            self._call_state.causal = False
-            self._call_state.cache = None
-            self._call_state.cache_update_index = None
+        # This call's context goes through Keras' `call` as its
+        # `attention_mask`, to `_compute_attention_mask` and then to
+        # `_compute_attention`, which return it with the updated cache as
+        # the "scores" (`_Call`): Keras hands both over untouched. Keras'
+        # causal mask compares indices; this layer's compares positions.
+        arguments["attention_mask"] = _Call(
+            mask=attention_mask,
+            context=context,
+            cache=cache,
+            returns_scores=bool(return_attention_scores),
+        )
+        arguments["return_attention_scores"] = True
+        output, outcome = super().call(query, value, use_causal_mask=False, **arguments)
+        outputs = (output,)
+        if return_attention_scores:
+            outputs += (outcome.scores,)
+        if cache is not None:
+            outputs += (outcome.cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
 
     def _grid_positions(self, grid_shape, query_positions, key_positions, adjacency):
         """The cells of `grid_shape`, row-major, as the queries' and keys' positions."""
@@ -706,16 +721,44 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         return cache, query, cache_update_index
 
-    def _compute_sliding_window_mask(self, query, value=None):
-        # Keras 3.15 and later: the window compares positions, as the causal
-        # mask does, when this layer's own path runs.
-        if self._call_state.positions is None:
-            return super()._compute_sliding_window_mask(query, value)
-        query_positions, key_positions = self._call_state.positions
-        distance = ops.relative_position(
-            query_positions, key_positions
-        )  # (batch or 1, query, key): key - query
-        return keras.ops.abs(distance) < _sliding_window(self)
+    def _compute_attention_mask(
+        self,
+        query,
+        value,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+    ):
+        """Keras' mask of the inputs' masks and `attention_mask`, in a `_Call`.
+
+        Keras' `call` asks for its mask here. With neither a position nor
+        positions this is Keras' own; else `attention_mask` is this call's
+        `_Call`, returned with its `mask` combined as Keras combines the
+        masks of the inputs with `attention_mask`: the causal mask and the
+        sliding window compare positions, in `_attention_mask`.
+        """
+        if not isinstance(attention_mask, _Call):
+            return super()._compute_attention_mask(
+                query,
+                value,
+                query_mask=query_mask,
+                value_mask=value_mask,
+                key_mask=key_mask,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+            )
+        masks = []
+        if query_mask is not None:
+            masks.append(keras.ops.cast(query_mask, "bool")[:, :, None])  # (b, t, 1)
+        for mask in (value_mask, key_mask):
+            if mask is not None:
+                masks.append(keras.ops.cast(mask, "bool")[:, None, :])  # (b, 1, s)
+        if attention_mask.mask is not None:
+            masks.append(keras.ops.cast(attention_mask.mask, "bool"))
+        combined = functools.reduce(keras.ops.logical_and, masks) if masks else None
+        return dataclasses.replace(attention_mask, mask=combined)
 
     def _compute_attention(
         self, query, key, value, attention_mask=None, training=None, *args, **kwargs
@@ -724,51 +767,47 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
 
         Keras' `call` hands over the projected heads, `query` of shape
         `(batch, query, heads, key_dim)` and `key` and `value` of shape
-        `(batch, key, heads, dim)`, and the combined mask of the Keras
-        masks, `attention_mask` and the sliding window (or None). With neither
-        a position nor positions, this is Keras' own attention.
+        `(batch, key, heads, dim)`, and, as `attention_mask`, this call's
+        `_Call` (from `_compute_attention_mask`). Returns the output and,
+        as the scores Keras hands back, the `_Call` with the weights and
+        the updated cache. With neither a position nor positions, this is
+        Keras' own attention.
         """
-        if self._call_state.positions is None:
+        if not isinstance(attention_mask, _Call):
             return super()._compute_attention(
                 query, key, value, attention_mask, training, *args, **kwargs
             )
-        query_positions, key_positions = self._call_state.positions
+        call = attention_mask
+        context = call.context
         position = self.position
-        cache = self._call_state.cache
+        cache = call.cache
         if cache is None:
             if position is not None:
-                query, key = position.transform_query_key(
-                    query, key, query_positions, key_positions
-                )
+                query, key = position.transform_query_key(query, key, context)
         else:
-            query, key, value = self._update_cache(query, key, value)
-        query = query * keras.ops.cast(1.0 / math.sqrt(self.key_dim), query.dtype)
-        returns_scores = _returns_scores(args, kwargs)
-        size = self._query_block(query, value, returns_scores, training)
-        if size is not None:
-            return self._attend_by_blocks(
-                size,
-                query,
-                key,
-                value,
-                attention_mask,
-                query_positions,
-                key_positions,
-                training,
+            query, key, value, cache = self._update_cache(
+                query, key, value, cache, context
             )
-        return self._attend(
-            query,
-            key,
-            value,
-            attention_mask,
-            query_positions,
-            key_positions,
-            self._call_state.consecutive,
-            training,
-            returns_scores,
+        scale = (
+            1.0 / math.sqrt(self.key_dim)
+            if position is None
+            else position.logits_scale(self.key_dim)
+        )
+        query = query * keras.ops.cast(scale, query.dtype)
+        size = self._query_block(query, value, call, training)
+        if size is not None:
+            output, weights = self._attend_by_blocks(
+                size, query, key, value, call.mask, context, training
+            )
+        else:
+            output, weights = self._attend(
+                query, key, value, call.mask, context, training, call.returns_scores
+            )
+        return output, dataclasses.replace(
+            call, mask=None, scores=weights, cache=cache
         )
 
-    def _query_block(self, query, value, returns_scores, training):
+    def _query_block(self, query, value, call, training):
         """The queries of one block of `_attend_by_blocks`, or None.
 
         Where XLA fuses Keras' order of attention whole
@@ -791,10 +830,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if (
             size is None
             or not _backend.fuses_attention()
-            or self._call_state.cache is not None
+            or call.cache is not None
             or position.num_prefix_tokens
             or position.takes_adjacency
-            or returns_scores
+            or call.returns_scores
             or (self.dropout > 0.0 and training)
             or tuple(value.shape[2:]) != tuple(query.shape[2:])
             or value.dtype != query.dtype
@@ -807,15 +846,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         return size
 
     def _attend_by_blocks(
-        self,
-        size,
-        query,
-        key,
-        value,
-        attention_mask,
-        query_positions,
-        key_positions,
-        training,
+        self, size, query, key, value, attention_mask, context, training
     ):
         """`_attend` over blocks of `size` queries, one after another.
 
@@ -829,6 +860,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         """
         batch_size, queries = keras.ops.shape(query)[:2]
         block_shape = (batch_size, size) + tuple(query.shape[2:])
+        query_positions = context.query_positions
         position_rows = keras.ops.shape(query_positions)[0]
         mask_rows = attention_mask is not None and attention_mask.shape[-2] == queries
         keys = keras.ops.transpose(key, [0, 2, 3, 1])  # (batch, heads, dim, key)
@@ -854,9 +886,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 keras.ops.transpose(keys, [0, 3, 1, 2]),
                 keras.ops.transpose(values, [0, 3, 1, 2]),
                 mask,
-                positions,
-                key_positions,
-                consecutive=False,
+                context.replace(query_positions=positions, consecutive=False),
                 training=training,
                 returns_scores=False,
             )  # (batch, size, heads, key_dim)
@@ -868,20 +898,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         return output, None
 
     def _attend(
-        self,
-        query,
-        key,
-        value,
-        attention_mask,
-        query_positions,
-        key_positions,
-        consecutive,
-        training,
-        returns_scores,
+        self, query, key, value, attention_mask, context, training, returns_scores
     ):
         """The attention of the scaled, transformed heads; `(output, weights)`."""
         position = self.position
-        mask = self._attention_mask(attention_mask, query_positions, key_positions)
+        mask = self._attention_mask(attention_mask, context)
         # Where a bias goes: without a mask, at the default positions, inside
         # the softmax's exponentials, if the scheme bounds it over blocks of
         # keys (`_biased_exponentials`); else, of rank two and in a float32
@@ -892,44 +913,41 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         fused = _backend.fuses_attention()
         maxima = factors = None
         if (
-            position is not None
+            hasattr(position, "logits_bias_maxima")
             and mask is None
-            and consecutive
+            and context.consecutive
             and not fused
         ):
-            maxima = position.logits_bias_maxima(query_positions, key_positions)
+            maxima = position.logits_bias_maxima(context)
         if (
             maxima is None
-            and position is not None
+            and hasattr(position, "logits_factors")
             and keras.backend.standardize_dtype(query.dtype) == "float32"
             and not fused
         ):
-            factors = position.logits_factors(query_positions, key_positions)
+            factors = position.logits_factors(context)
             if factors is not None and not _backend.float32_matmul_is_exact():
                 factors = None
+        query_with_factors, key_with_factors = query, key
         if factors is not None:
             # The bias joins the product as columns before each head's query
             # and key: `[u, q] . [v, k] = u . v + q . k`. First, so that the
             # sums over the head axis start with the bias's terms (ALiBi's
             # `m j - m i`, exact) before the small `q . k` ones.
             query_factors, key_factors = factors
-            query = keras.ops.concatenate(
+            query_with_factors = keras.ops.concatenate(
                 [_broadcast_batch(query_factors, query), query], axis=-1
             )  # (batch, query, heads, columns + key_dim)
-            key = keras.ops.concatenate(
+            key_with_factors = keras.ops.concatenate(
                 [_broadcast_batch(key_factors, key), key], axis=-1
             )  # (batch, key, heads, columns + key_dim)
         logits = keras.ops.cast(
-            keras.ops.einsum("bsnh,btnh->bnts", key, query), "float32"
+            keras.ops.einsum("bsnh,btnh->bnts", key_with_factors, query_with_factors),
+            "float32",
         )  # (batch, heads, query, key)
         bias = None
         if position is not None and factors is None:
-            bias = position.logits_bias(
-                query,
-                query_positions,
-                key_positions,
-                consecutive=consecutive,
-            )
+            bias = position.logits_bias(query, key, context)
             if bias is not None and maxima is None:
                 logits = logits + bias
         # The softmax, normalized after the product with the values: with
@@ -982,12 +1000,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             "bnts,bsnh->btnh", keras.ops.cast(exponentials, value.dtype), value
         )  # (batch, query, heads, value_dim), times the sums
         if position is not None:
-            term = position.value_term(
-                exponentials,
-                query_positions,
-                key_positions,
-                consecutive=consecutive,
-            )
+            term = position.value_term(exponentials, context)
             if term is not None:
                 output = output + keras.ops.cast(term, output.dtype)
         if sums is not None:
@@ -1002,7 +1015,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             return output, None
         return output, keras.ops.cast(weights, self.compute_dtype)
 
-    def _update_cache(self, query, key, value):
+    def _update_cache(self, query, key, value, cache, context):
         """Write the new keys and values in the cache, to attend over all of it.
 
         The new keys are transformed by the positions of the slots they go
@@ -1010,31 +1023,34 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         cached), so the cache holds keys as the logits read them.
 
         Returns:
-            `(query, key, value)`: the transformed queries, `(batch, query,
-            heads, key_dim)`, and the cache's keys and values after the
-            update, `(batch, slots, heads, dim)` each.
+            `(query, key, value, cache)`: the transformed queries, `(batch,
+            query, heads, key_dim)`, the cache's keys and values after the
+            update, `(batch, slots, heads, dim)` each, and the updated
+            cache, `(batch, 2, slots, heads, key_dim)`.
         """
-        query_positions, key_positions = self._call_state.positions
-        cache = self._call_state.cache
-        index = self._call_state.cache_update_index
+        index = context.cache_update_index
         if self.position is not None:
             # A gather, not a slice: XLA would compile a slice again for
             # every start it reads at run time.
             written = keras.ops.take(
-                key_positions,
+                context.key_positions,
                 ops.position_ids(keras.ops.shape(key)[1], index),
                 axis=1,
             )  # the slots' positions, (batch or 1, new[, num_axes])
             query, key = self.position.transform_query_key(
-                query, key, query_positions, written
+                query, key, context.replace(key_positions=written)
             )
         updates = keras.ops.stack([key, value], axis=1)  # (batch, 2, new, heads, dim)
         cache = keras.ops.slice_update(cache, [0, 0, index, 0, 0], updates)
-        self._call_state.cache = cache  # (batch, 2, slots, heads, key_dim)
-        return query, cache[:, 0], cache[:, 1]
+        return query, cache[:, 0], cache[:, 1], cache
 
-    def _attention_mask(self, attention_mask, query_positions, key_positions):
-        """Keras' mask and the causal one: `(batch | 1, heads | 1, query, key)`."""
+    def _attention_mask(self, attention_mask, context):
+        """Keras' mask, the cache's, the causal one and the sliding window.
+
+        Returns:
+            None, or a boolean tensor of shape `(batch | 1, heads | 1,
+            query, key)`.
+        """
         masks = []
         if attention_mask is not None:
             mask = keras.ops.cast(attention_mask, "bool")
@@ -1043,21 +1059,29 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             while len(mask.shape) < 4:
                 mask = keras.ops.expand_dims(mask, -3)
             masks.append(mask)
-        if self._call_state.cache is not None:
+        if context.adjacency is not None:
+            # On a graph there are no positions to compare.
+            return masks[0] if masks else None
+        query_positions, key_positions = context.query_positions, context.key_positions
+        if context.cache_update_index is not None:
             # A slot after the last one written holds no key yet.
-            written = (
-                self._call_state.cache_update_index
-                + keras.ops.shape(query_positions)[1]
-            )
+            written = context.cache_update_index + keras.ops.shape(query_positions)[1]
             slots = keras.ops.arange(
                 keras.ops.shape(key_positions)[1], dtype="int32"
             )  # (key,)
             masks.append((slots < written)[None, None, None])
-        if self._call_state.causal:
+        if context.causal or _sliding_window(self) is not None:
             distance = ops.relative_position(
                 query_positions, key_positions
             )  # (batch or 1, query, key): key - query
-            masks.append((distance <= 0)[:, None])  # (batch | 1, 1, query, key)
+            if context.causal:
+                masks.append((distance <= 0)[:, None])  # (batch | 1, 1, query, key)
+            if _sliding_window(self) is not None:
+                # Keras 3.15 and later: the window compares positions, as
+                # the causal mask does.
+                masks.append(
+                    (keras.ops.abs(distance) < _sliding_window(self))[:, None]
+                )
         if not masks:
             return None
         return functools.reduce(keras.ops.logical_and, masks)

@@ -2,8 +2,8 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc.ops import _backend
-from keras_posenc.layers._attention_position import HeadBias
-from keras_posenc.layers._attention_position import read_embeddings_initializer
+from keras_posenc.layers._schemes import HeadBias
+from keras_posenc.layers._schemes import read_embeddings_initializer
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -99,7 +99,7 @@ class RelativePositionBias(HeadBias):
         self.bidirectional = bidirectional
         self.embeddings_initializer = initializer
 
-    def build_for_attention(self, num_heads, key_dim, value_dim):
+    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
         self.check_attention(num_heads, key_dim, value_dim)
         self.build()
 
@@ -116,7 +116,9 @@ class RelativePositionBias(HeadBias):
             autocast=False,
         )
 
-    def logits_bias(self, query, query_positions, key_positions, consecutive=False):
+    def logits_bias(self, query, key, context):
+        query_positions = context.query_positions
+        key_positions = context.key_positions
         # Every distance from `max_distance` on falls in the last bucket of
         # its direction, so the bias is a table of the 2 * max_distance + 1
         # clipped distances, read by `clip(j - i)`: the buckets (and their

@@ -2,9 +2,11 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc.ops import _backend
-from keras_posenc.layers._attention_position import AttentionPosition
-from keras_posenc.layers._attention_position import largest_divisor
-from keras_posenc.layers._attention_position import read_embeddings_initializer
+from keras_posenc.layers._schemes import FastPaths
+from keras_posenc.layers.attention_position import AttentionContext
+from keras_posenc.layers.attention_position import AttentionPosition
+from keras_posenc.layers._schemes import largest_divisor
+from keras_posenc.layers._schemes import read_embeddings_initializer
 from keras_posenc.layers._renamed import renamed_arguments
 
 
@@ -164,7 +166,7 @@ def _by_band(query_positions, key_positions, max_relative_position, block):
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
 @renamed_arguments({"max_distance": "max_relative_position"})
-class RelativePositionEmbedding(AttentionPosition):
+class RelativePositionEmbedding(FastPaths, AttentionPosition):
     """Shaw et al.'s relative position representations, on keys and values.
 
     Relation-aware self-attention (Shaw, Uszkoreit and Vaswani 2018) gives
@@ -270,7 +272,7 @@ class RelativePositionEmbedding(AttentionPosition):
         ):
             ops.check_positive_int(name, size)
 
-    def build_for_attention(self, num_heads, key_dim, value_dim):
+    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
         self.check_attention(num_heads, key_dim, value_dim)
         sizes = (num_heads, key_dim, value_dim)
         if self._attention_sizes is not None:
@@ -329,12 +331,14 @@ class RelativePositionEmbedding(AttentionPosition):
             query_positions, key_positions, self.max_relative_position, batch_size
         )
 
-    def logits_bias(self, query, query_positions, key_positions, consecutive=False):
+    def logits_bias(self, query, key, context):
+        query_positions = context.query_positions
+        key_positions = context.key_positions
         # Section 3.3's second term for every distance at once.
         relative_logits = keras.ops.einsum(
             "btnd,rd->btrn", keras.ops.cast(query, "float32"), self.key_embeddings
         )  # (batch, query, 2k + 1, heads)
-        block = _block_size(key_positions.shape[-1]) if consecutive else None
+        block = _block_size(key_positions.shape[-1]) if context.consecutive else None
         if block is None:
             rows = self._table_rows(
                 query_positions, key_positions, keras.ops.shape(query)[0]
@@ -345,11 +349,11 @@ class RelativePositionEmbedding(AttentionPosition):
         )
         return read(relative_logits)  # (batch, heads, query, key)
 
-    def value_term(
-        self, attention_weights, query_positions, key_positions, consecutive=False
-    ):
+    def value_term(self, attention_weights, context):
+        query_positions = context.query_positions
+        key_positions = context.key_positions
         weights = keras.ops.cast(attention_weights, "float32")
-        block = _block_size(weights.shape[3]) if consecutive else None
+        block = _block_size(weights.shape[3]) if context.consecutive else None
         if block is None:
             rows = self._table_rows(
                 query_positions, key_positions, keras.ops.shape(weights)[0]
@@ -413,7 +417,13 @@ class RelativePositionEmbedding(AttentionPosition):
                 f"query, heads, key_dim) with key_dim={key_dim}, the size it "
                 f"was built for. Received: query of shape {tuple(query.shape)}"
             )
-        return self.logits_bias(query, query_positions, key_positions)
+        return self.logits_bias(
+            query,
+            None,
+            AttentionContext(
+                query_positions=query_positions, key_positions=key_positions
+            ),
+        )
 
     def compute_output_shape(
         self, query_shape, query_positions_shape, key_positions_shape

@@ -6,7 +6,8 @@ import keras
 from keras_posenc import hf_config
 from keras_posenc import ops
 from keras_posenc import rope_scaling
-from keras_posenc.layers._attention_position import AttentionPosition
+from keras_posenc.layers._schemes import FastPaths
+from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.layers._grid_config import add_grid_arguments
 from keras_posenc.layers._renamed import renamed_arguments
 
@@ -15,7 +16,7 @@ from keras_posenc.layers._renamed import renamed_arguments
 @renamed_arguments(
     {"layout": "pairing"}, {"axis_layout": {"interleaved": "cyclic"}}
 )
-class RotaryEmbedding(AttentionPosition):
+class RotaryEmbedding(FastPaths, AttentionPosition):
     """Rotary position embedding (RoPE): rotate queries and keys by position.
 
     Each pair of features of the token at position `m` turns by the angle
@@ -585,14 +586,16 @@ class RotaryEmbedding(AttentionPosition):
                 f"feature_axis={self.feature_axis}"
             )
 
-    def build_for_attention(self, num_heads, key_dim, value_dim):
+    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
         self.check_attention(num_heads, key_dim, value_dim)
         if self.learned_frequencies:
             _, _, rotated = self._axes((None, None, num_heads, key_dim))
             self._build_frequencies(num_heads, rotated)
         self.built = True
 
-    def transform_query_key(self, query, key, query_positions, key_positions):
+    def transform_query_key(self, query, key, context):
+        query_positions = context.query_positions
+        key_positions = context.key_positions
         # One schedule for both, at the length of all positions together.
         length = self._length(query_positions, key_positions)
         rotated = self._axes(query.shape)[2]

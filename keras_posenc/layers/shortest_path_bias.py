@@ -1,8 +1,9 @@
 import keras
 
 from keras_posenc import ops
-from keras_posenc.layers._attention_position import HeadBias
-from keras_posenc.layers._attention_position import read_embeddings_initializer
+from keras_posenc.layers._schemes import HeadBias
+from keras_posenc.layers.attention_position import AttentionContext
+from keras_posenc.layers._schemes import read_embeddings_initializer
 from keras_posenc.layers._renamed import renamed_arguments
 
 
@@ -87,7 +88,7 @@ class ShortestPathBias(HeadBias):
         self.max_hops = max_hops
         self.embeddings_initializer = initializer
 
-    def build_for_attention(self, num_heads, key_dim, value_dim):
+    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
         self.check_attention(num_heads, key_dim, value_dim)
         self.build()
 
@@ -106,9 +107,8 @@ class ShortestPathBias(HeadBias):
             autocast=False,
         )
 
-    def logits_bias(self, query, query_positions, key_positions, consecutive=False):
-        # On a graph, the attention passes the adjacency as both positions.
-        adjacency = ops.read_adjacency(query_positions)  # (batch, nodes, nodes)
+    def logits_bias(self, query, key, context):
+        adjacency = ops.read_adjacency(context.adjacency)  # (batch, nodes, nodes)
         hops = ops.hop_counts(adjacency, self.max_hops)  # (batch, nodes, nodes)
         bias = keras.ops.take(
             keras.ops.cast(self.embeddings, "float32"), hops, axis=0
@@ -119,7 +119,7 @@ class ShortestPathBias(HeadBias):
         return keras.ops.transpose(bias, (0, 3, 1, 2))
 
     def call(self, adjacency):
-        return self.logits_bias(None, adjacency, adjacency)
+        return self.logits_bias(None, None, AttentionContext(adjacency=adjacency))
 
     def compute_output_shape(self, adjacency_shape):
         ops.check_adjacency_shape(adjacency_shape)

@@ -38,7 +38,7 @@ that writes no logits, so its peak at 2048 is the projections' buffers
 (64 MiB), and a scheme meets its memory target only where XLA takes its
 work into that kernel too (`keras_posenc.ops._backend.fuses_attention`),
 or where its tensors are those of a block of queries
-(`AttentionPosition.fused_query_block`).
+(the schemes' `fused_query_block`).
 
 Memory: each candidate's call is compiled with XLA for the CPU, as it is
 timed, and its peak is the memory XLA's buffer assignment gives that one

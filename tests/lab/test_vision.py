@@ -12,6 +12,7 @@ from keras_posenc_lab.config import VISION_EVALUATIONS
 from keras_posenc_lab.config import VISION_LABELS
 from keras_posenc_lab.config import VISION_QUICK
 from tests import references
+from keras_posenc.layers.attention_position import AttentionContext
 
 PATCH = vision.PATCH_SIZE
 
@@ -409,11 +410,11 @@ def test_scaled_rope_copy_turns_by_the_scaled_positions():
             for m in (model, copy)
         )
     ):
-        query, key = scaled.transform_query_key(heads, heads, integer, integer)
+        query, key = scaled.transform_query_key(heads, heads, AttentionContext(query_positions=integer, key_positions=integer))
         expected = axial_rope(heads, scaled_grid_positions(4, 2))
         np.testing.assert_allclose(query, expected, atol=1e-5)
         np.testing.assert_allclose(key, expected, atol=1e-5)
-        query, _ = trained.transform_query_key(heads, heads, integer, integer)
+        query, _ = trained.transform_query_key(heads, heads, AttentionContext(query_positions=integer, key_positions=integer))
         np.testing.assert_allclose(
             query, axial_rope(heads, grid_cells(4, 4)), atol=1e-5
         )

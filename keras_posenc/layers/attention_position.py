@@ -1,0 +1,238 @@
+"""The protocol between `PositionalMultiHeadAttention` and its position scheme.
+
+`PositionalMultiHeadAttention` knows no scheme's internals: it asks its
+`position`, an `AttentionPosition`, for each of three contributions, which
+default to nothing, and for the scale of the logits:
+
+- `transform_query_key`: the projected queries and keys, changed by their
+  positions (RoPE rotates them);
+- `logits_bias`: a term added to the logits, which may read the queries and
+  the keys (ALiBi, T5 and Swin add a bias per head; Shaw et al. a product of
+  the queries with a table; Transformer-XL a content and a position term);
+- `value_term`: a term added to the weighted sum of values (Shaw et al.);
+- `logits_scale`: what the queries are multiplied by, `1 / sqrt(key_dim)` by
+  default (DeBERTa divides by more).
+
+Each hook receives this call's `AttentionContext` as an argument: the
+positions of the queries and keys, the graph on graphs, whether the mask is
+causal, the cache offset, and the attention's own projections. A scheme
+implements only the hooks that define it; see the "Write your own scheme"
+page of the documentation for a complete one.
+"""
+
+import dataclasses
+import math
+from typing import Any, Callable, Optional
+
+import keras
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionContext:
+    """What one call of `PositionalMultiHeadAttention` tells its position.
+
+    The attention makes one per call (and one per block of queries, where it
+    attends by blocks) and passes it to every hook of its `AttentionPosition`.
+    Positions cover the tokens after the scheme's `num_prefix_tokens` only;
+    the relative position of a key to a query is always `key_position -
+    query_position` (per axis on a grid).
+
+    Attributes:
+        query_positions: int32 tensor of shape `(batch or 1, query)`, or
+            `(batch or 1, query, num_axes)` when the scheme's `num_axes` > 1;
+            None for a scheme on graphs.
+        key_positions: int32 tensor of shape `(batch or 1, key)` or `(batch
+            or 1, key, num_axes)`, likewise. With a cache, the positions of
+            all its slots.
+        adjacency: for a scheme on graphs (`takes_adjacency`), the graph the
+            attention's caller gave, `(batch, nodes, nodes)`; else None.
+        causal: bool. Whether the call masks keys after each query's
+            position (`use_causal_mask=True`).
+        cache_update_index: None without a cache; with one, the slot of the
+            first new token (an int or an int32 scalar tensor), so that the
+            queries sit at `cache_update_index + 0, 1, ...` when their
+            positions are the default.
+        project_query: the attention's own query projection, a function from
+            features `(batch, length, features)` to heads `(batch, length,
+            heads, key_dim)`: for
+            a scheme that projects a table of its own with it (DeBERTa's
+            `share_att_key`). None outside an attention.
+        project_key: the attention's key projection, likewise.
+        consecutive: bool. For speed only, and a scheme may ignore it:
+            whether the positions are the defaults, `0 .. query - 1` and
+            `0 .. key - 1` on one axis, whose structure a scheme may use.
+
+    Example:
+
+    >>> context = AttentionContext(
+    ...     query_positions=keras.ops.arange(3, dtype="int32")[None],
+    ...     key_positions=keras.ops.arange(5, dtype="int32")[None],
+    ...     causal=True,
+    ... )
+    >>> tuple(context.query_positions.shape), context.causal
+    ((1, 3), True)
+    """
+
+    query_positions: Any = None
+    key_positions: Any = None
+    adjacency: Any = None
+    causal: bool = False
+    cache_update_index: Any = None
+    project_query: Optional[Callable] = None
+    project_key: Optional[Callable] = None
+    consecutive: bool = False
+
+    def replace(self, **changes):
+        """A copy of this context with `changes` to its fields."""
+        return dataclasses.replace(self, **changes)
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class AttentionPosition(keras.layers.Layer):
+    """Base of the position schemes that `PositionalMultiHeadAttention` takes.
+
+    Subclass it and override the hooks that define your scheme; the others
+    contribute nothing. The attention calls, in order:
+
+    1. `build_for_attention(num_heads, key_dim, value_dim, features)` once,
+       when it builds: check the sizes (`check_attention`) and make the
+       scheme's weights.
+    2. `transform_query_key(query, key, context)` on the projected heads.
+    3. `logits_scale(key_dim)`: the queries are multiplied by it.
+    4. `logits_bias(query, key, context)`: added to `q . k` (the queries
+       already scaled), in float32.
+    5. `value_term(attention_weights, context)`: added to the weighted sum
+       of the values.
+
+    Tensors cover all tokens, the scheme's `num_prefix_tokens` first; the
+    positions in the `AttentionContext` cover the tokens after them. Set
+    the class attributes `num_axes` (the coordinates of a position, 1 by
+    default: 2 or 3 on image and video grids), `num_prefix_tokens` (the
+    leading tokens without a position, such as a class token: 0 by
+    default) and `takes_adjacency` (True for a scheme on graphs, which
+    reads `context.adjacency` and no positions).
+
+    Save what the constructor takes in `get_config`, as every Keras layer
+    does, and register the class
+    (`keras.saving.register_keras_serializable`): an attention holding the
+    scheme then saves to `.keras` and loads back.
+
+    Example, a learned bias per head that decays with distance:
+
+    >>> from keras_posenc import PositionalMultiHeadAttention
+    >>> class DistanceDecay(AttentionPosition):
+    ...     def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
+    ...         self.rate = self.add_weight(shape=(num_heads,), initializer="ones")
+    ...         self.built = True
+    ...     def logits_bias(self, query, key, context):
+    ...         distance = keras.ops.abs(
+    ...             context.key_positions[:, None, :] - context.query_positions[:, :, None]
+    ...         )  # (batch or 1, query, key)
+    ...         return -self.rate[:, None, None] * keras.ops.cast(distance, "float32")[:, None]
+    >>> attention = PositionalMultiHeadAttention(
+    ...     num_heads=2, key_dim=4, position=DistanceDecay()
+    ... )
+    >>> tokens = np.ones((1, 5, 8), "float32")
+    >>> tuple(attention(tokens, tokens).shape)
+    (1, 5, 8)
+    """
+
+    num_axes = 1
+    num_prefix_tokens = 0
+    takes_adjacency = False
+
+    def check_attention(self, num_heads, key_dim, value_dim):
+        """Raise a `ValueError` unless this scheme can serve such attention.
+
+        Args:
+            num_heads: int. The attention's number of heads.
+            key_dim: int. The size of each head's queries and keys.
+            value_dim: int. The size of each head's values.
+        """
+
+    def _check_num_heads(self, num_heads):
+        """For schemes with a term per head: their heads must be the attention's."""
+        if num_heads != self.num_heads:
+            raise ValueError(
+                f"`num_heads` of {type(self).__name__} must equal the "
+                "attention's number of heads. Received: "
+                f"num_heads={self.num_heads} for attention with "
+                f"num_heads={num_heads}"
+            )
+
+    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
+        """Check the sizes, then create the weights they call for.
+
+        Args:
+            num_heads: int. The attention's number of heads.
+            key_dim: int. The size of each head's queries and keys.
+            value_dim: int. The size of each head's values.
+            features: int or None. The size of the attention's query
+                inputs, for a scheme whose table the attention's own
+                projections read. Defaults to `None`.
+        """
+        self.check_attention(num_heads, key_dim, value_dim)
+        self.built = True
+
+    def logits_scale(self, key_dim):
+        """The factor the queries are multiplied by: `1 / sqrt(key_dim)`.
+
+        Args:
+            key_dim: int. The size of each head's queries and keys.
+
+        Returns:
+            A Python float.
+        """
+        return 1.0 / math.sqrt(key_dim)
+
+    def transform_query_key(self, query, key, context):
+        """The projected queries and keys, transformed by their positions.
+
+        Args:
+            query: tensor of shape `(batch, num_prefix_tokens + query, heads,
+                key_dim)`.
+            key: tensor of shape `(batch, num_prefix_tokens + key, heads,
+                key_dim)`. With a cache, the new keys only, whose positions
+                are `context.key_positions`.
+            context: the call's `AttentionContext`.
+
+        Returns:
+            A tuple `(query, key)` of the same shapes and dtypes.
+        """
+        return query, key
+
+    def logits_bias(self, query, key, context):
+        """A float32 term added to the attention logits, or None.
+
+        Args:
+            query: tensor of shape `(batch, num_prefix_tokens + query, heads,
+                key_dim)`: the projected and transformed queries, already
+                multiplied by `logits_scale(key_dim)` as in the logits.
+            key: tensor of shape `(batch, num_prefix_tokens + key, heads,
+                key_dim)`: the projected and transformed keys (all of the
+                cache's slots, with a cache).
+            context: the call's `AttentionContext`.
+
+        Returns:
+            None, or a float32 tensor broadcastable to `(batch, heads,
+            num_prefix_tokens + query, num_prefix_tokens + key)`.
+        """
+        return None
+
+    def value_term(self, attention_weights, context):
+        """A term added to the attention's weighted sum of values, or None.
+
+        Args:
+            attention_weights: float32 tensor of shape `(batch, heads,
+                num_prefix_tokens + query, num_prefix_tokens + key)`: the
+                weights after the softmax and dropout, or each query's
+                weights times one positive number (the attention may divide
+                by the softmax's sums after this term joins the values'),
+                so the term must be linear in them.
+            context: the call's `AttentionContext`.
+
+        Returns:
+            None, or a tensor of shape `(batch, num_prefix_tokens + query,
+            heads, value_dim)`.
+        """
+        return None
