@@ -24,6 +24,7 @@ from keras_posenc.layers import (
     ShortestPathBias,
     SinusoidalPositionEncoding,
     TokenAndPositionEmbedding,
+    TransformerXLPosition,
 )
 from tests.backend import numpy
 
@@ -214,6 +215,9 @@ CASES = {
     # RelativePositionEmbedding loads from `.h5` inside attention only: see
     # test_h5_cannot_rebuild_a_relative_position_embedding_called_alone.
     "attention_shaw": lambda: in_attention(RelativePositionEmbedding(max_relative_position=3)),
+    "attention_transformer_xl": lambda: in_attention(
+        TransformerXLPosition(pairing="half", clamp_len=3)
+    ),
     "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
     "laplacian_concat_combinatorial": lambda: on_graphs(
         LaplacianPositionEncoding(

@@ -32,17 +32,23 @@ def test_every_public_layer_file_is_exported():
     assert keras_posenc.AttentionContext.__module__ == (
         "keras_posenc.layers.attention_position"
     )
-    exported = {layer.__name__ for layer in PUBLIC_LAYERS}
+    # The file is the class name in snake case, an acronym one word
+    # (TransformerXLPosition in transformer_xl_position.py).
+    exported = {
+        re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", layer.__name__).lower(): layer
+        for layer in PUBLIC_LAYERS
+    }
     for path in (PACKAGE / "layers").glob("*.py"):
         if path.name.startswith("_"):
             continue
-        name = "".join(word.capitalize() for word in path.stem.split("_"))
-        assert name in exported, path.name
-        assert getattr(keras_posenc, name).__module__ == f"keras_posenc.layers.{path.stem}"
+        assert path.stem in exported, path.name
+        assert exported[path.stem].__module__ == f"keras_posenc.layers.{path.stem}"
     assert len(exported) == len(
         [path for path in (PACKAGE / "layers").glob("*.py") if not path.name.startswith("_")]
     )
-    assert set(keras_posenc.layers.__all__) == exported | {"AttentionContext"}
+    assert set(keras_posenc.layers.__all__) == {
+        layer.__name__ for layer in PUBLIC_LAYERS
+    } | {"AttentionContext"}
 
 
 @pytest.mark.parametrize("layer", PUBLIC_LAYERS, ids=lambda layer: layer.__name__)

@@ -34,6 +34,7 @@ from keras_posenc.layers.shortest_path_bias import ShortestPathBias
 from keras_posenc.layers.sinusoidal_position_encoding import (
     SinusoidalPositionEncoding,
 )
+from keras_posenc.layers.transformer_xl_position import TransformerXLPosition
 from keras_posenc.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
@@ -53,4 +54,5 @@ __all__ = [
     "ShortestPathBias",
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
+    "TransformerXLPosition",
 ]

@@ -63,6 +63,12 @@ class FastPaths:
     # among them) and the kernel's work stays in the cache; None attends
     # to all queries at once (a scheme without this attribute).
     fused_query_block = 128
+    # On every backend, the attention takes this many queries at a time
+    # (where the queries divide into two blocks or more), so that a scheme's
+    # tensors wider than the keys (Transformer-XL's relative logits) are a
+    # block's; a block's context keeps `consecutive`, its query positions
+    # running from the block's first. None attends to all at once.
+    query_block = None
 
     def logits_bias_maxima(self, context):
         """The bias's largest value over each block of keys, or None.

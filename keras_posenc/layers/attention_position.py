@@ -60,7 +60,9 @@ class AttentionContext:
         project_key: the attention's key projection, likewise.
         consecutive: bool. For speed only, and a scheme may ignore it:
             whether the positions are the defaults, `0 .. query - 1` and
-            `0 .. key - 1` on one axis, whose structure a scheme may use.
+            `0 .. key - 1` on one axis, whose structure a scheme may use
+            (for a block of queries that a package scheme asks for, the
+            block's consecutive positions).
 
     Example:
 

@@ -810,8 +810,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     def _query_block(self, query, value, call, training):
         """The queries of one block of `_attend_by_blocks`, or None.
 
-        Where XLA fuses Keras' order of attention whole
-        (`_backend.fuses_attention`), the attention goes over blocks of
+        Where a scheme has a `query_block`, and where XLA fuses Keras' order
+        of attention whole (`_backend.fuses_attention`), the attention goes
+        over blocks of `position.query_block` or
         `position.fused_query_block` queries. A bias or value term that
         the kernel cannot take (T5's and Shaw's, read from tables) is then
         one block's, not of the logits' size, and the kernel's work stays
@@ -825,11 +826,14 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         and at least two blocks of a length known when traced.
         """
         position = self.position
-        size = getattr(position, "fused_query_block", None)
+        # A scheme's `query_block` holds on every backend (Transformer-XL's
+        # relative logits are a block's, not twice the logits' size).
+        size = getattr(position, "query_block", None)
+        if size is None and _backend.fuses_attention():
+            size = getattr(position, "fused_query_block", None)
         queries = query.shape[1]
         if (
             size is None
-            or not _backend.fuses_attention()
             or call.cache is not None
             or position.num_prefix_tokens
             or position.takes_adjacency
@@ -861,6 +865,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         batch_size, queries = keras.ops.shape(query)[:2]
         block_shape = (batch_size, size) + tuple(query.shape[2:])
         query_positions = context.query_positions
+        keeps_consecutive = getattr(self.position, "query_block", None) == size
         position_rows = keras.ops.shape(query_positions)[0]
         mask_rows = attention_mask is not None and attention_mask.shape[-2] == queries
         keys = keras.ops.transpose(key, [0, 2, 3, 1])  # (batch, heads, dim, key)
@@ -886,7 +891,12 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 keras.ops.transpose(keys, [0, 3, 1, 2]),
                 keras.ops.transpose(values, [0, 3, 1, 2]),
                 mask,
-                context.replace(query_positions=positions, consecutive=False),
+                # A `query_block` scheme reads a block's consecutive
+                # positions from its first one on.
+                context.replace(
+                    query_positions=positions,
+                    consecutive=context.consecutive and keeps_consecutive,
+                ),
                 training=training,
                 returns_scores=False,
             )  # (batch, size, heads, key_dim)
