@@ -11,6 +11,7 @@ from tests.backend import compiled
 from tests.backend import gradient_function
 from tests.backend import graph_function
 from tests.backend import numpy
+from keras_posenc import AttentionContext
 
 NUM_HEADS = 3
 KEY_DIM = 8
@@ -94,6 +95,31 @@ def reference_logits_term(query, key_table, query_positions, key_positions, k):
     return logits
 
 
+
+def shaw_logits_term(layer, query, query_positions, key_positions, consecutive=False):
+    """The scheme's `logits_bias` at these positions."""
+    return layer.logits_bias(
+        query,
+        None,
+        AttentionContext(
+            query_positions=query_positions,
+            key_positions=key_positions,
+            consecutive=consecutive,
+        ),
+    )
+
+
+def shaw_value_term(layer, weights, query_positions, key_positions, consecutive=False):
+    """The scheme's `value_term` at these positions."""
+    return layer.value_term(
+        weights,
+        AttentionContext(
+            query_positions=query_positions,
+            key_positions=key_positions,
+            consecutive=consecutive,
+        ),
+    )
+
 def reference_value_term(weights, value_table, query_positions, key_positions, k):
     """`sum_j alpha_ij a^V_ij` of eq. 3, one term at a time, in float64."""
     weights = weights.astype("float64")
@@ -168,7 +194,8 @@ def test_logits_term_is_the_query_times_the_clipped_key_row(case):
     layer = built_layer()
     batch = batch_of(query_positions, key_positions)
     query = random_query(batch, np.atleast_2d(query_positions).shape[1])
-    bias = layer.logits_bias(
+    bias = shaw_logits_term(
+        layer,
         tensor(query), tensor(query_positions), tensor(key_positions)
     )
     assert dtype_of(bias) == "float32"
@@ -189,7 +216,8 @@ def test_value_term_sums_the_weights_times_the_clipped_value_rows(case):
         np.atleast_2d(query_positions).shape[1],
         np.atleast_2d(key_positions).shape[1],
     )
-    term = layer.value_term(
+    term = shaw_value_term(
+        layer,
         tensor(weights), tensor(query_positions), tensor(key_positions)
     )
     assert dtype_of(term) == "float32"
@@ -225,7 +253,7 @@ def test_value_term_of_consecutive_positions_equals_reference(
     query_positions, key_positions = np.arange(queries), np.arange(keys)
     weights = random_weights(2, queries, keys)
     value_term = graph_function(
-        functools.partial(layer.value_term, consecutive=True),
+        functools.partial(shaw_value_term, layer, consecutive=True),
         jit_compile=jit_compile,
     )
     term = value_term(
@@ -256,10 +284,10 @@ def test_both_terms_of_consecutive_positions_under_xla_gradients():
 
     def loss(query, weights):
         return keras.ops.sum(
-            layer.logits_bias(query, query_positions, key_positions, consecutive=True)
+            shaw_logits_term(layer, query, query_positions, key_positions, consecutive=True)
             * cotangents[0]
         ) + keras.ops.sum(
-            layer.value_term(weights, query_positions, key_positions, consecutive=True)
+            shaw_value_term(layer, weights, query_positions, key_positions, consecutive=True)
             * cotangents[1]
         )
 
@@ -297,7 +325,8 @@ def test_logits_term_of_consecutive_positions_equals_reference():
     layer = built_layer(max_relative_position=3)
     query_positions, key_positions = np.arange(40), np.arange(96)
     query = random_query(2, 40)
-    bias = layer.logits_bias(
+    bias = shaw_logits_term(
+        layer,
         tensor(query), query_positions, key_positions, consecutive=True
     )
     expected = reference_logits_term(
@@ -311,7 +340,7 @@ def test_keys_beyond_max_relative_position_read_the_edge_rows():
     query = random_query(1, 1)
     keys = np.arange(-6, 7)  # query at 0: distances -6 .. 6
     bias = numpy(
-        layer.logits_bias(tensor(query), tensor([0]), tensor(keys))
+        shaw_logits_term(layer, tensor(query), tensor([0]), tensor(keys))
     )[0, :, 0]  # (heads, keys)
     key_table = table(layer.key_embeddings)
     for distance, column in zip(keys, bias.T):
@@ -330,19 +359,21 @@ def test_shifting_all_positions_changes_nothing():
     for shift in (7, -100):
         np.testing.assert_array_equal(
             numpy(
-                layer.logits_bias(
+                shaw_logits_term(
+                    layer,
                     query, query_positions + shift, key_positions + shift
                 )
             ),
-            numpy(layer.logits_bias(query, query_positions, key_positions)),
+            numpy(shaw_logits_term(layer, query, query_positions, key_positions)),
         )
         np.testing.assert_array_equal(
             numpy(
-                layer.value_term(
+                shaw_value_term(
+                    layer,
                     weights, query_positions + shift, key_positions + shift
                 )
             ),
-            numpy(layer.value_term(weights, query_positions, key_positions)),
+            numpy(shaw_value_term(layer, weights, query_positions, key_positions)),
         )
 
 
@@ -353,7 +384,8 @@ def test_call_on_its_own_is_the_logits_term():
     np.testing.assert_array_equal(
         numpy(layer(query, query_positions, key_positions)),
         numpy(
-            layer.logits_bias(
+            shaw_logits_term(
+                layer,
                 tensor(query), tensor(query_positions), tensor(key_positions)
             )
         ),
@@ -364,7 +396,7 @@ def test_xla_with_unknown_lengths_gives_the_same_terms():
     layer = built_layer()
     positions_spec = ((None, None), "int32")
     logits_term = graph_function(
-        layer.logits_bias,
+        functools.partial(shaw_logits_term, layer),
         input_signature=[
             ((None, None, NUM_HEADS, KEY_DIM), "float32"),
             positions_spec,
@@ -372,7 +404,7 @@ def test_xla_with_unknown_lengths_gives_the_same_terms():
         ],
     )
     value_term = graph_function(
-        layer.value_term,
+        functools.partial(shaw_value_term, layer),
         input_signature=[
             ((None, NUM_HEADS, None, None), "float32"),
             positions_spec,
@@ -420,10 +452,10 @@ def test_xla_gradients_sum_into_each_table_row():
 
     def loss(query, weights):
         return keras.ops.sum(
-            layer.logits_bias(query, query_positions, key_positions)
+            shaw_logits_term(layer, query, query_positions, key_positions)
             * cotangents[0]
         ) + keras.ops.sum(
-            layer.value_term(weights, query_positions, key_positions)
+            shaw_value_term(layer, weights, query_positions, key_positions)
             * cotangents[1]
         )
 
@@ -481,7 +513,7 @@ def test_mixed_bfloat16_keeps_tables_and_terms_in_float32():
     query = keras.ops.cast(random_query(2, 7), "bfloat16")
     weights = random_weights(2, 7, 7)
     bias = layer(query, query_positions, key_positions)
-    term = layer.value_term(weights, query_positions, key_positions)
+    term = shaw_value_term(layer, weights, query_positions, key_positions)
     assert dtype_of(bias) == "float32" and dtype_of(term) == "float32"
     # Exact up to float32 rounding from the bfloat16 queries on.
     np.testing.assert_allclose(
