@@ -74,6 +74,9 @@ LANGUAGE = {
         {"num_buckets": 32, "max_distance": 128, "bidirectional": False},
         takes=("num_heads",),
     ),
+    # Transformer-XL's relative attention: sinusoidal relative positions
+    # projected per head, with its content and position biases.
+    "transformer_xl": Encoding("Transformer-XL", "TransformerXLPosition", "attention"),
 }
 
 # The vision task: a ViT over a grid of patches, with one class token.
