@@ -76,7 +76,7 @@ LANGUAGE = {
     ),
     # Transformer-XL's relative attention: sinusoidal relative positions
     # projected per head, with its content and position biases.
-    "transformer_xl": Encoding("Transformer-XL", "TransformerXLPosition", "attention"),
+    "transformer_xl": Encoding("transformer-xl", "TransformerXLPosition", "attention"),
 }
 
 # The vision task: a ViT over a grid of patches, with one class token.

@@ -176,7 +176,7 @@ GRAPHS = "| encoding | 8–16 nodes"
 SPEED = "| layer | against | time | target |"
 ATTENTION = "RoPE, ALiBi, T5, Shaw, Transformer-XL attention"
 MEMORY = "the same, peak memory at length 2048"
-JAX = "the same on JAX 0.10.2 (time; memory at 2048)"
+JAX = "RoPE, ALiBi, T5, Shaw on JAX 0.10.2 (time; memory at 2048)"
 DECODING = (
     "RoPE, ALiBi, T5, Shaw: a token decoded with a key/value cache, after a "
     "512-token prompt"
