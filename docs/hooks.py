@@ -1,8 +1,8 @@
 """mkdocs hooks: draw the site's figures, and turn its TeX into MathML.
 
-The encoding figures come from `keras_posenc.plot`. Three small ones that
-`plot` does not have, ALiBi's bias matrix, T5's buckets and what the graph
-layers read of a small graph, are drawn here.
+The encoding figures come from `keras_posenc.plot`. Small ones that `plot`
+does not have, ALiBi's bias matrix, T5's buckets, Transformer-XL's two
+shifts and what the graph layers read of a small graph, are drawn here.
 The results figure redraws the train-short-test-long table of README.md,
 since running the demo takes minutes. A figure is written only when its
 bytes change, so that `mkdocs serve` does not rebuild forever.
@@ -111,6 +111,51 @@ def _t5_buckets_figure(num_buckets=32, max_distance=128, span=160):
         f"T5 buckets (num_buckets={num_buckets}, max_distance={max_distance})"
     )
     axes.legend()
+    return figure
+
+
+def _transformer_xl_figure(length=12, features=16, heads=2):
+    """Transformer-XL's position term of one head, by the full and the legacy shift."""
+    import keras
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    import keras_posenc
+
+    rng = np.random.default_rng(0)
+    # One query at every position: the term is then a function of where
+    # each logit reads the encoding.
+    query = np.broadcast_to(
+        rng.normal(size=(1, 1, heads, features // heads)),
+        (1, length, heads, features // heads),
+    ).astype("float32")
+    keys = np.zeros_like(query)  # no content term: the position term alone
+    positions = keras.ops.arange(length, dtype="int32")[None]
+    context = keras_posenc.AttentionContext(
+        query_positions=positions, key_positions=positions, consecutive=True
+    )
+    kernel = rng.normal(size=(features, heads, features // heads)).astype("float32")
+    terms = {}
+    for shift in ("full", "legacy"):
+        scheme = keras_posenc.TransformerXLPosition(
+            shift=shift, legacy_max_length=length
+        )
+        scheme.build_for_attention(heads, features // heads, features // heads, features)
+        scheme.position_kernel.assign(kernel)
+        terms[shift] = keras.ops.convert_to_numpy(
+            scheme.logits_bias(query, keys, context)
+        )[0, 0]  # (query, key), head 1
+    low = min(term.min() for term in terms.values())
+    high = max(term.max() for term in terms.values())
+    figure = Figure(figsize=(9, 4), layout="constrained")
+    for number, (shift, term) in enumerate(terms.items()):
+        axes = figure.add_subplot(1, 2, number + 1)
+        image = axes.imshow(term, cmap="viridis", vmin=low, vmax=high)
+        figure.colorbar(image, ax=axes, shrink=0.8)
+        axes.set_title(f'shift="{shift}"')
+        axes.set_xlabel("key position j")
+        axes.set_ylabel("query position i")
+    figure.suptitle("(q_i + v) . W_R R_(i - j) of one head: full reads i - j everywhere")
     return figure
 
 
@@ -254,6 +299,7 @@ def on_pre_build(config):
         "alibi_bias.png": _alibi_bias_figure(),
         "t5_buckets.png": _t5_buckets_figure(),
         "graph_encodings.png": _graph_encodings_figure(),
+        "transformer_xl_shift.png": _transformer_xl_figure(),
         "extrapolation.png": plot.extrapolation_curves(
             [int(length) for length in lengths],
             _means(markov),
