@@ -597,3 +597,12 @@ def test_run_calls_before_timing_before_each_seeds_timing(tmp_path, capsys):
     assert timings == [mark + 2 for mark in marks]
     seed_one = lines.index("[2/2, seed 1] Training with alibi:")
     assert marks[0] < seed_one < marks[1]
+
+
+def test_each_training_stream_is_its_own_and_not_the_evaluations():
+    # An encoding added to the registry changes no other row: the streams
+    # of the others and the evaluation's stay as they were.
+    streams = [language._training_stream(encoding) for encoding in language.ENCODINGS]
+    assert len(set(streams)) == len(streams)
+    assert language.EVALUATION_STREAM not in streams
+    assert streams[: language.EVALUATION_STREAM] == list(range(language.EVALUATION_STREAM))
