@@ -13,6 +13,7 @@ import pytest
 import keras_posenc
 from keras_posenc.layers import (
     AlibiBias,
+    DisentangledPosition,
     GridRelativePositionBias,
     LaplacianPositionEncoding,
     PositionalMultiHeadAttention,
@@ -214,6 +215,18 @@ CASES = {
     # RelativePositionEmbedding loads from `.h5` inside attention only: see
     # test_h5_cannot_rebuild_a_relative_position_embedding_called_alone.
     "attention_shaw": lambda: in_attention(RelativePositionEmbedding(max_relative_position=3)),
+    "attention_deberta": lambda: in_attention(
+        DisentangledPosition(max_relative_positions=8, position_buckets=4)
+    ),
+    "attention_deberta_own_projections": lambda: in_attention(
+        DisentangledPosition(
+            max_relative_positions=3,
+            position_buckets=0,
+            share_att_key=False,
+            pos_att_type="p2c|c2p",
+            layer_norm=False,
+        )
+    ),
     "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
     "laplacian_concat_combinatorial": lambda: on_graphs(
         LaplacianPositionEncoding(
