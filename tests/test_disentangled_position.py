@@ -181,7 +181,9 @@ def test_outputs_equal_keras_hub(fixture):
     # keras-hub 0.32 passes the mask to its `Softmax` layer positionally,
     # which Keras 3.15's `Layer.__call__` refuses ("got multiple values for
     # argument 'mask'"); without a mask that softmax is the plain one.
-    hub._softmax = lambda scores, mask=None: keras.ops.softmax(scores, axis=-1)
+    hub._masked_softmax = lambda scores, attention_mask=None: keras.ops.softmax(
+        scores, axis=-1
+    )
     for dense, name in (
         (hub._query_dense, "query_proj"),
         (hub._key_dense, "key_proj"),
