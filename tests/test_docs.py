@@ -65,6 +65,8 @@ PUBLIC_FUNCTIONS = [
     keras_posenc.ops.alibi_slopes,
     keras_posenc.ops.relative_position,
     keras_posenc.ops.relative_position_bucket,
+    keras_posenc.ops.make_log_bucket_position,
+    keras_posenc.ops.build_relative_position,
     keras_posenc.ops.grid_relative_position_index,
     keras_posenc.GridRelativePositionBias.resized_embeddings,
     keras_posenc.ops.read_positions,

@@ -13,6 +13,7 @@ import pytest
 import keras_posenc
 from keras_posenc.layers import (
     AlibiBias,
+    DisentangledPosition,
     GridRelativePositionBias,
     LaplacianPositionEncoding,
     PositionalMultiHeadAttention,
@@ -217,6 +218,18 @@ CASES = {
     "attention_shaw": lambda: in_attention(RelativePositionEmbedding(max_relative_position=3)),
     "attention_transformer_xl": lambda: in_attention(
         TransformerXLPosition(pairing="half", clamp_len=3)
+    ),
+    "attention_deberta": lambda: in_attention(
+        DisentangledPosition(max_relative_positions=8, position_buckets=4)
+    ),
+    "attention_deberta_own_projections": lambda: in_attention(
+        DisentangledPosition(
+            max_relative_positions=3,
+            position_buckets=0,
+            share_att_key=False,
+            pos_att_type="p2c|c2p",
+            layer_norm=False,
+        )
     ),
     "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
     "laplacian_concat_combinatorial": lambda: on_graphs(

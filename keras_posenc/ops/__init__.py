@@ -53,6 +53,8 @@ from keras_posenc.ops.relative import (
     clipped_distance_rows,
     relative_position_bucket,
     grid_relative_position_index,
+    make_log_bucket_position,
+    build_relative_position,
 )
 from keras_posenc.ops.resize import (
     resize_matrix,
@@ -74,6 +76,7 @@ __all__ = [
     "PAIRINGS",
     "alibi_slopes",
     "angles",
+    "build_relative_position",
     "check_adjacency_shape",
     "check_axis_layout",
     "check_grid_shape",
@@ -95,6 +98,7 @@ __all__ = [
     "inverse_frequencies",
     "laplacian",
     "laplacian_eigenvectors",
+    "make_log_bucket_position",
     "multimodal_positions",
     "position_ids",
     "random_walk_probabilities",

@@ -1,5 +1,6 @@
-"""Relative positions (key - query), ALiBi slopes, T5 buckets, grid index."""
+"""Relative positions (key - query), ALiBi slopes, T5 and DeBERTa buckets, grid index."""
 
+import functools
 import math
 
 import keras
@@ -345,3 +346,197 @@ relative_distance = renamed_function(relative_position, "relative_distance")
 relative_distance_shape = renamed_function(
     relative_position_shape, "relative_distance_shape"
 )
+
+
+def _check_log_buckets(bucket_size, max_position):
+    """Raise a `ValueError` unless DeBERTa's log buckets are defined for these."""
+    check_positive_int("bucket_size", bucket_size)
+    check_positive_int("max_position", max_position)
+    if bucket_size < 2:
+        raise ValueError(
+            "`bucket_size` must be at least 2 (half of it is the exactly "
+            f"placed distances). Received: bucket_size={bucket_size}"
+        )
+    if max_position - 1 <= bucket_size // 2:
+        raise ValueError(
+            "`max_position` must be greater than `bucket_size // 2 + 1`, the "
+            "last exactly placed distance, so that the log buckets widen. "
+            f"Received: max_position={max_position} with "
+            f"bucket_size={bucket_size}"
+        )
+
+
+# The most log buckets whose starts are found exactly: every distance of
+# int32 for DeBERTa's configurations (1,525 for 256 buckets up to 512).
+_MAX_EXACT_LOG_BUCKETS = 4096
+
+
+@functools.lru_cache(maxsize=None)
+def _deberta_log_bucket_starts(mid, max_position):
+    """The smallest distance of buckets `mid + 1, mid + 2, ...`, exactly.
+
+    DeBERTa's bucket of a distance `a > mid` is `mid + ceil(log(a / mid) /
+    log((max_position - 1) / mid) * (mid - 1))`: it is at least `mid + k`
+    when `a > mid * ((max_position - 1) / mid) ** ((k - 1) / (mid - 1))`,
+    that is when `a ** (mid - 1) * mid ** (k - 1) > (max_position - 1) **
+    (k - 1) * mid ** (mid - 1)`, compared here in Python integers, so that
+    a distance on a boundary (`max_position - 1`, whose bucket is
+    `2 mid - 1`) falls where the formula puts it on every backend.
+
+    Returns:
+        A tuple of nondecreasing ints, up to the first beyond int32 or
+        `_MAX_EXACT_LOG_BUCKETS` of them.
+    """
+    if mid < 2:
+        # `mid - 1 = 0`: every distance past `mid` is bucket `mid`.
+        return ()
+    largest = 2**31 - 1
+    log_ratio = math.log((max_position - 1) / mid)
+    power = mid ** (mid - 1)
+    starts = []
+    start = mid + 1
+    for k in range(1, _MAX_EXACT_LOG_BUCKETS + 1):
+        left = mid ** (k - 1)
+        right = (max_position - 1) ** (k - 1) * power
+
+        def beyond(distance):
+            return distance ** (mid - 1) * left > right
+
+        estimate = mid * math.exp(log_ratio * (k - 1) / (mid - 1))
+        if estimate > 2 * largest:
+            break
+        start = max(start, math.floor(estimate))
+        while start > mid + 1 and beyond(start - 1):
+            start -= 1
+        while not beyond(start):
+            start += 1
+        if start > largest:
+            break
+        starts.append(start)
+    return tuple(starts)
+
+
+def make_log_bucket_position(relative_position, bucket_size, max_position):
+    """DeBERTa's log bucket of each relative position, in int32.
+
+    As Hugging Face's `make_log_bucket_position` (DeBERTa v2 and v3, He et
+    al. 2021): with `mid = bucket_size // 2`, a relative position `r` with
+    `|r| <= mid` is its own bucket; a longer one goes to `sign(r) * (mid +
+    ceil(log(|r| / mid) / log((max_position - 1) / mid) * (mid - 1)))`,
+    buckets that widen logarithmically: `|r| = max_position - 1` is bucket
+    `2 mid - 1` and the buckets go on growing, slowly, past it. The sign is
+    kept, `bucket(-r) = -bucket(r)`, so the function serves either
+    convention; DeBERTa's relative position is `query - key`.
+
+    The log is taken in float32 as in the reference, then the bucket is
+    checked against the distances where each bucket starts, found once in
+    Python integers: a distance on a boundary falls in the same bucket
+    eagerly, under XLA and on every backend (for up to 4096 buckets, every
+    int32 distance in DeBERTa's configurations).
+
+    Args:
+        relative_position: integer tensor of any shape.
+        bucket_size: int. DeBERTa's `position_buckets`, at least 2.
+        max_position: int. DeBERTa's `max_relative_positions`: greater than
+            `bucket_size // 2 + 1`.
+
+    Returns:
+        An int32 tensor of the shape of `relative_position`.
+
+    Example:
+
+    >>> keras.ops.convert_to_numpy(make_log_bucket_position(
+    ...     np.array([-30, -8, -7, -3, -2, 0, 2, 3, 7, 8, 30]),
+    ...     bucket_size=4,
+    ...     max_position=8,
+    ... ))  # 3 .. 7 share bucket 3, max_position - 1 = 7 its last
+    array([-5, -4, -3, -3, -2,  0,  2,  3,  3,  4,  5], dtype=int32)
+    """
+    _check_log_buckets(bucket_size, max_position)
+    relative_position = keras.ops.convert_to_tensor(relative_position)
+    if not _backend.is_integer(relative_position):
+        raise ValueError(
+            "`relative_position` must be an integer tensor. Received: "
+            "relative_position of dtype "
+            f"{keras.backend.standardize_dtype(relative_position.dtype)}"
+        )
+    relative_position = keras.ops.cast(relative_position, "int32")
+    mid = bucket_size // 2
+    distance = keras.ops.abs(relative_position)
+    starts = _deberta_log_bucket_starts(mid, max_position)
+    if not starts:
+        log_bucket = keras.ops.full_like(distance, mid)
+    else:
+        # Float32 as the reference, then moved by one where it rounded
+        # across a start. Distances up to `mid` take no log: 1 for them.
+        ratio = keras.ops.cast(keras.ops.maximum(distance, mid + 1), "float32") / mid
+        estimate = keras.ops.cast(
+            keras.ops.ceil(
+                keras.ops.log(ratio)
+                / math.log((max_position - 1) / mid)
+                * (mid - 1)
+            ),
+            "int32",
+        )  # k of bucket mid + k, or one off
+        count = len(starts)
+        index = keras.ops.clip(estimate, 1, count)
+        lower = keras.ops.take(
+            keras.ops.convert_to_tensor(starts, "int32"), index - 1
+        )  # where bucket mid + index starts
+        upper = keras.ops.take(
+            keras.ops.convert_to_tensor(starts[1:] + starts[-1:], "int32"),
+            index - 1,
+        )  # where bucket mid + index + 1 starts (past int32 for the last)
+        exact = (
+            index
+            + keras.ops.cast((distance >= upper) & (index < count), "int32")
+            - keras.ops.cast(distance < lower, "int32")
+        )
+        # Past the last exact start (never, for every int32 distance of
+        # DeBERTa's configurations) the float32 estimate stands.
+        log_bucket = mid + keras.ops.where(estimate > count, estimate, exact)
+    return keras.ops.where(
+        distance <= mid,
+        relative_position,
+        keras.ops.sign(relative_position) * log_bucket,
+    )
+
+
+def build_relative_position(
+    query_positions, key_positions, bucket_size=-1, max_position=-1
+):
+    """DeBERTa's relative position of each query and key, `query - key`, in int32.
+
+    As Hugging Face's `build_relative_position` for DeBERTa v2 and v3, from
+    positions rather than lengths: `query_position - key_position` (the
+    opposite sign of `relative_position`), in log buckets
+    (`make_log_bucket_position`) when `bucket_size` and `max_position` are
+    both positive.
+
+    Args:
+        query_positions: integer tensor of shape `(batch or 1, query)` or
+            `(query,)`.
+        key_positions: integer tensor of shape `(batch or 1, key)` or
+            `(key,)`.
+        bucket_size: int. DeBERTa's `position_buckets`; 0 or less for no
+            buckets. Defaults to `-1`.
+        max_position: int. DeBERTa's `max_relative_positions`; 0 or less
+            for no buckets. Defaults to `-1`.
+
+    Returns:
+        An int32 tensor of shape `(batch or 1, query, key)`.
+
+    Example:
+
+    >>> keras.ops.convert_to_numpy(build_relative_position(
+    ...     np.arange(2), np.arange(9), bucket_size=4, max_position=8
+    ... ))
+    array([[[ 0, -1, -2, -3, -3, -3, -3, -3, -4],
+            [ 1,  0, -1, -2, -3, -3, -3, -3, -3]]], dtype=int32)
+    """
+    query_minus_key = -relative_position(
+        query_positions, key_positions
+    )  # (batch or 1, query, key)
+    if bucket_size > 0 and max_position > 0:
+        return make_log_bucket_position(query_minus_key, bucket_size, max_position)
+    return query_minus_key

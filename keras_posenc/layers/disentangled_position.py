@@ -1,0 +1,415 @@
+import math
+import numbers
+
+import keras
+
+from keras_posenc import ops
+from keras_posenc.layers.attention_position import AttentionPosition
+from keras_posenc.ops import _backend
+
+POSITION_TERMS = ("c2p", "p2c")
+
+
+def _read_pos_att_type(pos_att_type):
+    """`pos_att_type` as a tuple of terms, or a `ValueError` naming it."""
+    terms = pos_att_type.split("|") if isinstance(pos_att_type, str) else pos_att_type
+    if (
+        not isinstance(terms, (list, tuple))
+        or not terms
+        or any(term not in POSITION_TERMS for term in terms)
+        or len(set(terms)) != len(terms)
+    ):
+        raise ValueError(
+            "`pos_att_type` must name the position terms, each once: a list "
+            'of "c2p" and "p2c" (or a string such as "c2p|p2c", as Hugging '
+            f"Face configs have it). Received: pos_att_type={pos_att_type!r}"
+        )
+    return tuple(terms)
+
+
+def _read_initializer(name, initializer):
+    try:
+        return keras.initializers.get(initializer)
+    except ValueError as error:
+        raise ValueError(
+            f"`{name}` must be a Keras initializer. Received: "
+            f"{name}={initializer!r}"
+        ) from error
+
+
+def _read_by_row(per_row, rows):
+    """Each `(batch, i)`'s entry of row `rows[b, i, j]`, heads first.
+
+    Args:
+        per_row: float tensor of shape `(batch, length, rows, heads)`.
+        rows: int32 tensor of shape `(batch, length, other)`.
+
+    Returns:
+        A tensor of shape `(batch, heads, length, other)`.
+    """
+    # Heads last in the gather, so that it reads contiguous rows and XLA
+    # fuses it, and the transpose after it, into the logits' sum.
+    return keras.ops.transpose(
+        _backend.take_rows_per_query(per_row, rows), [0, 3, 1, 2]
+    )  # (batch, heads, length, other)
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class DisentangledPosition(AttentionPosition):
+    """DeBERTa's disentangled attention: content-to-position and back.
+
+    DeBERTa (He et al. 2021, section 3.1, eq. 4) keeps one table of
+    relative position embeddings `P`, `2k` rows for relative positions
+    `-k .. k - 1`, and projects it as the keys and the queries are
+    projected: `P_k = P W_k,r`, `P_q = P W_q,r`. The logit of query `i` and
+    key `j` adds to the content term two position terms,
+
+    `A_ij = (q_i . k_j + q_i . P_k[d(i, j)] + k_j . P_q[d(i, j)]) /
+    sqrt(3 d)`,
+
+    the content-to-position term (c2p) and the position-to-content term
+    (p2c), where `d(i, j) = clip(delta(i - j) + k, 0, 2k - 1)` is the row of
+    the relative position `query - key`. DeBERTa v2 and v3 put longer
+    distances in log buckets (`ops.make_log_bucket_position`), so that `k`
+    is `position_buckets` and distances up to `max_relative_positions` get
+    buckets of their own; without buckets `k` is `max_relative_positions`
+    and distances are clipped. The scale is `sqrt(d (1 + terms))`, `terms`
+    the number of position terms used (eq. 4's `sqrt(3d)` with both).
+
+    This scheme computes exactly what Hugging Face's `DebertaV2`
+    `DisentangledSelfAttention` computes, given the same weights: inside
+    `PositionalMultiHeadAttention`, whose query, key and value projections
+    are DeBERTa's `query_proj`, `key_proj` and `value_proj`, it makes the
+    table (`"embeddings"`, the encoder's `rel_embeddings`), the optional
+    LayerNorm applied to it (the encoder's `LayerNorm`, when `norm_rel_ebd`
+    holds `"layer_norm"`), and, unless `share_att_key`, DeBERTa's own
+    `pos_key_proj` and `pos_query_proj` (weights `"pos_key_kernel"`,
+    `"pos_key_bias"`, `"pos_query_kernel"` and `"pos_query_bias"`, kernels
+    of shape `(features, heads, key_dim)`); with `share_att_key` the table
+    goes through the attention's own key and query projections. DeBERTa
+    has no output projection in this module: the attention's output
+    projection is its `DebertaV2SelfOutput.dense`.
+
+    Each term is computed once against the whole table, `(batch, heads,
+    query, 2k)`, then read per query and key, so no `(query, key, key_dim)`
+    tensor is formed and XLA fuses the read into the logits' sum. Relative
+    positions come from the positions of queries and keys, not from the
+    lengths of their axes: cached decoding, keys longer than the queries
+    and explicit positions need only their positions (Hugging Face
+    refuses the p2c term when the query and key lengths differ; here it is
+    the same formula, `k_j . P_q[d(i, j)]`, at every pair). The table and
+    its projections are kept and read in float32 whatever the dtype
+    policy (with `share_att_key`, the projection is the attention's, in
+    its compute dtype), and the terms are float32.
+
+    Args:
+        max_relative_positions: int. DeBERTa's `max_relative_positions`
+            (its `max_position_embeddings` where the config has -1): the
+            distance the log buckets reach, or without buckets the
+            clipping distance `k`. Defaults to `512`.
+        position_buckets: int. DeBERTa's `position_buckets`, `k`: the table
+            has `2 * position_buckets` rows. At least 2, and `max_relative_positions`
+            must pass `position_buckets // 2 + 1`; 0 or less for no
+            buckets, as Hugging Face. Defaults to `256`.
+        share_att_key: bool. Whether the table goes through the attention's
+            own key and query projections (DeBERTa v3), rather than
+            projections of its own. Needs queries and keys of the same
+            feature size. Defaults to `True`.
+        pos_att_type: list or tuple of `"c2p"` and `"p2c"`, or a string
+            such as `"p2c|c2p"`: the position terms used. Defaults to
+            `("c2p", "p2c")`.
+        layer_norm: bool. Whether the table goes through a LayerNorm
+            first, as DeBERTa's `norm_rel_ebd="layer_norm"`. Defaults to
+            `True`.
+        layer_norm_epsilon: float. The LayerNorm's epsilon. Defaults to
+            `1e-7`, DeBERTa's.
+        embeddings_initializer: str or `keras.initializers.Initializer`. How
+            the table starts. Defaults to `"truncated_normal"`.
+        kernel_initializer: str or `keras.initializers.Initializer`. How the
+            kernels of the own projections start. Defaults to
+            `"glorot_uniform"`.
+        bias_initializer: str or `keras.initializers.Initializer`. How their
+            biases start. Defaults to `"zeros"`.
+        **kwargs: other keyword arguments passed to `keras.layers.Layer`,
+            including `name`, `dtype` etc.
+
+    Call arguments:
+        The scheme has no call of its own: `PositionalMultiHeadAttention`
+        calls its hooks with the projected queries (scaled by
+        `logits_scale`), the projected keys, and the positions of both.
+
+    Returns:
+        Through `logits_bias`, the position terms: a float32 tensor of
+        shape `(batch, heads, query, key)`, added to the attention's
+        logits.
+
+    Example:
+
+    >>> from keras_posenc import PositionalMultiHeadAttention
+    >>> deberta = DisentangledPosition(max_relative_positions=16, position_buckets=8)
+    >>> attention = PositionalMultiHeadAttention(
+    ...     num_heads=2, key_dim=8, position=deberta
+    ... )
+    >>> tokens = np.random.default_rng(0).normal(size=(1, 5, 16))
+    >>> tuple(attention(tokens, tokens).shape)
+    (1, 5, 16)
+    >>> tuple(deberta.embeddings.shape)  # 2 * position_buckets rows
+    (16, 16)
+    >>> round(deberta.logits_scale(8) ** -2)  # 8 * (1 + 2 terms)
+    24
+
+    References:
+        - [He et al., 2021](https://arxiv.org/abs/2006.03654)
+        - [He et al., 2023](https://arxiv.org/abs/2111.09543)
+    """
+
+    def __init__(
+        self,
+        max_relative_positions=512,
+        position_buckets=256,
+        share_att_key=True,
+        pos_att_type=("c2p", "p2c"),
+        layer_norm=True,
+        layer_norm_epsilon=1e-7,
+        embeddings_initializer="truncated_normal",
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        ops.check_positive_int("max_relative_positions", max_relative_positions)
+        if isinstance(position_buckets, bool) or not isinstance(
+            position_buckets, numbers.Integral
+        ):
+            raise ValueError(
+                "`position_buckets` must be an integer (0 or less for no "
+                f"buckets). Received: position_buckets={position_buckets!r}"
+            )
+        if position_buckets == 1:
+            raise ValueError(
+                "`position_buckets` must be at least 2, or 0 or less for no "
+                f"buckets. Received: position_buckets={position_buckets}"
+            )
+        if position_buckets > 0 and max_relative_positions <= position_buckets // 2 + 1:
+            raise ValueError(
+                "`max_relative_positions` must be greater than "
+                "`position_buckets // 2 + 1`, the last distance of a bucket "
+                "of its own, so that the log buckets widen. Received: "
+                f"max_relative_positions={max_relative_positions} with "
+                f"position_buckets={position_buckets}"
+            )
+        for name, value in (("share_att_key", share_att_key), ("layer_norm", layer_norm)):
+            if not isinstance(value, bool):
+                raise ValueError(
+                    f"`{name}` must be True or False. Received: {name}={value!r}"
+                )
+        if (
+            isinstance(layer_norm_epsilon, bool)
+            or not isinstance(layer_norm_epsilon, numbers.Real)
+            or not 0 < layer_norm_epsilon < math.inf
+        ):
+            raise ValueError(
+                "`layer_norm_epsilon` must be a positive number. Received: "
+                f"layer_norm_epsilon={layer_norm_epsilon!r}"
+            )
+        self.max_relative_positions = max_relative_positions
+        self.position_buckets = position_buckets
+        self.share_att_key = share_att_key
+        self.pos_att_type = _read_pos_att_type(pos_att_type)
+        self.layer_norm = layer_norm
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.embeddings_initializer = _read_initializer(
+            "embeddings_initializer", embeddings_initializer
+        )
+        self.kernel_initializer = _read_initializer(
+            "kernel_initializer", kernel_initializer
+        )
+        self.bias_initializer = _read_initializer("bias_initializer", bias_initializer)
+        # HF's `pos_ebd_size`: the table has 2 * span rows.
+        self.span = position_buckets if position_buckets > 0 else max_relative_positions
+        # (num_heads, key_dim, value_dim, features) once the weights are made.
+        self._attention_sizes = None
+
+    def check_attention(self, num_heads, key_dim, value_dim):
+        for name, size in (
+            ("num_heads", num_heads),
+            ("key_dim", key_dim),
+            ("value_dim", value_dim),
+        ):
+            ops.check_positive_int(name, size)
+
+    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
+        self.check_attention(num_heads, key_dim, value_dim)
+        if features is None:
+            raise ValueError(
+                "DisentangledPosition sizes its table by the attention's "
+                "query features: `build_for_attention` needs `features`. "
+                "Received: features=None"
+            )
+        ops.check_positive_int("features", features)
+        sizes = (num_heads, key_dim, value_dim, features)
+        if self._attention_sizes is not None:
+            # One layer may serve several attentions of the same sizes.
+            if sizes != self._attention_sizes:
+                raise ValueError(
+                    "This DisentangledPosition was built for attention with "
+                    "(num_heads, key_dim, value_dim, features)="
+                    f"{self._attention_sizes}. Received: {sizes}"
+                )
+            return
+        # Read in float32 even inside a mixed precision attention.
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(2 * self.span, features),
+            initializer=self.embeddings_initializer,
+            autocast=False,
+        )
+        if self.layer_norm:
+            self.layer_norm_gamma = self.add_weight(
+                name="layer_norm_gamma",
+                shape=(features,),
+                initializer="ones",
+                autocast=False,
+            )
+            self.layer_norm_beta = self.add_weight(
+                name="layer_norm_beta",
+                shape=(features,),
+                initializer="zeros",
+                autocast=False,
+            )
+        if not self.share_att_key:
+            for term, role in (("c2p", "key"), ("p2c", "query")):
+                if term not in self.pos_att_type:
+                    continue
+                kernel = self.add_weight(
+                    name=f"pos_{role}_kernel",
+                    shape=(features, num_heads, key_dim),
+                    initializer=self.kernel_initializer,
+                    autocast=False,
+                )
+                bias = self.add_weight(
+                    name=f"pos_{role}_bias",
+                    shape=(num_heads, key_dim),
+                    initializer=self.bias_initializer,
+                    autocast=False,
+                )
+                setattr(self, f"pos_{role}_kernel", kernel)
+                setattr(self, f"pos_{role}_bias", bias)
+        self._attention_sizes = sizes
+        self.built = True
+
+    def build(self, input_shape=None):
+        raise ValueError(
+            "DisentangledPosition sizes its table by the attention: pass it "
+            "to PositionalMultiHeadAttention as `position`, or call "
+            "`build_for_attention(num_heads, key_dim, value_dim, features)`. "
+            f"Received: a build for inputs of shape {input_shape}"
+        )
+
+    def get_build_config(self):
+        if self._attention_sizes is None:
+            return None
+        return dict(
+            zip(("num_heads", "key_dim", "value_dim", "features"), self._attention_sizes)
+        )
+
+    def build_from_config(self, config):
+        if config:
+            self.build_for_attention(**config)
+
+    def logits_scale(self, key_dim):
+        # Eq. 4's sqrt(3d) with both terms; HF's `scale_factor`.
+        return 1.0 / math.sqrt(key_dim * (1 + len(self.pos_att_type)))
+
+    def _table(self):
+        """The relative embeddings as the projections read them, float32."""
+        table = self.embeddings  # (2 span, features)
+        if not self.layer_norm:
+            return table
+        mean = keras.ops.mean(table, axis=-1, keepdims=True)
+        variance = keras.ops.var(table, axis=-1, keepdims=True)
+        return (table - mean) * keras.ops.rsqrt(
+            variance + self.layer_norm_epsilon
+        ) * self.layer_norm_gamma + self.layer_norm_beta
+
+    def _projected(self, table, role, context):
+        """The table as keys (`role="key"`) or queries, float32 `(2 span, heads, key_dim)`."""
+        if self.share_att_key:
+            project = context.project_key if role == "key" else context.project_query
+            if project is None:
+                raise ValueError(
+                    "With share_att_key=True, DisentangledPosition projects "
+                    "its table with the attention's own projections: use it "
+                    "inside PositionalMultiHeadAttention. Received: a context "
+                    f"without `project_{role}`"
+                )
+            return keras.ops.cast(project(table[None])[0], "float32")
+        kernel = getattr(self, f"pos_{role}_kernel")
+        bias = getattr(self, f"pos_{role}_bias")
+        return keras.ops.einsum("rf,fnd->rnd", table, kernel) + bias
+
+    def logits_bias(self, query, key, context):
+        span = self.span
+        # HF's c2p_pos: the row of `query - key` in the table, (batch, query, key).
+        rows = (
+            keras.ops.clip(
+                ops.build_relative_position(
+                    context.query_positions,
+                    context.key_positions,
+                    self.position_buckets,
+                    self.max_relative_positions,
+                )
+                + span,
+                0,
+                2 * span - 1,
+            )
+        )  # (batch or 1, query, key)
+        _, queries, keys = keras.ops.shape(rows)
+        rows = keras.ops.broadcast_to(rows, (keras.ops.shape(query)[0], queries, keys))
+        table = self._table()
+        bias = 0.0
+        if "c2p" in self.pos_att_type:
+            # q_i . P_k[r] for every row r; the queries carry the scale.
+            per_row = keras.ops.einsum(
+                "btnd,rnd->btrn",
+                keras.ops.cast(query, "float32"),
+                self._projected(table, "key", context),
+            )  # (batch, query, 2 span, heads)
+            bias = bias + _read_by_row(per_row, rows)
+        if "p2c" in self.pos_att_type:
+            # k_j . P_q[r], read at the same row: HF's p2c index, `-(key -
+            # query)`, is the c2p one, the buckets being odd.
+            pos_query = self._projected(table, "query", context) * self.logits_scale(
+                self._attention_sizes[1]
+            )  # (2 span, heads, key_dim)
+            per_row = keras.ops.einsum(
+                "bsnd,rnd->bsrn", keras.ops.cast(key, "float32"), pos_query
+            )  # (batch, key, 2 span, heads)
+            bias = bias + keras.ops.transpose(
+                _read_by_row(per_row, keras.ops.transpose(rows, [0, 2, 1])),
+                [0, 1, 3, 2],
+            )  # (batch, heads, query, key)
+        return bias
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "max_relative_positions": self.max_relative_positions,
+                "position_buckets": self.position_buckets,
+                "share_att_key": self.share_att_key,
+                "pos_att_type": list(self.pos_att_type),
+                "layer_norm": self.layer_norm,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config
