@@ -77,6 +77,14 @@ LANGUAGE = {
     # Transformer-XL's relative attention: sinusoidal relative positions
     # projected per head, with its content and position biases.
     "transformer_xl": Encoding("transformer-xl", "TransformerXLPosition", "attention"),
+    # DeBERTa's disentangled attention, both terms, its buckets as T5's
+    # above: exact up to 16, logarithmic to 128.
+    "deberta": Encoding(
+        "deberta",
+        "DisentangledPosition",
+        "attention",
+        {"position_buckets": 32, "max_relative_positions": 128},
+    ),
 }
 
 # The vision task: a ViT over a grid of patches, with one class token.

@@ -154,6 +154,12 @@ MODELS = {
         lambda: _attention(keras_posenc.TransformerXLPosition()),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
+    "attention-deberta": (
+        lambda: _attention(
+            keras_posenc.DisentangledPosition(max_relative_positions=8, position_buckets=4)
+        ),
+        lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
+    ),
     "attention-t5": (
         lambda: _attention(keras_posenc.RelativePositionBias(num_heads=HEADS)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
