@@ -1,8 +1,8 @@
 """mkdocs hooks: draw the site's figures, and turn its TeX into MathML.
 
 The encoding figures come from `keras_posenc.plot`. Small ones that `plot`
-does not have, ALiBi's bias matrix, T5's buckets, Transformer-XL's two
-shifts and what the graph layers read of a small graph, are drawn here.
+does not have, ALiBi's bias matrix, T5's and DeBERTa's buckets,
+Transformer-XL's two shifts and what the graph layers read of a small graph, are drawn here.
 The results figure redraws the train-short-test-long table of README.md,
 since running the demo takes minutes. A figure is written only when its
 bytes change, so that `mkdocs serve` does not rebuild forever.
@@ -159,6 +159,35 @@ def _transformer_xl_figure(length=12, features=16, heads=2):
     return figure
 
 
+def _deberta_buckets_figure(span=600):
+    """DeBERTa's log bucket of every relative position, at two settings."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    import keras_posenc
+
+    relative = np.arange(-span, span + 1)  # (2 span + 1,): query - key
+    figure = Figure(figsize=(8, 4), layout="constrained")
+    axes = figure.add_subplot()
+    for buckets, longest in ((256, 512), (32, 128)):
+        bucket = keras_posenc.ops.make_log_bucket_position(
+            relative, buckets, longest
+        )  # (2 span + 1,)
+        # The row each distance reads, clipped to the table's 2 k rows.
+        rows = np.clip(np.asarray(bucket) + buckets, 0, 2 * buckets - 1)
+        axes.step(
+            relative,
+            rows - buckets,
+            where="mid",
+            label=f"position_buckets={buckets}, max_relative_positions={longest}",
+        )
+    axes.set_xlabel("relative position p_i - p_j (query - key)")
+    axes.set_ylabel("table row - k")
+    axes.set_title("DeBERTa's log buckets: exact up to k / 2, logarithmic to the last")
+    axes.legend()
+    return figure
+
+
 def _graph_encodings_figure():
     """What the graph layers read of one small graph: a ring of 5 and one of 7, joined.
 
@@ -300,6 +329,7 @@ def on_pre_build(config):
         "t5_buckets.png": _t5_buckets_figure(),
         "graph_encodings.png": _graph_encodings_figure(),
         "transformer_xl_shift.png": _transformer_xl_figure(),
+        "deberta_buckets.png": _deberta_buckets_figure(),
         "extrapolation.png": plot.extrapolation_curves(
             [int(length) for length in lengths],
             _means(markov),
