@@ -177,13 +177,16 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     """Multi-head attention with a relative position scheme inside.
 
     A `keras.layers.MultiHeadAttention` with one more argument, `position`:
-    a `RotaryEmbedding` (rotates the projected queries and keys), an
-    `AlibiBias`, a `RelativePositionBias`, a `GridRelativePositionBias` or a
-    `ShortestPathBias` (add a bias per head to the logits), or a
-    `RelativePositionEmbedding` (Shaw et al.: a term on the logits and one
-    on the values). The layer
-    asks its `position` for these contributions and knows nothing else of
-    the scheme. With
+    a position scheme, any layer subclassing `AttentionPosition`. The
+    package's own: a `RotaryEmbedding` (rotates the projected queries and
+    keys); an `AlibiBias`, a `RelativePositionBias`, a
+    `GridRelativePositionBias` or a `ShortestPathBias` (add a bias per head
+    to the logits); a `RelativePositionEmbedding` (Shaw et al.: a term on the
+    logits and one on the values); a `TransformerXLPosition` (a content and
+    a position term on the logits); a `DisentangledPosition` (DeBERTa's
+    content-to-position and position-to-content terms). The layer asks its
+    `position` for these contributions, handing each hook this call's
+    `AttentionContext`, and knows nothing else of the scheme. With
     `position=None` it is the Keras layer: same weights, same outputs (on
     JAX, with a `value_dim` other than `key_dim`, those of Keras' path that
     returns the scores: its fused path fails there).
@@ -241,9 +244,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     Args:
         num_heads: int. Number of attention heads.
         key_dim: int. Size of each head's queries and keys.
-        position: a `RotaryEmbedding`, `AlibiBias`, `RelativePositionBias`,
-            `GridRelativePositionBias`, `ShortestPathBias` or
-            `RelativePositionEmbedding` layer, or None. Defaults to `None`.
+        position: an `AttentionPosition` layer (a position scheme), or None.
+            Defaults to `None`.
         **kwargs: the other arguments of `keras.layers.MultiHeadAttention`
             (`value_dim`, `dropout`, `use_bias`, `output_shape`,
             initializers, ...) and of `keras.layers.Layer`.
@@ -320,6 +322,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         - [Raffel et al., 2020](https://arxiv.org/abs/1910.10683)
         - [Liu et al., 2021](https://arxiv.org/abs/2103.14030)
         - [Ying et al., 2021](https://arxiv.org/abs/2106.05234)
+        - [Dai et al., 2019](https://arxiv.org/abs/1901.02860)
+        - [He et al., 2021](https://arxiv.org/abs/2006.03654)
     """
 
     def __init__(self, num_heads, key_dim, position=None, **kwargs):
