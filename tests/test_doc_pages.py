@@ -267,6 +267,47 @@ FACTS = [
         0.0015,
     ),
     (
+        "README.md",
+        r"position terms \(the relative logits of\s+`query \+ key - 1` positions; two "
+        r"terms over the bucket table\) cost\s+([\d.]+)x and ([\d.]+)x sinusoidal's",
+        [readme(MARKOV, name, 5) for name in ("transformer_xl", "deberta")],
+    ),
+    (
+        "README.md",
+        r"Transformer-XL's\s+relative attention holds as ALiBi does \(([-+\d.]+) nats "
+        r"from 64 to 512\), and\s+DeBERTa's log buckets rise less than T5's "
+        r"\(([-+\d.]+) against ([-+\d.]+)\)",
+        [rise(MARKOV, "transformer_xl"), rise(MARKOV, "deberta"), rise(MARKOV, "t5")],
+        0.0015,
+    ),
+    (
+        "docs/results.md",
+        r"Transformer-XL's relative attention holds too \(([-+\d.]+) nats from 64 "
+        r"to\s+512\)[\s\S]*?less than T5's \(([-+\d.]+) against ([-+\d.]+)\)",
+        [rise(MARKOV, "transformer_xl"), rise(MARKOV, "deberta"), rise(MARKOV, "t5")],
+        0.0015,
+    ),
+    (
+        "README.md",
+        r"Transformer-XL\s+holds best of all \(([-+\d.]+)\) and is the best at every "
+        r"length; DeBERTa\s+\(([-+\d.]+)\)",
+        [rise(PYTHON_SOURCE, "transformer_xl"), rise(PYTHON_SOURCE, "deberta")],
+        0.0015,
+    ),
+    (
+        "docs/results.md",
+        r"Transformer-XL holds best of all \(([-+\d.]+)\) and is the best at every\s+"
+        r"length; DeBERTa \(([-+\d.]+)\)",
+        [rise(PYTHON_SOURCE, "transformer_xl"), rise(PYTHON_SOURCE, "deberta")],
+        0.0015,
+    ),
+    (
+        "docs/results.md",
+        r"relative schemes are best, Transformer-XL\s+\(([\d.]+)\), Shaw \(([\d.]+)\) "
+        r"and RoPE \(([\d.]+)\)",
+        [readme(PYTHON_SOURCE, name, 0) for name in ("transformer_xl", "shaw", "rope")],
+    ),
+    (
         "docs/results.md",
         r"its loss at 512 is ([\d.]+) nats below",
         [-rise(MARKOV, "alibi")],
