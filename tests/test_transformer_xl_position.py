@@ -298,3 +298,20 @@ def test_legacy_needs_the_default_positions():
         PositionalMultiHeadAttention(2, 8, position=TransformerXLPosition())(
             np.zeros((1, 3, 15), "float32"), np.zeros((1, 3, 15), "float32")
         )
+
+
+@pytest.mark.parametrize("queries, keys", [(1, 5), (3, 7), (7, 3), (1, 1), (0, 5), (5, 0)])
+def test_any_lengths_read_the_same_relative_positions(queries, keys):
+    # The window of the default positions against the product over the
+    # encoding's features, one query included; no queries or no keys give
+    # the attention's empty output or its bias alone, as without a scheme.
+    attention = random_attention()
+    rng = np.random.default_rng(7)
+    query = rng.normal(size=(2, queries, 16)).astype("float32")
+    value = rng.normal(size=(2, keys, 16)).astype("float32")
+    default = numpy(attention(query, value))
+    assert default.shape == (2, queries, 16)
+    given = numpy(
+        attention(query, value, query_positions=np.arange(queries), key_positions=np.arange(keys))
+    )
+    np.testing.assert_allclose(given, default, atol=2e-5)

@@ -17,11 +17,13 @@ def _skew(relative_logits, keys):
     later is one column further): `y[i, j] = x[i, j - i + query - 1]`. On
     the flattened rows that is entry `i (width - 1) + j + query - 1`: a
     slice, a reshape and a slice, which XLA reads in place, where a gather
-    would write its indices.
+    would write its indices. The window's one column more than the `query
+    + key - 1` it needs keeps `width - 1` at least `key`, one query
+    included.
 
     Args:
         relative_logits: float32 tensor of shape `(batch, heads, query,
-            width)`, `width = query + key - 1`.
+            width)`, `width = query + key`.
         keys: int. The number of keys.
 
     Returns:
@@ -80,7 +82,7 @@ class TransformerXLPosition(FastPaths, AttentionPosition):
     (all sines, then all cosines). `clamp_len` is XLNet's: relative
     positions beyond it either way read the encoding at `clamp_len`.
 
-    The relative logits at the default positions are those of `query +
+    The relative logits at the default positions are those of the `query +
     key - 1` relative positions, read in place by a slice and reshape;
     the attention then takes `query_block` queries at a time, so that
     they are a block's, not twice the logits' size. At other positions
@@ -138,8 +140,8 @@ class TransformerXLPosition(FastPaths, AttentionPosition):
     """
 
     # The relative logits of a block of queries, `(batch, heads, block,
-    # block + key - 1)`, in place of `(batch, heads, query, query + key -
-    # 1)`: at 2048 queries and keys, a tenth of the logits' size.
+    # block + key)`, in place of `(batch, heads, query, query + key)`: at
+    # 2048 queries and keys, a tenth of the logits' size.
     query_block = 256
 
     def __init__(
@@ -254,6 +256,9 @@ class TransformerXLPosition(FastPaths, AttentionPosition):
         return keras.ops.einsum("...e,end->...nd", encoding, self.position_kernel)
 
     def logits_bias(self, query, key, context):
+        if 0 in (query.shape[1], key.shape[1]):
+            # No logits: the attention's output is empty, or its bias alone.
+            return None
         scale = 1.0 / math.sqrt(self._key_dim)
         query = keras.ops.cast(query, "float32")  # already times `scale`
         key = keras.ops.cast(key, "float32")
@@ -274,11 +279,11 @@ class TransformerXLPosition(FastPaths, AttentionPosition):
     def _consecutive_term(self, query, key, context):
         # Queries at `start .. start + query - 1`, keys at `0 .. key - 1`:
         # the relative positions `i - j` run from `start + query - 1` down
-        # to `start - key + 1`, one window of `query + key - 1`.
+        # to `start - key + 1`, and one more (`_skew`).
         queries, keys = keras.ops.shape(query)[1], keras.ops.shape(key)[1]
         start = context.query_positions[0, 0]
         relative = (
-            start + queries - 1 - keras.ops.arange(queries + keys - 1, dtype="int32")
+            start + queries - 1 - keras.ops.arange(queries + keys, dtype="int32")
         )  # (width,): i - j, key - query ascending
         table = self._projected(relative)  # (width, heads, key_dim)
         relative_logits = keras.ops.einsum(
