@@ -255,6 +255,7 @@ def test_attention_table_tells_a_miss_from_noise():
         t5_vs_plain_einsum_path=1.30,
         shaw_vs_plain_einsum_path=1.20,  # under 1.25
         transformer_xl_vs_plain_einsum_path=1.70,  # past 1.6
+        deberta_vs_plain_einsum_path=1.38,  # under 1.4
     )
     table = attention.format_table(results)
     assert "| 1.040x | <= 1.05x | yes |" in table
@@ -262,6 +263,7 @@ def test_attention_table_tells_a_miss_from_noise():
     assert "| 1.300x | <= 1.10x | no |" in table
     assert "| 1.200x | <= 1.25x | yes |" in table
     assert "| 1.700x | <= 1.60x | no |" in table
+    assert "| 1.380x | <= 1.40x | yes |" in table
     assert "| plain, `dot_product_attention` path | 100.0 | 1.200x |" in table
 
 
@@ -283,6 +285,7 @@ def test_attention_table_judges_memory_in_whole_mib():
         "t5": 616.4,  # 1.1007x, 616 MiB in whole MiB: 1.1x
         "shaw": 644.6,  # 1.1511x, 645 MiB: 1.152x
         "transformer_xl": 671.6,  # 1.1993x, 672 MiB: 1.2x
+        "deberta": 672.4,  # 1.2007x, 672 MiB: 1.2x
     }
     for name, peak in peaks.items():
         results[f"{name}_peak_mib"] = peak
@@ -302,6 +305,7 @@ def test_attention_table_judges_memory_in_whole_mib():
     assert memory_cells("t5") == ["616", "1.10x", "<= 1.10x", "yes |"]
     assert memory_cells("shaw") == ["645", "1.15x", "<= 1.15x", "no |"]
     assert memory_cells("transformer_xl") == ["672", "1.20x", "<= 1.20x", "yes |"]
+    assert memory_cells("deberta") == ["672", "1.20x", "<= 1.20x", "yes |"]
 
 
 def test_logits_writes_counts_the_passes_that_write_the_logits():
