@@ -460,3 +460,26 @@ def test_bad_log_bucket_arguments_raise_value_error_naming_them(arguments, name)
 def test_float_relative_positions_are_refused():
     with pytest.raises(ValueError, match="integer"):
         ops.make_log_bucket_position(np.arange(3.0), 4, 8)
+
+
+@pytest.mark.parametrize("queries, keys", [(1, 5), (3, 7), (7, 3), (0, 5), (5, 0), (0, 0)])
+def test_any_lengths_read_the_same_rows_by_either_path(queries, keys):
+    # The window of the default positions against the rows of positions
+    # given; no queries or no keys add nothing, as without a scheme.
+    attention = PositionalMultiHeadAttention(
+        num_heads=2,
+        key_dim=8,
+        position=DisentangledPosition(max_relative_positions=8, position_buckets=4),
+    )
+    attention(np.ones((1, 3, 16), "float32"), np.ones((1, 3, 16), "float32"))
+    rng = np.random.default_rng(8)
+    for weight in attention.weights:
+        weight.assign(0.3 * rng.normal(size=weight.shape).astype("float32"))
+    query = rng.normal(size=(2, queries, 16)).astype("float32")
+    value = rng.normal(size=(2, keys, 16)).astype("float32")
+    default = keras.ops.convert_to_numpy(attention(query, value))
+    assert default.shape == (2, queries, 16)
+    given = attention(
+        query, value, query_positions=np.arange(queries), key_positions=np.arange(keys)
+    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(given), default, atol=2e-5)

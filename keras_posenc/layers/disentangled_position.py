@@ -430,6 +430,9 @@ class DisentangledPosition(FastPaths, AttentionPosition):
         return keras.ops.take(window, index)[None]  # (1, query, key)
 
     def logits_bias(self, query, key, context):
+        if 0 in (query.shape[1], key.shape[1]):
+            # No logits: the attention's output is empty, or its bias alone.
+            return None
         queries, keys = keras.ops.shape(query)[1], keras.ops.shape(key)[1]
         if context.consecutive:
             rows = self._consecutive_rows(queries, keys, context)
