@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import keras_posenc
+from keras_posenc_lab import encodings
 from keras_posenc_lab import language
 from keras_posenc_lab import config as demo_config
 from keras_posenc_lab import training
@@ -102,16 +103,6 @@ def test_mean_nll_is_the_mean_surprise_of_the_targets(source):
     )
 
 
-POSITION_LAYERS = {
-    "sinusoidal": keras_posenc.SinusoidalPositionEncoding,
-    "learned": keras_posenc.PositionEmbedding,
-    "rope": keras_posenc.RotaryEmbedding,
-    "alibi": keras_posenc.AlibiBias,
-    "shaw": keras_posenc.RelativePositionEmbedding,
-    "t5": keras_posenc.RelativePositionBias,
-}
-
-
 @pytest.mark.parametrize("encoding", demo_config.ENCODINGS)
 def test_model_is_causal_and_uses_its_encoding(encoding):
     keras.utils.set_random_seed(0)
@@ -126,7 +117,9 @@ def test_model_is_causal_and_uses_its_encoding(encoding):
     if encoding == "none":
         assert all(layer.position is None for layer in attention)
     else:
-        assert any(isinstance(layer, POSITION_LAYERS[encoding]) for layer in found)
+        # The registry's layer for it, as the model builds it.
+        position_layer = getattr(keras_posenc, encodings.LANGUAGE[encoding].layer)
+        assert any(isinstance(layer, position_layer) for layer in found)
     token_ids = np.random.default_rng(0).integers(0, VOCAB, (2, 16))
     changed = token_ids.copy()
     changed[:, 10:] = (changed[:, 10:] + 1) % VOCAB
