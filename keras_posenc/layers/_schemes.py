@@ -38,15 +38,20 @@ def largest_divisor(number, smallest, largest):
     return max(sizes) if sizes else None
 
 
-def read_embeddings_initializer(embeddings_initializer):
-    """The Keras initializer of a scheme's table, or a `ValueError` naming it."""
+def read_initializer(name, initializer):
+    """The Keras initializer `initializer`, or a `ValueError` naming `name`."""
     try:
-        return keras.initializers.get(embeddings_initializer)
+        return keras.initializers.get(initializer)
     except ValueError as error:
         raise ValueError(
-            "`embeddings_initializer` must be a Keras initializer. Received: "
-            f"embeddings_initializer={embeddings_initializer!r}"
+            f"`{name}` must be a Keras initializer. Received: "
+            f"{name}={initializer!r}"
         ) from error
+
+
+def read_embeddings_initializer(embeddings_initializer):
+    """The Keras initializer of a scheme's table, or a `ValueError` naming it."""
+    return read_initializer("embeddings_initializer", embeddings_initializer)
 
 
 class FastPaths:

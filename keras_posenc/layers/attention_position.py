@@ -26,6 +26,8 @@ from typing import Any, Callable, Optional
 
 import keras
 
+from keras_posenc import ops
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionContext:
@@ -146,11 +148,19 @@ class AttentionPosition(keras.layers.Layer):
     def check_attention(self, num_heads, key_dim, value_dim):
         """Raise a `ValueError` unless this scheme can serve such attention.
 
+        By default, unless the sizes are positive integers.
+
         Args:
             num_heads: int. The attention's number of heads.
             key_dim: int. The size of each head's queries and keys.
             value_dim: int. The size of each head's values.
         """
+        for name, size in (
+            ("num_heads", num_heads),
+            ("key_dim", key_dim),
+            ("value_dim", value_dim),
+        ):
+            ops.check_positive_int(name, size)
 
     def _check_num_heads(self, num_heads):
         """For schemes with a term per head: their heads must be the attention's."""

@@ -5,6 +5,7 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc.layers._schemes import FastPaths
+from keras_posenc.layers._schemes import read_initializer
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.ops import _backend
 
@@ -26,16 +27,6 @@ def _read_pos_att_type(pos_att_type):
             f"Face configs have it). Received: pos_att_type={pos_att_type!r}"
         )
     return tuple(terms)
-
-
-def _read_initializer(name, initializer):
-    try:
-        return keras.initializers.get(initializer)
-    except ValueError as error:
-        raise ValueError(
-            f"`{name}` must be a Keras initializer. Received: "
-            f"{name}={initializer!r}"
-        ) from error
 
 
 def _read_by_row(per_row, rows):
@@ -260,25 +251,17 @@ class DisentangledPosition(FastPaths, AttentionPosition):
         self.pos_att_type = _read_pos_att_type(pos_att_type)
         self.layer_norm = layer_norm
         self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.embeddings_initializer = _read_initializer(
+        self.embeddings_initializer = read_initializer(
             "embeddings_initializer", embeddings_initializer
         )
-        self.kernel_initializer = _read_initializer(
+        self.kernel_initializer = read_initializer(
             "kernel_initializer", kernel_initializer
         )
-        self.bias_initializer = _read_initializer("bias_initializer", bias_initializer)
+        self.bias_initializer = read_initializer("bias_initializer", bias_initializer)
         # HF's `pos_ebd_size`: the table has 2 * span rows.
         self.span = position_buckets if position_buckets > 0 else max_relative_positions
         # (num_heads, key_dim, value_dim, features) once the weights are made.
         self._attention_sizes = None
-
-    def check_attention(self, num_heads, key_dim, value_dim):
-        for name, size in (
-            ("num_heads", num_heads),
-            ("key_dim", key_dim),
-            ("value_dim", value_dim),
-        ):
-            ops.check_positive_int(name, size)
 
     def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
         self.check_attention(num_heads, key_dim, value_dim)

@@ -264,14 +264,6 @@ class RelativePositionEmbedding(FastPaths, AttentionPosition):
         # (num_heads, key_dim, value_dim) once the tables are made.
         self._attention_sizes = None
 
-    def check_attention(self, num_heads, key_dim, value_dim):
-        for name, size in (
-            ("num_heads", num_heads),
-            ("key_dim", key_dim),
-            ("value_dim", value_dim),
-        ):
-            ops.check_positive_int(name, size)
-
     def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
         self.check_attention(num_heads, key_dim, value_dim)
         sizes = (num_heads, key_dim, value_dim)

@@ -4,6 +4,7 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc.layers._schemes import FastPaths
+from keras_posenc.layers._schemes import read_initializer
 from keras_posenc.layers.attention_position import AttentionPosition
 
 SHIFTS = ("full", "legacy")
@@ -181,15 +182,13 @@ class TransformerXLPosition(FastPaths, AttentionPosition):
         self.clamp_len = clamp_len
         self.embedding_dim = embedding_dim
         self.legacy_max_length = legacy_max_length
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_initializer = read_initializer(
+            "kernel_initializer", kernel_initializer
+        )
+        self.bias_initializer = read_initializer("bias_initializer", bias_initializer)
         if shift == "legacy":
             self.query_block = None
         self._key_dim = None
-
-    def check_attention(self, num_heads, key_dim, value_dim):
-        for name, size in (("num_heads", num_heads), ("key_dim", key_dim)):
-            ops.check_positive_int(name, size)
 
     def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
         self.check_attention(num_heads, key_dim, value_dim)
