@@ -248,11 +248,13 @@ class TransformerXLPosition(FastPaths, AttentionPosition):
             )
 
     def _projected(self, positions):
-        """`W_R R_d` for relative positions `d`, `(..., heads, key_dim)`."""
+        """`W_R R_d` for relative positions `d`, `(positions, heads, key_dim)`."""
         encoding = ops.sinusoidal(
             positions, self._dim, self.max_wavelength, self.pairing
-        )  # (..., dim)
-        return keras.ops.einsum("...e,end->...nd", encoding, self.position_kernel)
+        )  # (positions, dim)
+        # No ellipsis: TensorFlow 2.18's einsum gets "...e,end->...nd" wrong
+        # past 16 rows.
+        return keras.ops.einsum("we,end->wnd", encoding, self.position_kernel)
 
     def logits_bias(self, query, key, context):
         if 0 in (query.shape[1], key.shape[1]):
