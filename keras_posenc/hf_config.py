@@ -3,7 +3,9 @@
 A model's `config.json`, parsed into a dict, is read here as Hugging Face
 transformers reads it, and turned into the arguments of a layer's
 constructor; the layer's own classmethod (`RotaryEmbedding.from_hf_config`)
-builds the layer from them. Nothing here computes with tensors.
+builds the layer from them; `positions_per_layer` builds one position per
+layer of a model that mixes layers with RoPE and without. Nothing here
+computes with tensors.
 """
 
 import warnings
@@ -16,6 +18,14 @@ from keras_posenc import ops
 TEXT_CONFIG_KEYS = ("text_encoder", "decoder", "generator", "text_config")
 
 _DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+# Models whose RoPE turns adjacent features (2i, 2i + 1) together: Llama 4
+# multiplies them as complex numbers, Cohere's rotate_half takes x[..., ::2]
+# and x[..., 1::2].
+_INTERLEAVED_MODEL_TYPES = ("llama4", "llama4_text", "cohere", "cohere2")
+_LLAMA4_MODEL_TYPES = ("llama4", "llama4_text")
+# Models with a RoPE switch per layer, `no_rope_layers` (1: RoPE, 0: none),
+# by default every `no_rope_layer_interval`-th layer without.
+_NO_ROPE_MODEL_TYPES = (*_LLAMA4_MODEL_TYPES, "smollm3")
 # transformers' mrope_section when a Qwen-VL config gives none.
 _MROPE_SECTIONS = {
     "qwen2_vl": [16, 24, 24],
@@ -98,11 +108,7 @@ def rotary_embedding_arguments(config, layer_type=None):
     {'max_wavelength': 500000.0, 'pairing': 'half', 'rotary_dim': 32,
      'scaling': None}
     """
-    if not isinstance(config, dict):
-        raise ValueError(
-            "`config` must be a dict parsed from a Hugging Face config.json. "
-            f"Received: config={config!r}"
-        )
+    _check_dict(config)
     config, name = text_config(config)
     # Also what a composite config's wrapper fails on, when its text config
     # is under a name transformers does not look for, before its lack of
@@ -165,6 +171,8 @@ def rotary_embedding_arguments(config, layer_type=None):
         parameters["partial_rotary_factor"] = partial
     elif partial != 1.0:
         rotary_dim = int(head_dim * partial)
+    if model_type in _INTERLEAVED_MODEL_TYPES:
+        pairing = "interleaved"
     scaling = None if rope_type == "default" else parameters
     if rope_type == "dynamic":
         if "max_position_embeddings" not in config:
@@ -199,6 +207,196 @@ def rotary_embedding_arguments(config, layer_type=None):
         "scaling": scaling,
         **grid,
     }
+
+
+def attention_temperature_arguments(config):
+    """`AttentionTemperature`'s constructor arguments from a Hugging Face config.
+
+    See `AttentionTemperature.from_hf_config`, which builds the layer from
+    them.
+
+    Args:
+        config: dict. The parsed `config.json`; a composite model's text
+            config is read as `text_config` finds it.
+
+    Returns:
+        A dict of keyword arguments of `AttentionTemperature`.
+
+    Example:
+
+    >>> attention_temperature_arguments({"model_type": "llama4_text"})
+    {'floor_scale': 8192, 'attn_scale': 0.1}
+    """
+    _check_dict(config)
+    config, name = text_config(config)
+    # transformers' Llama 4 turns it on by default; no other model has it.
+    tuning = config.get(
+        "attn_temperature_tuning", config.get("model_type") in _LLAMA4_MODEL_TYPES
+    )
+    if not tuning:
+        raise ValueError(
+            f"`{name}` has no attention temperature: Llama 4's "
+            "`attn_temperature_tuning` is off or missing, so its layers "
+            "without RoPE take `position=None`. Received: "
+            f"attn_temperature_tuning={config.get('attn_temperature_tuning')!r}"
+            f" for model_type={config.get('model_type')!r}"
+        )
+    return {
+        "floor_scale": config.get("floor_scale", 8192),
+        "attn_scale": config.get("attn_scale", 0.1),
+    }
+
+
+def positions_per_layer(config):
+    """One position per attention layer of a Hugging Face model's config.
+
+    Models that mix layers with RoPE and layers without give the pattern in
+    their config, read here as transformers' modeling code reads it:
+
+    - Llama 4 and SmolLM3 (`"model_type"` `"llama4"`, `"llama4_text"`,
+      `"smollm3"`), and any config with `no_rope_layers`: layer `i` has
+      RoPE where `no_rope_layers[i]` is 1 and none where it is 0. Without
+      the list (Llama 4: or with an empty one), every
+      `no_rope_layer_interval`-th layer (4 by default) has none: layers 3,
+      7, 11, ... Llama 4's layers without RoPE take its attention
+      temperature (`AttentionTemperature.from_hf_config`) where
+      `attn_temperature_tuning` is on, its default.
+    - Cohere2 (`"cohere2"`, Command R7B and A): RoPE on its
+      `"sliding_attention"` layers only, none on its `"full_attention"`
+      ones. Without `layer_types`, every `sliding_window_pattern`-th layer
+      (4 by default) is full attention. A config whose `sliding_window` is
+      null has RoPE on no layer, as in transformers.
+    - Any other config: RoPE on every layer.
+
+    Each RoPE is `RotaryEmbedding.from_hf_config(config, layer_type=...)`,
+    with the layer's type where the config gives `layer_types` (a model with
+    one RoPE per layer type, Gemma 3, gets each layer's). Llama 4 and
+    Cohere rotate adjacent features `(2i, 2i + 1)` together
+    (`pairing="interleaved"`), for weights as their checkpoints hold them.
+
+    Only the positions are read; the attention's other per-layer settings
+    are left to the caller: Llama 4's chunked attention on its RoPE layers
+    (`attention_chunk_size`, keys in the query's chunk of 8192 tokens only)
+    and the L2 norm of queries and keys there (`use_qk_norm`); the sliding
+    windows of Cohere2's `"sliding_attention"` layers and of SmolLM3's with
+    `use_sliding_window` (Keras 3.15 and later take `sliding_window=` in the
+    attention: give it `config["sliding_window"]` on those layers).
+
+    Args:
+        config: dict. The parsed `config.json`; a composite model's text
+            config is read as `text_config` finds it. Must give
+            `num_hidden_layers`.
+
+    Returns:
+        A list of `num_hidden_layers` positions, one per layer, in order:
+        a `RotaryEmbedding`, an `AttentionTemperature` or None (no
+        positions), for `PositionalMultiHeadAttention(position=...)`.
+
+    Example:
+
+    >>> smollm3 = {
+    ...     "model_type": "smollm3", "num_hidden_layers": 6, "head_dim": 128,
+    ...     "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
+    ... }
+    >>> [type(p).__name__ for p in positions_per_layer(smollm3)]
+    ['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding', 'NoneType',
+     'RotaryEmbedding', 'RotaryEmbedding']
+    >>> scout = {
+    ...     "model_type": "llama4",
+    ...     "text_config": {"num_hidden_layers": 4, "head_dim": 128,
+    ...                     "no_rope_layers": [1, 1, 1, 0]},
+    ... }
+    >>> [type(p).__name__ for p in positions_per_layer(scout)]
+    ['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding',
+     'AttentionTemperature']
+    """
+    # The layers sit above this module, which they import: read at call
+    # time, so that importing either never needs the other half-loaded.
+    from keras_posenc import layers
+
+    _check_dict(config)
+    text, name = text_config(config)
+    num_layers = text.get("num_hidden_layers")
+    ops.check_positive_int(f"{name}['num_hidden_layers']", num_layers)
+    layer_types = text.get("layer_types")
+    if layer_types is not None and (
+        not isinstance(layer_types, list) or len(layer_types) != num_layers
+    ):
+        raise ValueError(
+            f"`{name}['layer_types']` must list one type per layer, "
+            f"num_hidden_layers={num_layers}. Received: "
+            f"layer_types={layer_types!r}"
+        )
+    with_rope = _rope_layers(text, name, num_layers)
+    temperature = None
+    if text.get("model_type") in _LLAMA4_MODEL_TYPES and text.get(
+        "attn_temperature_tuning", True
+    ):
+        temperature = attention_temperature_arguments(config)
+    positions = []
+    for index, rope in enumerate(with_rope):
+        if rope:
+            positions.append(
+                layers.RotaryEmbedding.from_hf_config(
+                    config,
+                    layer_type=None if layer_types is None else layer_types[index],
+                )
+            )
+        elif temperature is not None:
+            positions.append(layers.AttentionTemperature(**temperature))
+        else:
+            positions.append(None)
+    return positions
+
+
+def _rope_layers(config, name, num_layers):
+    """Whether each of the `num_layers` layers of a text config has RoPE."""
+    model_type = config.get("model_type")
+    if model_type in _NO_ROPE_MODEL_TYPES or "no_rope_layers" in config:
+        flags = config.get("no_rope_layers")
+        # SmolLM3 builds the default list when it is missing, Llama 4 also
+        # when it is empty.
+        if flags is None or (not flags and model_type in _LLAMA4_MODEL_TYPES):
+            interval = config.get("no_rope_layer_interval", 4)
+            ops.check_positive_int(f"{name}['no_rope_layer_interval']", interval)
+            return [(index + 1) % interval != 0 for index in range(num_layers)]
+        if (
+            not isinstance(flags, list)
+            or len(flags) < num_layers
+            or any(flag not in (0, 1) for flag in flags)
+        ):
+            raise ValueError(
+                f"`{name}['no_rope_layers']` must list a 1 (RoPE) or a 0 (no "
+                f"RoPE) for each of the num_hidden_layers={num_layers} "
+                f"layers. Received: no_rope_layers={flags!r}"
+            )
+        return [bool(flag) for flag in flags[:num_layers]]
+    if model_type == "cohere2":
+        layer_types = config.get("layer_types")
+        if layer_types is None:
+            pattern = config.get("sliding_window_pattern", 4)
+            ops.check_positive_int(f"{name}['sliding_window_pattern']", pattern)
+            layer_types = [
+                "sliding_attention" if (index + 1) % pattern else "full_attention"
+                for index in range(num_layers)
+            ]
+        # Its attention rotates where it has a sliding window: the sliding
+        # layers', unless the config's window is null (4096 by default).
+        window = config.get("sliding_window", 4096)
+        return [
+            layer_type == "sliding_attention" and window is not None
+            for layer_type in layer_types
+        ]
+    return [True] * num_layers
+
+
+def _check_dict(config):
+    """Raise a `ValueError` unless `config` is a dict."""
+    if not isinstance(config, dict):
+        raise ValueError(
+            "`config` must be a dict parsed from a Hugging Face config.json. "
+            f"Received: config={config!r}"
+        )
 
 
 def _mrope_arguments(model_type, parameters):

@@ -298,3 +298,198 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 def test_configs_that_transformers_warns_of_warn(config, message):
     with pytest.warns(UserWarning, match=message):
         RotaryEmbedding.from_hf_config(config)
+
+
+# Each model's pattern as transformers builds it (its config's __post_init__
+# and its attention's `use_rope` / `sliding_window`, transformers 5.24.0):
+# Llama 4 and SmolLM3 rotate where `no_rope_layers[i]` is 1, by default all
+# but every `no_rope_layer_interval`-th layer; Cohere2 rotates on its
+# sliding window layers only.
+# A published Llama 4 config.json (transformers 4.51), cut to 8 layers.
+LLAMA4_SCOUT = {
+    "model_type": "llama4",
+    "text_config": {
+        "model_type": "llama4_text",
+        "num_hidden_layers": 8,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "head_dim": 128,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "max_position_embeddings": 262144,
+        "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0],
+        "attention_chunk_size": 8192,
+        # As published (transformers reads any true value as on).
+        "attn_temperature_tuning": 4,
+        "floor_scale": 8192,
+        "attn_scale": 0.1,
+        "use_qk_norm": True,
+    },
+    "vision_config": {"hidden_size": 1408},
+}
+SMOLLM3 = {
+    "model_type": "smollm3",
+    "num_hidden_layers": 8,
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "rope_theta": 5000000.0,
+    "no_rope_layer_interval": 4,
+}
+COHERE2 = {
+    "model_type": "cohere2",
+    "num_hidden_layers": 8,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "rope_theta": 50000.0,
+    "sliding_window": 4096,
+    "layer_types": ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"],
+}
+
+
+def pattern(positions):
+    return [
+        "rope" if isinstance(p, RotaryEmbedding) else "none" if p is None else type(p).__name__
+        for p in positions
+    ]
+
+
+EVERY_FOURTH = ["rope", "rope", "rope", "none"] * 2
+
+
+def test_llama_4_rotates_where_no_rope_layers_says_and_tempers_the_others():
+    positions = hf_config.positions_per_layer(LLAMA4_SCOUT)
+    temperature = "AttentionTemperature"
+    assert pattern(positions) == ["rope", "rope", "rope", temperature] * 2
+    rope, nope = positions[0], positions[3]
+    # Llama 4 multiplies adjacent features as complex numbers.
+    assert (rope.pairing, rope.max_wavelength) == ("interleaved", 500000.0)
+    assert rope.scaling["rope_type"] == "llama3"
+    assert (nope.floor_scale, nope.attn_scale) == (8192, 0.1)
+    assert positions[3] is not positions[7]
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"no_rope_layers": [0, 1, 1, 1, 0, 1, 1, 1, 1]}, ["t", "rope", "rope", "rope", "t", "rope", "rope", "rope"]),
+        # Missing or empty: every no_rope_layer_interval-th layer.
+        ({"no_rope_layers": None}, ["rope", "rope", "rope", "t"] * 2),
+        ({"no_rope_layers": [], "no_rope_layer_interval": 3}, ["rope", "rope", "t"] * 2 + ["rope", "rope"]),
+        ({"attn_temperature_tuning": False}, EVERY_FOURTH),
+    ],
+    ids=["given", "missing", "empty", "temperature-off"],
+)
+def test_llama_4_patterns(changes, expected):
+    config = {**LLAMA4_SCOUT, "text_config": {**LLAMA4_SCOUT["text_config"], **changes}}
+    if config["text_config"]["no_rope_layers"] is None:
+        del config["text_config"]["no_rope_layers"]
+    expected = ["AttentionTemperature" if name == "t" else name for name in expected]
+    assert pattern(hf_config.positions_per_layer(config)) == expected
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({}, EVERY_FOURTH),
+        ({"no_rope_layer_interval": 3}, ["rope", "rope", "none"] * 2 + ["rope", "rope"]),
+        ({"no_rope_layers": [1, 0, 1, 0, 1, 1, 1, 1]}, ["rope", "none"] * 2 + ["rope"] * 4),
+        # Sliding windows on the layers without RoPE change no position.
+        (
+            {"use_sliding_window": True, "sliding_window": 512,
+             "layer_types": ["full_attention"] * 3 + ["sliding_attention"] + ["full_attention"] * 3 + ["sliding_attention"]},
+            EVERY_FOURTH,
+        ),
+    ],
+    ids=["default", "interval-3", "given", "sliding-window"],
+)
+def test_smollm3_patterns(changes, expected):
+    positions = hf_config.positions_per_layer({**SMOLLM3, **changes})
+    assert pattern(positions) == expected
+    # SmolLM3 rotates as Llama does, halves.
+    assert positions[0].pairing == "half"
+    assert positions[0].max_wavelength == 5000000.0
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({}, EVERY_FOURTH),
+        # Without layer_types, every sliding_window_pattern-th (4) is global.
+        ({"layer_types": None}, EVERY_FOURTH),
+        ({"layer_types": None, "sliding_window_pattern": 2}, ["rope", "none"] * 4),
+        # Its attention rotates where it has a window: with none, nowhere.
+        ({"sliding_window": None}, ["none"] * 8),
+    ],
+    ids=["layer-types", "default-pattern", "pattern-2", "no-window"],
+)
+def test_cohere2_rotates_its_sliding_window_layers_only(changes, expected):
+    config = {**COHERE2, **changes}
+    if config["layer_types"] is None:
+        del config["layer_types"]
+    positions = hf_config.positions_per_layer(config)
+    assert pattern(positions) == expected
+    rotated = [p for p in positions if p is not None]
+    # Cohere's rotate_half pairs x[..., ::2] with x[..., 1::2].
+    assert all(p.pairing == "interleaved" and p.max_wavelength == 50000.0 for p in rotated)
+
+
+def test_other_models_rotate_every_layer_with_its_layer_types_rope():
+    llama = {"num_hidden_layers": 3, "head_dim": 64, "rope_theta": 500000.0}
+    positions = hf_config.positions_per_layer(llama)
+    assert pattern(positions) == ["rope"] * 3
+    assert positions[0].pairing == "half"
+    gemma_3 = {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 3,
+        "head_dim": 256,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    }
+    local, _, full = hf_config.positions_per_layer(gemma_3)
+    assert (local.max_wavelength, local.scaling) == (10000.0, None)
+    assert (full.max_wavelength, full.scaling["factor"]) == (1e6, 8.0)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"head_dim": 64}, r"`config\['num_hidden_layers'\]` must be a positive integer"),
+        (
+            {**SMOLLM3, "no_rope_layers": [1, 0, 1]},
+            r"`config\['no_rope_layers'\]` must list a 1 \(RoPE\) or a 0.*"
+            r"num_hidden_layers=8.*Received: no_rope_layers=\[1, 0, 1\]",
+        ),
+        (
+            {**SMOLLM3, "no_rope_layers": [2] * 8},
+            r"Received: no_rope_layers=\[2, 2",
+        ),
+        (
+            {**COHERE2, "layer_types": ["full_attention"]},
+            r"`config\['layer_types'\]` must list one type per layer.*num_hidden_layers=8",
+        ),
+        (
+            {**LLAMA4_SCOUT, "text_config": {"num_hidden_layers": 0}},
+            r"`config\['text_config'\]\['num_hidden_layers'\]` must be a positive integer",
+        ),
+        ("config.json", r"must be a dict.*Received: config='config\.json'"),
+    ],
+    ids=["no-layers", "short-list", "bad-flags", "short-layer-types", "nested-name", "not-a-dict"],
+)
+def test_positions_per_layer_refuses_bad_configs(config, message):
+    with pytest.raises(ValueError, match=message):
+        hf_config.positions_per_layer(config)
+
+
+def test_llama_4_and_cohere_rotate_adjacent_features():
+    for model_type in ("llama4_text", "cohere", "cohere2"):
+        arguments = hf_config.rotary_embedding_arguments({"model_type": model_type, "head_dim": 64})
+        assert arguments["pairing"] == "interleaved", model_type
