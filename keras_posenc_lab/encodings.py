@@ -85,6 +85,17 @@ LANGUAGE = {
         "attention",
         {"position_buckets": 32, "max_relative_positions": 128},
     ),
+    # Llama 4's layers without RoPE: no positions, the queries sharpened past
+    # the trained length. Llama 4 sets floor_scale at its trained context
+    # (8192), so that the temperature is 1 within it and grows beyond; here
+    # the models train on 64 tokens, and at 512 (8x, as Llama 4 at 64k) the
+    # factor is 1 + 0.1 log(9), as Llama 4's there.
+    "nope_temperature": Encoding(
+        "NoPE + temperature",
+        "AttentionTemperature",
+        "attention",
+        {"floor_scale": 64, "attn_scale": 0.1},
+    ),
 }
 
 # The vision task: a ViT over a grid of patches, with one class token.

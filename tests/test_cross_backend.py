@@ -160,6 +160,10 @@ MODELS = {
         ),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
+    "attention-temperature": (
+        lambda: _attention(keras_posenc.AttentionTemperature(floor_scale=3, attn_scale=0.5)),
+        lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
+    ),
     "attention-t5": (
         lambda: _attention(keras_posenc.RelativePositionBias(num_heads=HEADS)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),

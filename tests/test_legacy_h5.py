@@ -13,6 +13,7 @@ import pytest
 import keras_posenc
 from keras_posenc.layers import (
     AlibiBias,
+    AttentionTemperature,
     DisentangledPosition,
     GridRelativePositionBias,
     LaplacianPositionEncoding,
@@ -230,6 +231,9 @@ CASES = {
             pos_att_type="p2c|c2p",
             layer_norm=False,
         )
+    ),
+    "attention_temperature": lambda: in_attention(
+        AttentionTemperature(floor_scale=3, attn_scale=0.5)
     ),
     "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
     "laplacian_concat_combinatorial": lambda: on_graphs(

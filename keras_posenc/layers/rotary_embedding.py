@@ -640,7 +640,11 @@ class RotaryEmbedding(FastPaths, AttentionPosition):
           the top level or in the schedule.
         - Features pair in the `"half"` pairing, as Llama-style models pair
           them. GPT-J (`"model_type": "gptj"`) pairs them `"interleaved"`
-          and rotates its `rotary_dim` features.
+          and rotates its `rotary_dim` features. Llama 4 and Cohere
+          (`"llama4"`, `"llama4_text"`, `"cohere"`, `"cohere2"`) pair them
+          `"interleaved"` too. For a model that mixes layers with RoPE and
+          without, `keras_posenc.hf_config.positions_per_layer` gives each
+          layer's position.
         - Some models give each layer type its own RoPE: a `rope_parameters`
           holding one dict per layer type (Gemma 3 as transformers 5 writes
           it: `"full_attention"` and `"sliding_attention"`; Gemma 4), or an
