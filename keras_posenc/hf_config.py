@@ -3,9 +3,10 @@
 A model's `config.json`, parsed into a dict, is read here as Hugging Face
 transformers reads it, and turned into the arguments of a layer's
 constructor; the layer's own classmethod (`RotaryEmbedding.from_hf_config`)
-builds the layer from them; `positions_per_layer` builds one position per
-layer of a model that mixes layers with RoPE and without. Nothing here
-computes with tensors.
+builds the layer from them; `position_arguments_per_layer` reads the
+position of each layer of a model that mixes layers with RoPE and without,
+which `PositionalMultiHeadAttention.positions_from_hf_config` builds.
+Nothing here computes with tensors.
 """
 
 import warnings
@@ -247,8 +248,8 @@ def attention_temperature_arguments(config):
     }
 
 
-def positions_per_layer(config):
-    """One position per attention layer of a Hugging Face model's config.
+def position_arguments_per_layer(config):
+    """The position of each attention layer of a Hugging Face model's config.
 
     Models that mix layers with RoPE and layers without give the pattern in
     their config, read here as transformers' modeling code reads it:
@@ -268,11 +269,13 @@ def positions_per_layer(config):
       null has RoPE on no layer, as in transformers.
     - Any other config: RoPE on every layer.
 
-    Each RoPE is `RotaryEmbedding.from_hf_config(config, layer_type=...)`,
-    with the layer's type where the config gives `layer_types` (a model with
-    one RoPE per layer type, Gemma 3, gets each layer's). Llama 4 and
-    Cohere rotate adjacent features `(2i, 2i + 1)` together
-    (`pairing="interleaved"`), for weights as their checkpoints hold them.
+    Each RoPE's arguments are `rotary_embedding_arguments(config,
+    layer_type=...)`, with the layer's type where the config gives
+    `layer_types` (a model with one RoPE per layer type, Gemma 3, gets each
+    layer's). Llama 4 and Cohere rotate adjacent features `(2i, 2i + 1)`
+    together (`pairing="interleaved"`), for weights as their checkpoints
+    hold them. `PositionalMultiHeadAttention.positions_from_hf_config`
+    builds the layers from these arguments.
 
     Only the positions are read; the attention's other per-layer settings
     are left to the caller: Llama 4's chunked attention on its RoPE layers
@@ -288,9 +291,10 @@ def positions_per_layer(config):
             `num_hidden_layers`.
 
     Returns:
-        A list of `num_hidden_layers` positions, one per layer, in order:
-        a `RotaryEmbedding`, an `AttentionTemperature` or None (no
-        positions), for `PositionalMultiHeadAttention(position=...)`.
+        A list of `num_hidden_layers` entries, one per layer, in order:
+        `("RotaryEmbedding", arguments)`, `("AttentionTemperature",
+        arguments)`, each with the layer's constructor arguments, or None
+        (no positions).
 
     Example:
 
@@ -298,22 +302,17 @@ def positions_per_layer(config):
     ...     "model_type": "smollm3", "num_hidden_layers": 6, "head_dim": 128,
     ...     "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
     ... }
-    >>> [type(p).__name__ for p in positions_per_layer(smollm3)]
-    ['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding', 'NoneType',
+    >>> [entry and entry[0] for entry in position_arguments_per_layer(smollm3)]
+    ['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding', None,
      'RotaryEmbedding', 'RotaryEmbedding']
     >>> scout = {
     ...     "model_type": "llama4",
     ...     "text_config": {"num_hidden_layers": 4, "head_dim": 128,
     ...                     "no_rope_layers": [1, 1, 1, 0]},
     ... }
-    >>> [type(p).__name__ for p in positions_per_layer(scout)]
-    ['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding',
-     'AttentionTemperature']
+    >>> position_arguments_per_layer(scout)[3]
+    ('AttentionTemperature', {'floor_scale': 8192, 'attn_scale': 0.1})
     """
-    # The layers sit above this module, which they import: read at call
-    # time, so that importing either never needs the other half-loaded.
-    from keras_posenc import layers
-
     _check_dict(config)
     text, name = text_config(config)
     num_layers = text.get("num_hidden_layers")
@@ -337,13 +336,16 @@ def positions_per_layer(config):
     for index, rope in enumerate(with_rope):
         if rope:
             positions.append(
-                layers.RotaryEmbedding.from_hf_config(
-                    config,
-                    layer_type=None if layer_types is None else layer_types[index],
+                (
+                    "RotaryEmbedding",
+                    rotary_embedding_arguments(
+                        config,
+                        layer_type=None if layer_types is None else layer_types[index],
+                    ),
                 )
             )
         elif temperature is not None:
-            positions.append(layers.AttentionTemperature(**temperature))
+            positions.append(("AttentionTemperature", dict(temperature)))
         else:
             positions.append(None)
     return positions

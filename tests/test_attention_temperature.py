@@ -19,7 +19,6 @@ from keras_posenc import AttentionContext
 from keras_posenc import AttentionTemperature
 from keras_posenc import PositionalMultiHeadAttention
 from keras_posenc import RotaryEmbedding
-from keras_posenc import hf_config
 from tests.backend import compiled
 from tests.backend import numpy
 
@@ -46,7 +45,7 @@ def torch_dense(weight):
 
 def llama4_attention(layer):
     """The Keras attention of fixture layer `layer` (0: RoPE, 1: none), from the config."""
-    position = hf_config.positions_per_layer(CONFIG)[layer]
+    position = PositionalMultiHeadAttention.positions_from_hf_config(CONFIG)[layer]
     attention = PositionalMultiHeadAttention(
         num_heads=HEADS, key_dim=HEAD_DIM, use_bias=False, position=position
     )
@@ -78,7 +77,7 @@ def logits(attention, tokens, query_positions, key_positions):
 
 
 def test_the_reader_gives_the_fixtures_layers():
-    rope, nope = hf_config.positions_per_layer(CONFIG)
+    rope, nope = PositionalMultiHeadAttention.positions_from_hf_config(CONFIG)
     assert isinstance(rope, RotaryEmbedding)
     assert (rope.pairing, rope.max_wavelength, rope.scaling) == ("interleaved", 10000.0, None)
     assert isinstance(nope, AttentionTemperature)

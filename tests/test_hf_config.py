@@ -2,6 +2,7 @@
 
 import pytest
 
+from keras_posenc import PositionalMultiHeadAttention
 from keras_posenc import RotaryEmbedding
 from keras_posenc import hf_config
 from tests.test_rotary_grid import QWEN3_VL_TEXT
@@ -352,6 +353,20 @@ COHERE2 = {
 }
 
 
+positions_per_layer = PositionalMultiHeadAttention.positions_from_hf_config
+
+
+def test_position_arguments_per_layer_are_the_layers_constructor_arguments():
+    entries = hf_config.position_arguments_per_layer(LLAMA4_SCOUT)
+    assert [entry[0] for entry in entries] == ["RotaryEmbedding"] * 3 + [
+        "AttentionTemperature"
+    ] + ["RotaryEmbedding"] * 3 + ["AttentionTemperature"]
+    assert entries[0][1] == hf_config.rotary_embedding_arguments(LLAMA4_SCOUT)
+    assert entries[3][1] == hf_config.attention_temperature_arguments(LLAMA4_SCOUT)
+    # Each layer's own dict: changing one changes no other.
+    assert entries[3][1] is not entries[7][1]
+
+
 def pattern(positions):
     return [
         "rope" if isinstance(p, RotaryEmbedding) else "none" if p is None else type(p).__name__
@@ -363,7 +378,7 @@ EVERY_FOURTH = ["rope", "rope", "rope", "none"] * 2
 
 
 def test_llama_4_rotates_where_no_rope_layers_says_and_tempers_the_others():
-    positions = hf_config.positions_per_layer(LLAMA4_SCOUT)
+    positions = positions_per_layer(LLAMA4_SCOUT)
     temperature = "AttentionTemperature"
     assert pattern(positions) == ["rope", "rope", "rope", temperature] * 2
     rope, nope = positions[0], positions[3]
@@ -390,7 +405,7 @@ def test_llama_4_patterns(changes, expected):
     if config["text_config"]["no_rope_layers"] is None:
         del config["text_config"]["no_rope_layers"]
     expected = ["AttentionTemperature" if name == "t" else name for name in expected]
-    assert pattern(hf_config.positions_per_layer(config)) == expected
+    assert pattern(positions_per_layer(config)) == expected
 
 
 @pytest.mark.parametrize(
@@ -409,7 +424,7 @@ def test_llama_4_patterns(changes, expected):
     ids=["default", "interval-3", "given", "sliding-window"],
 )
 def test_smollm3_patterns(changes, expected):
-    positions = hf_config.positions_per_layer({**SMOLLM3, **changes})
+    positions = positions_per_layer({**SMOLLM3, **changes})
     assert pattern(positions) == expected
     # SmolLM3 rotates as Llama does, halves.
     assert positions[0].pairing == "half"
@@ -432,7 +447,7 @@ def test_cohere2_rotates_its_sliding_window_layers_only(changes, expected):
     config = {**COHERE2, **changes}
     if config["layer_types"] is None:
         del config["layer_types"]
-    positions = hf_config.positions_per_layer(config)
+    positions = positions_per_layer(config)
     assert pattern(positions) == expected
     rotated = [p for p in positions if p is not None]
     # Cohere's rotate_half pairs x[..., ::2] with x[..., 1::2].
@@ -441,7 +456,7 @@ def test_cohere2_rotates_its_sliding_window_layers_only(changes, expected):
 
 def test_other_models_rotate_every_layer_with_its_layer_types_rope():
     llama = {"num_hidden_layers": 3, "head_dim": 64, "rope_theta": 500000.0}
-    positions = hf_config.positions_per_layer(llama)
+    positions = positions_per_layer(llama)
     assert pattern(positions) == ["rope"] * 3
     assert positions[0].pairing == "half"
     gemma_3 = {
@@ -454,7 +469,7 @@ def test_other_models_rotate_every_layer_with_its_layer_types_rope():
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         },
     }
-    local, _, full = hf_config.positions_per_layer(gemma_3)
+    local, _, full = positions_per_layer(gemma_3)
     assert (local.max_wavelength, local.scaling) == (10000.0, None)
     assert (full.max_wavelength, full.scaling["factor"]) == (1e6, 8.0)
 
@@ -486,7 +501,7 @@ def test_other_models_rotate_every_layer_with_its_layer_types_rope():
 )
 def test_positions_per_layer_refuses_bad_configs(config, message):
     with pytest.raises(ValueError, match=message):
-        hf_config.positions_per_layer(config)
+        positions_per_layer(config)
 
 
 def test_llama_4_and_cohere_rotate_adjacent_features():

@@ -8,9 +8,12 @@ from typing import Any
 import keras
 import numpy as np
 
+from keras_posenc import hf_config
 from keras_posenc import ops
 from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
+from keras_posenc.layers.attention_temperature import AttentionTemperature
+from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.ops import _backend
 
 # The private parts of `keras.layers.MultiHeadAttention` this layer uses, all
@@ -1171,3 +1174,41 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             }
             config["position"] = keras.saving.deserialize_keras_object(position)
         return super().from_config(config)
+
+    @staticmethod
+    def positions_from_hf_config(config):
+        """One `position` per attention layer of a Hugging Face model's config.
+
+        For a model that mixes layers with RoPE and layers without (Llama 4,
+        SmolLM3, Cohere2): the pattern is read as transformers reads it
+        (`keras_posenc.hf_config.position_arguments_per_layer` says how),
+        and each layer's position is built: a `RotaryEmbedding`, an
+        `AttentionTemperature` (Llama 4's layers without RoPE) or None (no
+        positions). Any other model gets a `RotaryEmbedding` on every layer.
+
+        Args:
+            config: dict. The parsed `config.json`.
+
+        Returns:
+            A list of `num_hidden_layers` positions, one per layer, in
+            order, each for `PositionalMultiHeadAttention(position=...)`.
+
+        Example:
+
+        >>> smollm3 = {
+        ...     "model_type": "smollm3", "num_hidden_layers": 4, "head_dim": 64,
+        ...     "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
+        ... }
+        >>> positions = PositionalMultiHeadAttention.positions_from_hf_config(smollm3)
+        >>> [type(position).__name__ for position in positions]
+        ['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding', 'NoneType']
+        >>> attention = PositionalMultiHeadAttention(2, 64, position=positions[0])
+        """
+        schemes = {
+            "RotaryEmbedding": RotaryEmbedding,
+            "AttentionTemperature": AttentionTemperature,
+        }
+        return [
+            None if entry is None else schemes[entry[0]](**entry[1])
+            for entry in hf_config.position_arguments_per_layer(config)
+        ]
