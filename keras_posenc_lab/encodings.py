@@ -74,6 +74,14 @@ LANGUAGE = {
         {"num_buckets": 32, "max_distance": 128, "bidirectional": False},
         takes=("num_heads",),
     ),
+    # KERPLE's log kernel, the form that extrapolated best in the paper,
+    # its coefficients per head as the repository initializes them.
+    "kerple": Encoding(
+        "kerple (log)", "KerpleBias", "attention", takes=("num_heads",)
+    ),
+    # FIRE: an MLP of the distance over the query's position, log-scaled,
+    # as the paper's appendix code builds it.
+    "fire": Encoding("fire", "FireBias", "attention", takes=("num_heads",)),
     # Transformer-XL's relative attention: sinusoidal relative positions
     # projected per head, with its content and position biases.
     "transformer_xl": Encoding("transformer-xl", "TransformerXLPosition", "attention"),

@@ -160,6 +160,14 @@ MODELS = {
         ),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
+    "attention-kerple": (
+        lambda: _attention(keras_posenc.KerpleBias(num_heads=HEADS)),
+        lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
+    ),
+    "attention-fire": (
+        lambda: _attention(keras_posenc.FireBias(num_heads=HEADS)),
+        lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
+    ),
     "attention-t5": (
         lambda: _attention(keras_posenc.RelativePositionBias(num_heads=HEADS)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),

@@ -14,7 +14,9 @@ import keras_posenc
 from keras_posenc.layers import (
     AlibiBias,
     DisentangledPosition,
+    FireBias,
     GridRelativePositionBias,
+    KerpleBias,
     LaplacianPositionEncoding,
     PositionalMultiHeadAttention,
     PositionEmbedding,
@@ -222,6 +224,8 @@ CASES = {
     "attention_deberta": lambda: in_attention(
         DisentangledPosition(max_relative_positions=8, position_buckets=4)
     ),
+    "attention_kerple": lambda: in_attention(KerpleBias(2, form="power")),
+    "attention_fire": lambda: in_attention(FireBias(2, mlp_width=8)),
     "attention_deberta_own_projections": lambda: in_attention(
         DisentangledPosition(
             max_relative_positions=3,

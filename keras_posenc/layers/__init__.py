@@ -13,9 +13,11 @@ from keras_posenc.layers.alibi_bias import AlibiBias
 from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.layers.disentangled_position import DisentangledPosition
+from keras_posenc.layers.fire_bias import FireBias
 from keras_posenc.layers.grid_relative_position_bias import (
     GridRelativePositionBias,
 )
+from keras_posenc.layers.kerple_bias import KerpleBias
 from keras_posenc.layers.laplacian_position_encoding import (
     LaplacianPositionEncoding,
 )
@@ -45,7 +47,9 @@ __all__ = [
     "AttentionContext",
     "AttentionPosition",
     "DisentangledPosition",
+    "FireBias",
     "GridRelativePositionBias",
+    "KerpleBias",
     "LaplacianPositionEncoding",
     "PositionEmbedding",
     "PositionalMultiHeadAttention",
