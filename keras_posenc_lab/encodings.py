@@ -49,7 +49,9 @@ class Encoding:
     takes: tuple = ()
 
 
-# The language task: a causal language model over a sequence.
+# The language task: a causal language model over a sequence. A new
+# encoding goes last: an entry's place seeds its model's training data
+# (`language._training_stream`), so that adding one changes no other row.
 LANGUAGE = {
     "none": Encoding("none"),
     "sinusoidal": Encoding(
@@ -96,6 +98,14 @@ LANGUAGE = {
         "attention",
         {"floor_scale": 64, "attn_scale": 0.1},
     ),
+    # KERPLE's log kernel, the form that extrapolated best in the paper,
+    # its coefficients per head as the repository initializes them.
+    "kerple": Encoding(
+        "kerple (log)", "KerpleBias", "attention", takes=("num_heads",)
+    ),
+    # FIRE: an MLP of the distance over the query's position, log-scaled,
+    # as the paper's appendix code builds it.
+    "fire": Encoding("fire", "FireBias", "attention", takes=("num_heads",)),
 }
 
 # The vision task: a ViT over a grid of patches, with one class token.

@@ -164,6 +164,14 @@ MODELS = {
         lambda: _attention(keras_posenc.AttentionTemperature(floor_scale=3, attn_scale=0.5)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
+    "attention-kerple": (
+        lambda: _attention(keras_posenc.KerpleBias(num_heads=HEADS)),
+        lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
+    ),
+    "attention-fire": (
+        lambda: _attention(keras_posenc.FireBias(num_heads=HEADS)),
+        lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
+    ),
     "attention-t5": (
         lambda: _attention(keras_posenc.RelativePositionBias(num_heads=HEADS)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),

@@ -15,7 +15,9 @@ from keras_posenc.layers import (
     AlibiBias,
     AttentionTemperature,
     DisentangledPosition,
+    FireBias,
     GridRelativePositionBias,
+    KerpleBias,
     LaplacianPositionEncoding,
     PositionalMultiHeadAttention,
     PositionEmbedding,
@@ -223,6 +225,8 @@ CASES = {
     "attention_deberta": lambda: in_attention(
         DisentangledPosition(max_relative_positions=8, position_buckets=4)
     ),
+    "attention_kerple": lambda: in_attention(KerpleBias(2, form="power")),
+    "attention_fire": lambda: in_attention(FireBias(2, mlp_width=8)),
     "attention_deberta_own_projections": lambda: in_attention(
         DisentangledPosition(
             max_relative_positions=3,

@@ -14,9 +14,11 @@ from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.layers.attention_temperature import AttentionTemperature
 from keras_posenc.layers.disentangled_position import DisentangledPosition
+from keras_posenc.layers.fire_bias import FireBias
 from keras_posenc.layers.grid_relative_position_bias import (
     GridRelativePositionBias,
 )
+from keras_posenc.layers.kerple_bias import KerpleBias
 from keras_posenc.layers.laplacian_position_encoding import (
     LaplacianPositionEncoding,
 )
@@ -47,7 +49,9 @@ __all__ = [
     "AttentionPosition",
     "AttentionTemperature",
     "DisentangledPosition",
+    "FireBias",
     "GridRelativePositionBias",
+    "KerpleBias",
     "LaplacianPositionEncoding",
     "PositionEmbedding",
     "PositionalMultiHeadAttention",

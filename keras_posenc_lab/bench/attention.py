@@ -94,7 +94,16 @@ MEMORY_LENGTH = 2048
 LONG_MEMORY_LENGTH = 8192
 # A clipping distance from Shaw et al.'s ablation, which found no gain past
 # k = 2; the cost hardly depends on it, the tables having 2k + 1 rows.
-SCHEMES = ("rope", "alibi", "t5", "shaw", "transformer_xl", "deberta")
+SCHEMES = (
+    "rope",
+    "alibi",
+    "t5",
+    "shaw",
+    "transformer_xl",
+    "deberta",
+    "kerple",
+    "fire",
+)
 # The baseline: plain attention on Keras' einsum path.
 BASELINE = "plain_einsum_path"
 # The most each scheme's time may be, over the baseline's.
@@ -105,6 +114,8 @@ TARGETS = {
     "shaw": 1.25,
     "transformer_xl": 1.6,
     "deberta": 1.4,
+    "kerple": 1.15,
+    "fire": 1.15,
 }
 # The most each scheme's peak memory may be, over the baseline's.
 MEMORY_TARGETS = {
@@ -114,6 +125,8 @@ MEMORY_TARGETS = {
     "shaw": 1.15,
     "transformer_xl": 1.2,
     "deberta": 1.2,
+    "kerple": 1.1,
+    "fire": 1.1,
 }
 # Arguments that replace the language task's registry here: T5's buckets
 # bidirectional, the attention timed being not causal; DeBERTa-v3's own
@@ -122,6 +135,8 @@ MEMORY_TARGETS = {
 BENCH_ARGUMENTS = {
     "t5": {"bidirectional": True},
     "deberta": {"position_buckets": 256, "max_relative_positions": 512},
+    "kerple": {"bidirectional": True},
+    "fire": {"bidirectional": True},
 }
 # The candidates whose peak memory is measured: all but the noise copy.
 MEMORY_CANDIDATES = (BASELINE, "plain") + SCHEMES
@@ -137,6 +152,8 @@ LABELS = {
     "shaw": f"Shaw, k = {SHAW_MAX_RELATIVE_POSITION} (`RelativePositionEmbedding`)",
     "transformer_xl": "Transformer-XL (`TransformerXLPosition`)",
     "deberta": "DeBERTa-v3 (`DisentangledPosition`)",
+    "kerple": "KERPLE, log (`KerpleBias`)",
+    "fire": "FIRE (`FireBias`)",
 }
 
 

@@ -51,10 +51,10 @@ PROMPT = 512
 NEW_TOKENS = 256
 HEADS = 8
 KEY_DIM = 64
-SCHEMES = ("rope", "alibi", "t5", "shaw")
+SCHEMES = ("rope", "alibi", "t5", "shaw", "kerple", "fire")
 BASELINE = "plain"
 # The most a decoded token may take, over plain attention's time.
-TARGETS = {"rope": 1.10, "alibi": 1.10, "t5": 1.10}
+TARGETS = {"rope": 1.10, "alibi": 1.10, "t5": 1.10, "kerple": 1.15, "fire": 1.15}
 CANDIDATES = (BASELINE,) + SCHEMES + ("keras_hub", "plain_again")
 LABELS = {
     "plain": "plain (`position=None`)",

@@ -1,0 +1,245 @@
+import math
+import numbers
+
+import keras
+
+from keras_posenc import ops
+from keras_posenc.layers._schemes import HeadBias
+from keras_posenc.layers._schemes import read_initializer
+
+
+def _check_positive_number(name, value):
+    if (
+        not isinstance(value, numbers.Real)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            f"`{name}` must be a positive number. Received: {name}={value!r}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_posenc")
+class FireBias(HeadBias):
+    """FIRE: a learned function of the distance, interpolated by the position.
+
+    Li et al. (2023) add to the logit of query `i` and key `j` a bias per
+    head read from a small MLP `f` of one number, the distance divided by
+    the query's position on a log scale (section 3):
+
+    `b(i, j) = f(psi(i - j) / psi(max(i, L)))`, `psi(x) = log(c |x| + 1)`,
+
+    so that every distance a query sees maps into `[0, 1]` whatever the
+    length ("progressive interpolation"), with `c` and the threshold `L`
+    learned: short sequences, below `L`, are divided by `psi(L)` rather than
+    by their own small positions. The parametrization is that of the
+    paper's appendix code: `f` a linear layer from 1 to `mlp_width`
+    features, a ReLU, and a linear layer to one output per head; `c` a
+    learned scalar, starting at `init_c`; `L = |multiplier * init_threshold|`
+    with the multiplier a learned scalar starting at 1 (the code's
+    `L_multiplier` of a fixed `init_L`); `eps` added to the divisor.
+
+    The paper defines the causal form, `i >= j`. `bidirectional=False`
+    reads `max(i - j, 0)` as the distance, so keys after the query, which a
+    causal mask removes, read distance 0. The paper gives no other form for
+    encoders; `bidirectional=True` reads `|i - j|` both ways, which is what
+    the appendix code computes for every pair (it takes `psi` of the
+    absolute distance).
+
+    The MLP's hidden features are `(query, key, mlp_width)` floats, wider
+    than the logits; inside `PositionalMultiHeadAttention` the attention
+    takes `query_block` queries at a time, so that they are a block's.
+
+    Weights, made when the attention builds (or on the first call of the
+    layer on its own), all read in float32 whatever the dtype policy:
+    `"hidden_kernel"` and `"hidden_bias"` of shape `(mlp_width,)` (the first
+    linear layer's, its one input), `"output_kernel"` of shape `(mlp_width,
+    num_heads)` and `"output_bias"` of shape `(num_heads,)`, `"c"` and
+    `"threshold_multiplier"` (scalars).
+
+    Args:
+        num_heads: int. The attention's number of heads, one output of the
+            MLP each.
+        mlp_width: int. The MLP's hidden features. Defaults to `32`.
+        init_c: float. The initial `c`. Defaults to `0.1`.
+        init_threshold: float. The threshold `L` the learned multiplier
+            scales (the appendix code's `init_L`). Defaults to `512.0`.
+        eps: float. Added to the divisor `psi(max(i, L))`. Defaults to
+            `1e-6`.
+        bidirectional: bool. `False` for the causal distance `max(i - j,
+            0)`, `True` for `|i - j|`. Defaults to `False`.
+        kernel_initializer: initializer of both kernels, or None for
+            PyTorch's `nn.Linear` default, uniform on `(-1 / sqrt(fan_in), 1
+            / sqrt(fan_in))`. Defaults to `None`.
+        bias_initializer: initializer of both biases, or None for PyTorch's
+            `nn.Linear` default, as the kernels. Defaults to `None`.
+        **kwargs: other keyword arguments passed to `keras.layers.Layer`,
+            including `name`, `dtype` etc.
+
+    Call arguments:
+        query_positions: integer tensor of shape `(batch, query)`, or
+            `(query,)` for positions shared by the batch.
+        key_positions: integer tensor of shape `(batch, key)`, or `(key,)`.
+
+    Returns:
+        The bias to add to the attention logits: a float32 tensor of shape
+        `(batch or 1, num_heads, query, key)`, batch 1 when both positions
+        are shared.
+
+    Example:
+
+    >>> fire = FireBias(num_heads=2)
+    >>> bias = fire(np.arange(5), np.arange(5))
+    >>> tuple(bias.shape)
+    (1, 2, 5, 5)
+    >>> tuple(fire.output_kernel.shape)
+    (32, 2)
+    >>> cached = fire(np.array([4]), np.arange(5))  # query 4, keys 0 to 4
+    >>> bool(np.allclose(keras.ops.convert_to_numpy(cached)[0, :, 0], keras.ops.convert_to_numpy(bias)[0, :, 4]))
+    True
+
+    References:
+        - [Li et al., 2023](https://arxiv.org/abs/2310.04418)
+    """
+
+    # The MLP's hidden features of a block of queries, `(block, key,
+    # mlp_width)`, in place of `(query, key, mlp_width)`: at 2048 queries
+    # and keys, 64 MiB rather than 512.
+    query_block = 256
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_width=32,
+        init_c=0.1,
+        init_threshold=512.0,
+        eps=1e-6,
+        bidirectional=False,
+        kernel_initializer=None,
+        bias_initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        ops.check_positive_int("num_heads", num_heads)
+        ops.check_positive_int("mlp_width", mlp_width)
+        _check_positive_number("init_c", init_c)
+        _check_positive_number("init_threshold", init_threshold)
+        _check_positive_number("eps", eps)
+        if not isinstance(bidirectional, bool):
+            raise ValueError(
+                "`bidirectional` must be a bool. "
+                f"Received: bidirectional={bidirectional!r}"
+            )
+        self.num_heads = num_heads
+        self.mlp_width = mlp_width
+        self.init_c = float(init_c)
+        self.init_threshold = float(init_threshold)
+        self.eps = float(eps)
+        self.bidirectional = bidirectional
+        self.kernel_initializer = (
+            None
+            if kernel_initializer is None
+            else read_initializer("kernel_initializer", kernel_initializer)
+        )
+        self.bias_initializer = (
+            None
+            if bias_initializer is None
+            else read_initializer("bias_initializer", bias_initializer)
+        )
+
+    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
+        self.check_attention(num_heads, key_dim, value_dim)
+        self.build()
+
+    def build(self, input_shape=None):
+        # The weights depend on no input shape; the attention may have built
+        # the layer already.
+        if self.built:
+            return
+
+        def linear_default(fan_in):
+            # PyTorch's nn.Linear: kernel and bias uniform within 1 / sqrt(fan_in).
+            limit = 1.0 / math.sqrt(fan_in)
+            return keras.initializers.RandomUniform(-limit, limit)
+
+        def weight(name, shape, initializer):
+            return self.add_weight(
+                name=name, shape=shape, initializer=initializer, autocast=False
+            )
+
+        self.hidden_kernel = weight(
+            "hidden_kernel", (self.mlp_width,), self.kernel_initializer or linear_default(1)
+        )
+        self.hidden_bias = weight(
+            "hidden_bias", (self.mlp_width,), self.bias_initializer or linear_default(1)
+        )
+        self.output_kernel = weight(
+            "output_kernel",
+            (self.mlp_width, self.num_heads),
+            self.kernel_initializer or linear_default(self.mlp_width),
+        )
+        self.output_bias = weight(
+            "output_bias",
+            (self.num_heads,),
+            self.bias_initializer or linear_default(self.mlp_width),
+        )
+        self.c = weight("c", (), keras.initializers.Constant(self.init_c))
+        self.threshold_multiplier = weight(
+            "threshold_multiplier", (), keras.initializers.Constant(1.0)
+        )
+        self.built = True
+
+    def logits_bias(self, query, key, context):
+        relative = ops.relative_position(
+            context.query_positions, context.key_positions
+        )  # (batch or 1, query, key): j - i
+        query_positions = ops.read_positions(
+            context.query_positions, name="query_positions", integer=True
+        )  # ([batch,] query)
+        if len(query_positions.shape) == 1:
+            query_positions = query_positions[None]  # (1, query)
+        distance = (
+            keras.ops.abs(relative)
+            if self.bidirectional
+            else keras.ops.maximum(-relative, 0)
+        )
+        c = keras.ops.cast(self.c, "float32")
+        threshold = keras.ops.abs(
+            keras.ops.cast(self.threshold_multiplier, "float32") * self.init_threshold
+        )
+        normalizer = keras.ops.maximum(
+            keras.ops.cast(query_positions, "float32"), threshold
+        )[:, :, None]  # (batch or 1, query, 1): max(i, L)
+        # psi(x) = log(|c x| + 1), Eq. (6) with the appendix's absolute value.
+        interpolated = keras.ops.log1p(
+            keras.ops.abs(c * keras.ops.cast(distance, "float32"))
+        ) / (
+            keras.ops.log1p(keras.ops.abs(c * normalizer)) + self.eps
+        )  # (batch or 1, query, key), in [0, 1] for keys up to the query
+        hidden = keras.ops.relu(
+            interpolated[..., None] * self.hidden_kernel + self.hidden_bias
+        )  # (batch or 1, query, key, width)
+        return keras.ops.einsum(
+            "bqkw,wh->bhqk", hidden, self.output_kernel
+        ) + self.output_bias[:, None, None]  # (batch or 1, heads, query, key)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "mlp_width": self.mlp_width,
+                "init_c": self.init_c,
+                "init_threshold": self.init_threshold,
+                "eps": self.eps,
+                "bidirectional": self.bidirectional,
+                "kernel_initializer": None
+                if self.kernel_initializer is None
+                else keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": None
+                if self.bias_initializer is None
+                else keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config
