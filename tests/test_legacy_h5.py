@@ -26,6 +26,7 @@ from keras_posenc.layers import (
     SinusoidalPositionEncoding,
     TokenAndPositionEmbedding,
     TransformerXLPosition,
+    XPosEmbedding,
 )
 from tests.backend import numpy
 
@@ -230,6 +231,9 @@ CASES = {
             pos_att_type="p2c|c2p",
             layer_norm=False,
         )
+    ),
+    "attention_xpos": lambda: in_attention(
+        XPosEmbedding(scale_base=8.0, pairing="interleaved")
     ),
     "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
     "laplacian_concat_combinatorial": lambda: on_graphs(
