@@ -59,6 +59,8 @@ LANGUAGE = {
         "learned", "PositionEmbedding", "embeddings", takes=("sequence_length",)
     ),
     "rope": Encoding("rope", "RotaryEmbedding", "attention"),
+    # RoPE with xPos's decay per pair, scale base 512 as its paper's.
+    "xpos": Encoding("xpos", "XPosEmbedding", "attention"),
     "alibi": Encoding("alibi", "AlibiBias", "attention", takes=("num_heads",)),
     "shaw": Encoding(
         "shaw",

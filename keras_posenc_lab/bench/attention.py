@@ -10,10 +10,12 @@ and 1.25 times with Shaw et al.'s relative representations
 with Transformer-XL's relative attention (`TransformerXLPosition`, which
 attends by blocks of its `query_block` queries), and 1.4 times with
 DeBERTa-v3's disentangled attention (`DisentangledPosition`, both terms,
-its own 2 * 256 rows reaching 512, also by blocks of queries). At length
+its own 2 * 256 rows reaching 512, also by blocks of queries), and 1.05
+times with xPos (`XPosEmbedding`), which holds under a causal mask only and
+is timed with one (the baseline has none). At length
 2048 one call needs at most 1.0 times the memory with RoPE and ALiBi, 1.1
-times with T5, 1.15 times with Shaw's and 1.2 times with Transformer-XL's
-and DeBERTa's. One more row, at length 8192 and batch
+times with T5 and xPos, 1.15 times with Shaw's and 1.2 times with
+Transformer-XL's and DeBERTa's. One more row, at length 8192 and batch
 1, gives each scheme's memory there, where the (heads, 8192, 8192) float32
 logits, 2 GiB, take most of it.
 
@@ -94,7 +96,9 @@ MEMORY_LENGTH = 2048
 LONG_MEMORY_LENGTH = 8192
 # A clipping distance from Shaw et al.'s ablation, which found no gain past
 # k = 2; the cost hardly depends on it, the tables having 2k + 1 rows.
-SCHEMES = ("rope", "alibi", "t5", "shaw", "transformer_xl", "deberta")
+SCHEMES = ("rope", "alibi", "t5", "shaw", "transformer_xl", "deberta", "xpos")
+# The schemes that hold under a causal mask only, timed with one.
+CAUSAL_SCHEMES = ("xpos",)
 # The baseline: plain attention on Keras' einsum path.
 BASELINE = "plain_einsum_path"
 # The most each scheme's time may be, over the baseline's.
@@ -105,6 +109,7 @@ TARGETS = {
     "shaw": 1.25,
     "transformer_xl": 1.6,
     "deberta": 1.4,
+    "xpos": 1.05,
 }
 # The most each scheme's peak memory may be, over the baseline's.
 MEMORY_TARGETS = {
@@ -114,6 +119,7 @@ MEMORY_TARGETS = {
     "shaw": 1.15,
     "transformer_xl": 1.2,
     "deberta": 1.2,
+    "xpos": 1.1,
 }
 # Arguments that replace the language task's registry here: T5's buckets
 # bidirectional, the attention timed being not causal; DeBERTa-v3's own
@@ -137,6 +143,7 @@ LABELS = {
     "shaw": f"Shaw, k = {SHAW_MAX_RELATIVE_POSITION} (`RelativePositionEmbedding`)",
     "transformer_xl": "Transformer-XL (`TransformerXLPosition`)",
     "deberta": "DeBERTa-v3 (`DisentangledPosition`)",
+    "xpos": "xPos, causal (`XPosEmbedding`)",
 }
 
 
@@ -172,17 +179,23 @@ def _candidate(name, heads, key_dim):
         )
     # Built eagerly on a short input, so no weight is made under XLA.
     short = compiled.zeros((1, 2, heads * key_dim))
-    layer(short, short)
+    layer(short, short, use_causal_mask=name in CAUSAL_SCHEMES)
     # Partials, not lambdas: `tf.function` counts traces per code object,
     # and would warn of retracing when one lambda's code made every
     # candidate; and on JAX the partial's layer gives the weights to pass.
     if name in ("plain_einsum_path", "plain_einsum_path_again"):
         return functools.partial(_self_attention_einsum_path, layer)
+    if name in CAUSAL_SCHEMES:
+        return functools.partial(_causal_self_attention, layer)
     return functools.partial(_self_attention, layer)
 
 
 def _self_attention(layer, inputs):
     return layer(inputs, inputs)
+
+
+def _causal_self_attention(layer, inputs):
+    return layer(inputs, inputs, use_causal_mask=True)
 
 
 def _self_attention_einsum_path(layer, inputs):
