@@ -106,6 +106,9 @@ LANGUAGE = {
     # FIRE: an MLP of the distance over the query's position, log-scaled,
     # as the paper's appendix code builds it.
     "fire": Encoding("fire", "FireBias", "attention", takes=("num_heads",)),
+    # RoPE with xPos's decay per pair. Its paper sets the scale base at half
+    # the trained length (512 for 1024 tokens); here half of 64.
+    "xpos": Encoding("xpos", "XPosEmbedding", "attention", {"scale_base": 32.0}),
 }
 
 # The vision task: a ViT over a grid of patches, with one class token.

@@ -172,6 +172,10 @@ MODELS = {
         lambda: _attention(keras_posenc.FireBias(num_heads=HEADS)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
+    "attention-xpos": (
+        lambda: _attention(keras_posenc.XPosEmbedding(scale_base=8.0)),
+        lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
+    ),
     "attention-t5": (
         lambda: _attention(keras_posenc.RelativePositionBias(num_heads=HEADS)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),

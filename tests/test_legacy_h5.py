@@ -29,6 +29,7 @@ from keras_posenc.layers import (
     SinusoidalPositionEncoding,
     TokenAndPositionEmbedding,
     TransformerXLPosition,
+    XPosEmbedding,
 )
 from tests.backend import numpy
 
@@ -238,6 +239,9 @@ CASES = {
     ),
     "attention_temperature": lambda: in_attention(
         AttentionTemperature(floor_scale=3, attn_scale=0.5)
+    ),
+    "attention_xpos": lambda: in_attention(
+        XPosEmbedding(scale_base=8.0, pairing="interleaved")
     ),
     "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
     "laplacian_concat_combinatorial": lambda: on_graphs(

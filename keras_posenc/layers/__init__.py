@@ -42,6 +42,7 @@ from keras_posenc.layers.transformer_xl_position import TransformerXLPosition
 from keras_posenc.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
+from keras_posenc.layers.xpos_embedding import XPosEmbedding
 
 __all__ = [
     "AlibiBias",
@@ -63,4 +64,5 @@ __all__ = [
     "SinusoidalPositionEncoding",
     "TokenAndPositionEmbedding",
     "TransformerXLPosition",
+    "XPosEmbedding",
 ]

@@ -10,10 +10,12 @@ and 1.25 times with Shaw et al.'s relative representations
 with Transformer-XL's relative attention (`TransformerXLPosition`, which
 attends by blocks of its `query_block` queries), and 1.4 times with
 DeBERTa-v3's disentangled attention (`DisentangledPosition`, both terms,
-its own 2 * 256 rows reaching 512, also by blocks of queries). At length
+its own 2 * 256 rows reaching 512, also by blocks of queries), and 1.05
+times with xPos (`XPosEmbedding`), which holds under a causal mask only and
+is timed with one (the baseline has none). At length
 2048 one call needs at most 1.0 times the memory with RoPE and ALiBi, 1.1
-times with T5, 1.15 times with Shaw's and 1.2 times with Transformer-XL's
-and DeBERTa's. One more row, at length 8192 and batch
+times with T5 and xPos, 1.15 times with Shaw's and 1.2 times with
+Transformer-XL's and DeBERTa's. One more row, at length 8192 and batch
 1, gives each scheme's memory there, where the (heads, 8192, 8192) float32
 logits, 2 GiB, take most of it.
 
@@ -103,7 +105,10 @@ SCHEMES = (
     "deberta",
     "kerple",
     "fire",
+    "xpos",
 )
+# The schemes that hold under a causal mask only, timed with one.
+CAUSAL_SCHEMES = ("xpos",)
 # The baseline: plain attention on Keras' einsum path.
 BASELINE = "plain_einsum_path"
 # The most each scheme's time may be, over the baseline's.
@@ -116,6 +121,7 @@ TARGETS = {
     "deberta": 1.4,
     "kerple": 1.15,
     "fire": 1.15,
+    "xpos": 1.05,
 }
 # The most each scheme's peak memory may be, over the baseline's.
 MEMORY_TARGETS = {
@@ -127,6 +133,7 @@ MEMORY_TARGETS = {
     "deberta": 1.2,
     "kerple": 1.1,
     "fire": 1.1,
+    "xpos": 1.1,
 }
 # Arguments that replace the language task's registry here: T5's buckets
 # bidirectional, the attention timed being not causal; DeBERTa-v3's own
@@ -154,6 +161,7 @@ LABELS = {
     "deberta": "DeBERTa-v3 (`DisentangledPosition`)",
     "kerple": "KERPLE, log (`KerpleBias`)",
     "fire": "FIRE (`FireBias`)",
+    "xpos": "xPos, causal (`XPosEmbedding`)",
 }
 
 
@@ -189,17 +197,23 @@ def _candidate(name, heads, key_dim):
         )
     # Built eagerly on a short input, so no weight is made under XLA.
     short = compiled.zeros((1, 2, heads * key_dim))
-    layer(short, short)
+    layer(short, short, use_causal_mask=name in CAUSAL_SCHEMES)
     # Partials, not lambdas: `tf.function` counts traces per code object,
     # and would warn of retracing when one lambda's code made every
     # candidate; and on JAX the partial's layer gives the weights to pass.
     if name in ("plain_einsum_path", "plain_einsum_path_again"):
         return functools.partial(_self_attention_einsum_path, layer)
+    if name in CAUSAL_SCHEMES:
+        return functools.partial(_causal_self_attention, layer)
     return functools.partial(_self_attention, layer)
 
 
 def _self_attention(layer, inputs):
     return layer(inputs, inputs)
+
+
+def _causal_self_attention(layer, inputs):
+    return layer(inputs, inputs, use_causal_mask=True)
 
 
 def _self_attention_einsum_path(layer, inputs):

@@ -247,6 +247,11 @@ def test_attention_table_tells_a_miss_from_noise():
     }
     results.update(
         {f"{name}_vs_plain": 1.0 for name in attention.SCHEMES},
+        # Each scheme at its target, unless set below.
+        **{
+            f"{name}_vs_plain_einsum_path": attention.TARGETS[name]
+            for name in attention.SCHEMES
+        },
         **{f"{name}_logits_writes": 3 for name in attention.MEMORY_CANDIDATES},
         plain_vs_plain_einsum_path=1.2,
         vs_itself=1.02,
@@ -256,6 +261,7 @@ def test_attention_table_tells_a_miss_from_noise():
         shaw_vs_plain_einsum_path=1.20,  # under 1.25
         transformer_xl_vs_plain_einsum_path=1.70,  # past 1.6
         deberta_vs_plain_einsum_path=1.38,  # under 1.4
+        xpos_vs_plain_einsum_path=1.049,  # under 1.05
     )
     table = attention.format_table(results)
     assert "| 1.040x | <= 1.05x | yes |" in table
@@ -264,6 +270,7 @@ def test_attention_table_tells_a_miss_from_noise():
     assert "| 1.200x | <= 1.25x | yes |" in table
     assert "| 1.700x | <= 1.60x | no |" in table
     assert "| 1.380x | <= 1.40x | yes |" in table
+    assert "| 1.049x | <= 1.05x | yes |" in table
     assert "| plain, `dot_product_attention` path | 100.0 | 1.200x |" in table
 
 
@@ -286,7 +293,16 @@ def test_attention_table_judges_memory_in_whole_mib():
         "shaw": 644.6,  # 1.1511x, 645 MiB: 1.152x
         "transformer_xl": 671.6,  # 1.1993x, 672 MiB: 1.2x
         "deberta": 672.4,  # 1.2007x, 672 MiB: 1.2x
+        "xpos": 617.0,  # 1.1018x, 617 MiB: 1.102x
     }
+    # The other schemes at the baseline's peak.
+    peaks.update(
+        {
+            name: peaks["plain_einsum_path"]
+            for name in attention.SCHEMES
+            if name not in peaks
+        }
+    )
     for name, peak in peaks.items():
         results[f"{name}_peak_mib"] = peak
         results[f"{name}_memory_vs_plain_einsum_path"] = (
@@ -306,6 +322,7 @@ def test_attention_table_judges_memory_in_whole_mib():
     assert memory_cells("shaw") == ["645", "1.15x", "<= 1.15x", "no |"]
     assert memory_cells("transformer_xl") == ["672", "1.20x", "<= 1.20x", "yes |"]
     assert memory_cells("deberta") == ["672", "1.20x", "<= 1.20x", "yes |"]
+    assert memory_cells("xpos") == ["617", "1.10x", "<= 1.10x", "no |"]
 
 
 def test_logits_writes_counts_the_passes_that_write_the_logits():

@@ -195,7 +195,7 @@ def test_the_missing_extra_pins_are_this_packages_own():
         (["demo", "--lengths", "-64"], "argument --lengths: must be an integer"),
         (["demo", "--train-length", "1"], "argument --train-length: must be"),
         (["demo", "--seed", "-1"], "argument --seed: must be an integer"),
-        (["demo", "--encodings", "xpos"], "argument --encodings: invalid choice: 'xpos'"),
+        (["demo", "--encodings", "yarn"], "argument --encodings: invalid choice: 'yarn'"),
         (["demo", "--encodings"], "argument --encodings: expected at least one"),
         (["demo", "--lengths", "32"], "`lengths` must each be at least the training length 64"),
         (["demo", "--quick", "--train-length", "40"], "Received: lengths=[16, 32, 64]"),

@@ -155,8 +155,8 @@ def test_config_changes_are_checked():
     assert config.encodings == ("t5", "alibi")
     assert config.lengths == (64, 128, 512)
     assert config.steps == demo_config.DEFAULT.steps
-    with pytest.raises(ValueError, match=r"`encodings` must be among .*'xpos'"):
-        demo_config.DEFAULT.replace(encodings=["rope", "xpos"])
+    with pytest.raises(ValueError, match=r"`encodings` must be among .*'yarn'"):
+        demo_config.DEFAULT.replace(encodings=["rope", "yarn"])
     with pytest.raises(ValueError, match=r"`lengths` must each be at least .*32"):
         demo_config.DEFAULT.replace(lengths=[32, 128])
 
