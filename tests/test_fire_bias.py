@@ -244,6 +244,94 @@ def test_gradients_reach_c_and_the_threshold():
         assert np.isfinite(gradient) and gradient != 0.0
 
 
+def mlp_reference(layer, x):
+    """The MLP `f` of `x` in float64, `(heads,) + x.shape`, and its hidden sums."""
+    w1, b1 = numpy(layer.hidden_kernel).astype("float64"), numpy(layer.hidden_bias)
+    w2, b2 = numpy(layer.output_kernel).astype("float64"), numpy(layer.output_bias)
+    before = np.asarray(x, "float64")[..., None] * w1 + b1  # (..., width)
+    return np.moveaxis(np.maximum(before, 0.0) @ w2 + b2, -1, 0), before
+
+
+def piecewise_layer(seed=0):
+    """A layer with breakpoints in `(-2, 3)`, rising and falling units, tied
+    breakpoints and flat units."""
+    layer = randomized(FireBias(3, mlp_width=12), seed)
+    rng = np.random.default_rng(seed)
+    w1 = rng.uniform(0.5, 2.0, 12) * np.resize([1.0, -1.0], 12)
+    b1 = -w1 * rng.uniform(-2.0, 3.0, 12)
+    w1[1], b1[1] = 2.0 * w1[0], 2.0 * b1[0]  # unit 1's breakpoint is unit 0's
+    w1[2], b1[2] = -w1[0], -b1[0]  # and unit 2's, falling where 0 rises
+    w1[3], b1[3] = 0.0, 0.7  # constant relu(0.7)
+    w1[4], b1[4] = 0.0, -0.4  # constant 0
+    layer.hidden_kernel.assign(w1.astype("float32"))
+    layer.hidden_bias.assign(b1.astype("float32"))
+    return layer
+
+
+def test_the_piecewise_linear_evaluation_is_the_mlp():
+    layer = piecewise_layer()
+    w1, b1 = numpy(layer.hidden_kernel), numpy(layer.hidden_bias)
+    sloped = w1 != 0
+    # The breakpoints as float32 computes them, and float32 steps beside.
+    breakpoints = (-b1[sloped] / w1[sloped]).astype("float32")
+    at = np.concatenate(
+        [
+            breakpoints,
+            np.nextafter(breakpoints, np.float32(np.inf)),
+            np.nextafter(breakpoints, np.float32(-np.inf)),
+            breakpoints + np.float32(1e-3),
+            breakpoints - np.float32(1e-3),
+        ]
+    )
+    rng = np.random.default_rng(3)
+    x = np.concatenate(
+        [at, rng.uniform(-4.0, 4.0, 200).astype("float32"), np.float32([0.0, 1.0])]
+    )
+    x = x[: (x.size // 4) * 4].reshape(1, 4, -1)  # (1, query, key)
+    values = numpy(layer._evaluate(keras.ops.convert_to_tensor(x)))
+    assert values.shape == (1, 3) + x.shape[1:]
+    expected, _ = mlp_reference(layer, x[0])
+    np.testing.assert_allclose(values[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_are_the_mlps():
+    layer = piecewise_layer(seed=1)
+    weights = [layer.hidden_kernel, layer.hidden_bias, layer.output_kernel, layer.output_bias]
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-3.0, 3.0, (1, 6, 40))
+    # Away from the breakpoints, where the MLP is differentiable.
+    w1, b1 = numpy(layer.hidden_kernel), numpy(layer.hidden_bias)
+    sloped = w1 != 0
+    breakpoints = -b1[sloped] / w1[sloped]
+    near = np.abs(x[..., None] - breakpoints).min(-1) < 1e-2
+    x = np.where(near, x + 0.05, x)
+    assert np.abs(x[..., None] - breakpoints).min() > 1e-3
+    upstream = rng.normal(size=(1, 3) + x.shape[1:])
+
+    def loss(x_value, *values):
+        with keras.StatelessScope(state_mapping=list(zip(weights, values))):
+            return layer._evaluate(x_value) * keras.ops.convert_to_tensor(
+                upstream, "float32"
+            )
+
+    got = gradients(loss, x, *[numpy(w) for w in weights])
+    # The MLP's gradients in float64.
+    w2 = numpy(layer.output_kernel).astype("float64")
+    _, before = mlp_reference(layer, x[0])  # (query, key, width)
+    g = np.moveaxis(upstream[0], 0, -1)  # (query, key, heads)
+    on = (before > 0).astype("float64")
+    through = (g @ w2.T) * on  # (query, key, width): dL / d(w1 x + b1)
+    expected = [
+        (through @ w1.astype("float64"))[None],
+        np.einsum("qkw,qk->w", through, x[0]),
+        through.sum((0, 1)),
+        np.einsum("qkw,qkh->wh", np.maximum(before, 0.0), g),
+        g.sum((0, 1)),
+    ]
+    for name, mine, theirs in zip(["x", "w1", "b1", "w2", "b2"], got, expected):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
 @pytest.mark.parametrize(
     "arguments, match",
     [
