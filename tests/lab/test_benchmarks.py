@@ -245,13 +245,12 @@ def test_attention_table_tells_a_miss_from_noise():
         for name in ("plain", "plain_einsum_path", "plain_einsum_path_again")
         + attention.SCHEMES
     }
+    # Each scheme at its target, unless set below.
+    results.update(
+        {f"{name}_vs_plain_einsum_path": attention.TARGETS[name] for name in attention.SCHEMES}
+    )
     results.update(
         {f"{name}_vs_plain": 1.0 for name in attention.SCHEMES},
-        # Each scheme at its target, unless set below.
-        **{
-            f"{name}_vs_plain_einsum_path": attention.TARGETS[name]
-            for name in attention.SCHEMES
-        },
         **{f"{name}_logits_writes": 3 for name in attention.MEMORY_CANDIDATES},
         plain_vs_plain_einsum_path=1.2,
         vs_itself=1.02,
