@@ -12,6 +12,7 @@ if keras.backend.backend() not in BACKENDS:
 from keras_posenc.layers.alibi_bias import AlibiBias
 from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
+from keras_posenc.layers.contextual_position import ContextualPosition
 from keras_posenc.layers.disentangled_position import DisentangledPosition
 from keras_posenc.layers.grid_relative_position_bias import (
     GridRelativePositionBias,
@@ -44,6 +45,7 @@ __all__ = [
     "AlibiBias",
     "AttentionContext",
     "AttentionPosition",
+    "ContextualPosition",
     "DisentangledPosition",
     "GridRelativePositionBias",
     "LaplacianPositionEncoding",
