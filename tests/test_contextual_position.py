@@ -201,6 +201,25 @@ def test_positions_given_equal_the_reference():
     )
 
 
+def test_left_padding_changes_nothing_for_the_real_tokens():
+    # The pads come before every real key: they count for no real key.
+    attention = random_attention()
+    tokens = random_tokens((1, 8, FEATURES), seed=5)
+    expected = numpy(attention(tokens, tokens, use_causal_mask=True))
+    padded = np.concatenate([random_tokens((1, 3, FEATURES), seed=6), tokens], axis=1)
+    positions = np.concatenate([np.zeros(3, "int64"), np.arange(8)])
+    real = np.arange(11) >= 3
+    output = attention(
+        padded,
+        padded,
+        use_causal_mask=True,
+        query_positions=positions,
+        key_positions=positions,
+        attention_mask=np.broadcast_to(real[None, None], (1, 11, 11)),
+    )
+    np.testing.assert_allclose(numpy(output)[:, 3:], expected, **TOLERANCE)
+
+
 def attention_model(attention, length=12):
     tokens = keras.Input((length, FEATURES))
     return keras.Model(tokens, attention(tokens, tokens, use_causal_mask=True))

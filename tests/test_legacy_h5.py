@@ -13,6 +13,7 @@ import pytest
 import keras_posenc
 from keras_posenc.layers import (
     AlibiBias,
+    ContextualPosition,
     DisentangledPosition,
     GridRelativePositionBias,
     LaplacianPositionEncoding,
@@ -231,6 +232,7 @@ CASES = {
             layer_norm=False,
         )
     ),
+    "attention_cope": lambda: in_attention(ContextualPosition(max_positions=4)),
     "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
     "laplacian_concat_combinatorial": lambda: on_graphs(
         LaplacianPositionEncoding(

@@ -105,11 +105,13 @@ class ContextualPosition(FastPaths, AttentionPosition):
     a cache not yet written, has gate 0). Keys are counted in their order
     along the key axis, from `j` to the last key the query sees.
 
-    Masks other than the causal one (a padding mask, an `attention_mask`)
-    do not reach the scheme: a masked key before the query still counts
-    with its gate, as x-transformers' `CoPE` counts it. Right padding never
-    counts (it comes after every real query); with left padding, the pad
-    keys before a query add their gates to its positions.
+    Masks other than the causal one (padding, an `attention_mask`) do not
+    reach the scheme: a masked key gets no weight, but still adds its gate
+    to the positions of the keys before it. Padding at either end changes
+    nothing for the real keys (left padding comes before them all, right
+    padding after every real query); a key masked between a query and an
+    earlier key counts, where x-transformers, masking before its gates,
+    counts it as nothing.
 
     Inside the attention, queries go by blocks of `query_block` (256), so
     that the gates, their counts and the interpolation are a block's
