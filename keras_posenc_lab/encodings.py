@@ -85,6 +85,11 @@ LANGUAGE = {
         "attention",
         {"position_buckets": 32, "max_relative_positions": 128},
     ),
+    # CoPE: positions counted by gates of the logits. 64 rows, the training
+    # length: a training sequence's counts reach at most 64 (64 gates of at
+    # most 1), so every row is trained; at 512 the larger counts read the
+    # last row, clamped, never an untrained one.
+    "cope": Encoding("cope", "ContextualPosition", "attention", {"max_positions": 64}),
 }
 
 # The vision task: a ViT over a grid of patches, with one class token.

@@ -10,10 +10,13 @@ and 1.25 times with Shaw et al.'s relative representations
 with Transformer-XL's relative attention (`TransformerXLPosition`, which
 attends by blocks of its `query_block` queries), and 1.4 times with
 DeBERTa-v3's disentangled attention (`DisentangledPosition`, both terms,
-its own 2 * 256 rows reaching 512, also by blocks of queries). At length
+its own 2 * 256 rows reaching 512, also by blocks of queries), and 1.6
+times with CoPE (`ContextualPosition`, 64 positions, one more product of
+queries and keys for its gates, by blocks of queries; called with the
+causal mask, which it needs, against the same baseline). At length
 2048 one call needs at most 1.0 times the memory with RoPE and ALiBi, 1.1
 times with T5, 1.15 times with Shaw's and 1.2 times with Transformer-XL's
-and DeBERTa's. One more row, at length 8192 and batch
+and DeBERTa's; CoPE's memory is reported without a target. One more row, at length 8192 and batch
 1, gives each scheme's memory there, where the (heads, 8192, 8192) float32
 logits, 2 GiB, take most of it.
 
@@ -94,7 +97,11 @@ MEMORY_LENGTH = 2048
 LONG_MEMORY_LENGTH = 8192
 # A clipping distance from Shaw et al.'s ablation, which found no gain past
 # k = 2; the cost hardly depends on it, the tables having 2k + 1 rows.
-SCHEMES = ("rope", "alibi", "t5", "shaw", "transformer_xl", "deberta")
+SCHEMES = ("rope", "alibi", "t5", "shaw", "transformer_xl", "deberta", "cope")
+# The schemes that refuse attention without the causal mask (CoPE counts
+# the keys up to each query only): built and timed with
+# `use_causal_mask=True`, against the same baseline, which has no mask.
+CAUSAL_SCHEMES = ("cope",)
 # The baseline: plain attention on Keras' einsum path.
 BASELINE = "plain_einsum_path"
 # The most each scheme's time may be, over the baseline's.
@@ -105,8 +112,10 @@ TARGETS = {
     "shaw": 1.25,
     "transformer_xl": 1.6,
     "deberta": 1.4,
+    "cope": 1.6,
 }
-# The most each scheme's peak memory may be, over the baseline's.
+# The most each scheme's peak memory may be, over the baseline's (CoPE has
+# no target: its table is read per query and key, a block's at a time).
 MEMORY_TARGETS = {
     "rope": 1.0,
     "alibi": 1.0,
@@ -137,6 +146,7 @@ LABELS = {
     "shaw": f"Shaw, k = {SHAW_MAX_RELATIVE_POSITION} (`RelativePositionEmbedding`)",
     "transformer_xl": "Transformer-XL (`TransformerXLPosition`)",
     "deberta": "DeBERTa-v3 (`DisentangledPosition`)",
+    "cope": "CoPE, 64 positions, causal (`ContextualPosition`)",
 }
 
 
@@ -172,17 +182,24 @@ def _candidate(name, heads, key_dim):
         )
     # Built eagerly on a short input, so no weight is made under XLA.
     short = compiled.zeros((1, 2, heads * key_dim))
-    layer(short, short)
+    causal = name in CAUSAL_SCHEMES
+    layer(short, short, use_causal_mask=causal)
     # Partials, not lambdas: `tf.function` counts traces per code object,
     # and would warn of retracing when one lambda's code made every
     # candidate; and on JAX the partial's layer gives the weights to pass.
     if name in ("plain_einsum_path", "plain_einsum_path_again"):
         return functools.partial(_self_attention_einsum_path, layer)
+    if causal:
+        return functools.partial(_causal_self_attention, layer)
     return functools.partial(_self_attention, layer)
 
 
 def _self_attention(layer, inputs):
     return layer(inputs, inputs)
+
+
+def _causal_self_attention(layer, inputs):
+    return layer(inputs, inputs, use_causal_mask=True)
 
 
 def _self_attention_einsum_path(layer, inputs):

@@ -9,8 +9,10 @@ step's output, in one loop (`keras.ops.fori_loop`) compiled with XLA, as
 keras-hub's samplers generate. The target: a decoded token takes at most
 1.10 times as long with RoPE (`RotaryEmbedding`), ALiBi (`AlibiBias`) and
 T5 (`RelativePositionBias`) as with plain attention, the same layer with
-`position=None` and the same cache; Shaw et al.'s relative representations
-(`RelativePositionEmbedding`, k = 16) are reported beside them. keras-hub's
+`position=None` and the same cache, and 1.6 times with CoPE
+(`ContextualPosition`, one more product of the new queries with the keys);
+Shaw et al.'s relative representations (`RelativePositionEmbedding`, k =
+16) are reported beside them. keras-hub's
 `CachedMultiHeadAttention`, plain attention with keras-hub's cache and the
 causal mask keras-hub's decoders give it, is timed as well, with the plain
 layer's weights: the two must agree, which the run checks.
@@ -51,10 +53,10 @@ PROMPT = 512
 NEW_TOKENS = 256
 HEADS = 8
 KEY_DIM = 64
-SCHEMES = ("rope", "alibi", "t5", "shaw")
+SCHEMES = ("rope", "alibi", "t5", "shaw", "cope")
 BASELINE = "plain"
 # The most a decoded token may take, over plain attention's time.
-TARGETS = {"rope": 1.10, "alibi": 1.10, "t5": 1.10}
+TARGETS = {"rope": 1.10, "alibi": 1.10, "t5": 1.10, "cope": 1.6}
 CANDIDATES = (BASELINE,) + SCHEMES + ("keras_hub", "plain_again")
 LABELS = {
     "plain": "plain (`position=None`)",
@@ -77,9 +79,13 @@ def _layer(name, heads, key_dim):
         layer = keras_posenc.PositionalMultiHeadAttention(
             heads, key_dim, position=attention.position_layer(name, heads)
         )
-    # Built eagerly on a short input, so no weight is made under XLA.
+    # Built eagerly on a short input, so no weight is made under XLA; CoPE
+    # refuses attention without the causal mask.
     short = compiled.zeros((1, 2, heads * key_dim))
-    layer(short, short)
+    if name in attention.CAUSAL_SCHEMES:
+        layer(short, short, use_causal_mask=True)
+    else:
+        layer(short, short)
     return layer
 
 

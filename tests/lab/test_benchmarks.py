@@ -256,6 +256,7 @@ def test_attention_table_tells_a_miss_from_noise():
         shaw_vs_plain_einsum_path=1.20,  # under 1.25
         transformer_xl_vs_plain_einsum_path=1.70,  # past 1.6
         deberta_vs_plain_einsum_path=1.38,  # under 1.4
+        cope_vs_plain_einsum_path=1.65,  # past 1.6 by more than the noise
     )
     table = attention.format_table(results)
     assert "| 1.040x | <= 1.05x | yes |" in table
@@ -264,6 +265,7 @@ def test_attention_table_tells_a_miss_from_noise():
     assert "| 1.200x | <= 1.25x | yes |" in table
     assert "| 1.700x | <= 1.60x | no |" in table
     assert "| 1.380x | <= 1.40x | yes |" in table
+    assert "| 1.650x | <= 1.60x | no |" in table
     assert "| plain, `dot_product_attention` path | 100.0 | 1.200x |" in table
 
 
@@ -286,6 +288,7 @@ def test_attention_table_judges_memory_in_whole_mib():
         "shaw": 644.6,  # 1.1511x, 645 MiB: 1.152x
         "transformer_xl": 671.6,  # 1.1993x, 672 MiB: 1.2x
         "deberta": 672.4,  # 1.2007x, 672 MiB: 1.2x
+        "cope": 900.0,  # no memory target
     }
     for name, peak in peaks.items():
         results[f"{name}_peak_mib"] = peak
@@ -306,6 +309,9 @@ def test_attention_table_judges_memory_in_whole_mib():
     assert memory_cells("shaw") == ["645", "1.15x", "<= 1.15x", "no |"]
     assert memory_cells("transformer_xl") == ["672", "1.20x", "<= 1.20x", "yes |"]
     assert memory_cells("deberta") == ["672", "1.20x", "<= 1.20x", "yes |"]
+    # Reported, not judged.
+    assert memory_cells("cope")[:2] == ["900", "1.61x"]
+    assert "yes" not in memory_cells("cope")[-1] and "no" not in memory_cells("cope")[-1]
 
 
 def test_logits_writes_counts_the_passes_that_write_the_logits():
