@@ -109,6 +109,11 @@ LANGUAGE = {
     # RoPE with xPos's decay per pair. Its paper sets the scale base at half
     # the trained length (512 for 1024 tokens); here half of 64.
     "xpos": Encoding("xpos", "XPosEmbedding", "attention", {"scale_base": 32.0}),
+    # CoPE: positions counted by gates of the logits. 64 rows, the training
+    # length: a training sequence's counts reach at most 64 (64 gates of at
+    # most 1), so every row is trained; at 512 the larger counts read the
+    # last row, clamped, never an untrained one.
+    "cope": Encoding("cope", "ContextualPosition", "attention", {"max_positions": 64}),
 }
 
 # The vision task: a ViT over a grid of patches, with one class token.

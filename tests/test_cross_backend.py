@@ -176,6 +176,12 @@ MODELS = {
         lambda: _attention(keras_posenc.XPosEmbedding(scale_base=8.0)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
+    "attention-cope": (
+        lambda: _attention(
+            keras_posenc.ContextualPosition(4, embeddings_initializer="normal")
+        ),
+        lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
+    ),
     "attention-t5": (
         lambda: _attention(keras_posenc.RelativePositionBias(num_heads=HEADS)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),

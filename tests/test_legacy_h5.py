@@ -14,6 +14,7 @@ import keras_posenc
 from keras_posenc.layers import (
     AlibiBias,
     AttentionTemperature,
+    ContextualPosition,
     DisentangledPosition,
     FireBias,
     GridRelativePositionBias,
@@ -243,6 +244,7 @@ CASES = {
     "attention_xpos": lambda: in_attention(
         XPosEmbedding(scale_base=8.0, pairing="interleaved")
     ),
+    "attention_cope": lambda: in_attention(ContextualPosition(max_positions=4)),
     "laplacian_add": lambda: on_graphs(LaplacianPositionEncoding(k=3)),
     "laplacian_concat_combinatorial": lambda: on_graphs(
         LaplacianPositionEncoding(

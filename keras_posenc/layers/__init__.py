@@ -13,6 +13,7 @@ from keras_posenc.layers.alibi_bias import AlibiBias
 from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.layers.attention_temperature import AttentionTemperature
+from keras_posenc.layers.contextual_position import ContextualPosition
 from keras_posenc.layers.disentangled_position import DisentangledPosition
 from keras_posenc.layers.fire_bias import FireBias
 from keras_posenc.layers.grid_relative_position_bias import (
@@ -42,13 +43,14 @@ from keras_posenc.layers.transformer_xl_position import TransformerXLPosition
 from keras_posenc.layers.token_and_position_embedding import (
     TokenAndPositionEmbedding,
 )
-from keras_posenc.layers.xpos_embedding import XPosEmbedding
+from keras_posenc.layers.x_pos_embedding import XPosEmbedding
 
 __all__ = [
     "AlibiBias",
     "AttentionContext",
     "AttentionPosition",
     "AttentionTemperature",
+    "ContextualPosition",
     "DisentangledPosition",
     "FireBias",
     "GridRelativePositionBias",

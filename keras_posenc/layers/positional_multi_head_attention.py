@@ -187,7 +187,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     to the logits); a `RelativePositionEmbedding` (Shaw et al.: a term on the
     logits and one on the values); a `TransformerXLPosition` (a content and
     a position term on the logits); a `DisentangledPosition` (DeBERTa's
-    content-to-position and position-to-content terms). The layer asks its
+    content-to-position and position-to-content terms); a
+    `ContextualPosition` (CoPE: a table read at positions counted by gates
+    of the logits). The layer asks its
     `position` for these contributions, handing each hook this call's
     `AttentionContext`, and knows nothing else of the scheme. With
     `position=None` it is the Keras layer: same weights, same outputs (on
@@ -327,6 +329,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         - [Ying et al., 2021](https://arxiv.org/abs/2106.05234)
         - [Dai et al., 2019](https://arxiv.org/abs/1901.02860)
         - [He et al., 2021](https://arxiv.org/abs/2006.03654)
+        - [Golovneva et al., 2024](https://arxiv.org/abs/2405.18719)
     """
 
     def __init__(self, num_heads, key_dim, position=None, **kwargs):

@@ -106,9 +106,10 @@ SCHEMES = (
     "kerple",
     "fire",
     "xpos",
+    "cope",
 )
 # The schemes that hold under a causal mask only, timed with one.
-CAUSAL_SCHEMES = ("xpos",)
+CAUSAL_SCHEMES = ("xpos", "cope")
 # The baseline: plain attention on Keras' einsum path.
 BASELINE = "plain_einsum_path"
 # The most each scheme's time may be, over the baseline's.
@@ -122,8 +123,10 @@ TARGETS = {
     "kerple": 1.15,
     "fire": 1.15,
     "xpos": 1.05,
+    "cope": 1.6,
 }
-# The most each scheme's peak memory may be, over the baseline's.
+# The most each scheme's peak memory may be, over the baseline's (CoPE has
+# no target: its table is read per query and key, a block's at a time).
 MEMORY_TARGETS = {
     "rope": 1.0,
     "alibi": 1.0,
@@ -162,6 +165,7 @@ LABELS = {
     "kerple": "KERPLE, log (`KerpleBias`)",
     "fire": "FIRE (`FireBias`)",
     "xpos": "xPos, causal (`XPosEmbedding`)",
+    "cope": "CoPE, 64 positions, causal (`ContextualPosition`)",
 }
 
 
@@ -197,13 +201,14 @@ def _candidate(name, heads, key_dim):
         )
     # Built eagerly on a short input, so no weight is made under XLA.
     short = compiled.zeros((1, 2, heads * key_dim))
-    layer(short, short, use_causal_mask=name in CAUSAL_SCHEMES)
+    causal = name in CAUSAL_SCHEMES
+    layer(short, short, use_causal_mask=causal)
     # Partials, not lambdas: `tf.function` counts traces per code object,
     # and would warn of retracing when one lambda's code made every
     # candidate; and on JAX the partial's layer gives the weights to pass.
     if name in ("plain_einsum_path", "plain_einsum_path_again"):
         return functools.partial(_self_attention_einsum_path, layer)
-    if name in CAUSAL_SCHEMES:
+    if causal:
         return functools.partial(_causal_self_attention, layer)
     return functools.partial(_self_attention, layer)
 

@@ -52,7 +52,7 @@ PROMPT = 512
 NEW_TOKENS = 256
 HEADS = 8
 KEY_DIM = 64
-SCHEMES = ("rope", "alibi", "t5", "shaw", "kerple", "fire", "xpos")
+SCHEMES = ("rope", "alibi", "t5", "shaw", "kerple", "fire", "xpos", "cope")
 BASELINE = "plain"
 # The most a decoded token may take, over plain attention's time.
 TARGETS = {
@@ -62,6 +62,7 @@ TARGETS = {
     "kerple": 1.15,
     "fire": 1.15,
     "xpos": 1.05,
+    "cope": 1.6,
 }
 CANDIDATES = (BASELINE,) + SCHEMES + ("keras_hub", "plain_again")
 LABELS = {
@@ -85,7 +86,8 @@ def _layer(name, heads, key_dim):
         layer = keras_posenc.PositionalMultiHeadAttention(
             heads, key_dim, position=attention.position_layer(name, heads)
         )
-    # Built eagerly on a short input, so no weight is made under XLA.
+    # Built eagerly on a short input, so no weight is made under XLA; CoPE
+    # refuses attention without the causal mask.
     short = compiled.zeros((1, 2, heads * key_dim))
     if name == "keras_hub":
         layer(short, short)

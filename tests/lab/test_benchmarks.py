@@ -261,6 +261,7 @@ def test_attention_table_tells_a_miss_from_noise():
         transformer_xl_vs_plain_einsum_path=1.70,  # past 1.6
         deberta_vs_plain_einsum_path=1.38,  # under 1.4
         xpos_vs_plain_einsum_path=1.049,  # under 1.05
+        cope_vs_plain_einsum_path=1.65,  # past 1.6 by more than the noise
     )
     table = attention.format_table(results)
     assert "| 1.040x | <= 1.05x | yes |" in table
@@ -270,6 +271,7 @@ def test_attention_table_tells_a_miss_from_noise():
     assert "| 1.700x | <= 1.60x | no |" in table
     assert "| 1.380x | <= 1.40x | yes |" in table
     assert "| 1.049x | <= 1.05x | yes |" in table
+    assert "| 1.650x | <= 1.60x | no |" in table
     assert "| plain, `dot_product_attention` path | 100.0 | 1.200x |" in table
 
 
@@ -293,6 +295,7 @@ def test_attention_table_judges_memory_in_whole_mib():
         "transformer_xl": 671.6,  # 1.1993x, 672 MiB: 1.2x
         "deberta": 672.4,  # 1.2007x, 672 MiB: 1.2x
         "xpos": 617.0,  # 1.1018x, 617 MiB: 1.102x
+        "cope": 900.0,  # no memory target
     }
     # The other schemes at the baseline's peak.
     peaks.update(
@@ -322,6 +325,9 @@ def test_attention_table_judges_memory_in_whole_mib():
     assert memory_cells("transformer_xl") == ["672", "1.20x", "<= 1.20x", "yes |"]
     assert memory_cells("deberta") == ["672", "1.20x", "<= 1.20x", "yes |"]
     assert memory_cells("xpos") == ["617", "1.10x", "<= 1.10x", "no |"]
+    # Reported, not judged.
+    assert memory_cells("cope")[:2] == ["900", "1.61x"]
+    assert "yes" not in memory_cells("cope")[-1] and "no" not in memory_cells("cope")[-1]
 
 
 def test_logits_writes_counts_the_passes_that_write_the_logits():
