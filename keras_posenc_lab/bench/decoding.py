@@ -8,9 +8,11 @@ decodes 256 tokens one at a time, each step's input being the previous
 step's output, in one loop (`keras.ops.fori_loop`) compiled with XLA, as
 keras-hub's samplers generate. The target: a decoded token takes at most
 1.10 times as long with RoPE (`RotaryEmbedding`), ALiBi (`AlibiBias`) and
-T5 (`RelativePositionBias`), 1.05 times with xPos (`XPosEmbedding`), as
-with plain attention, the same layer with
-`position=None` and the same cache; Shaw et al.'s relative representations
+T5 (`RelativePositionBias`), 1.05 times with xPos (`XPosEmbedding`), 1.15
+times with KERPLE (`KerpleBias`) and FIRE (`FireBias`), and 1.6 times with
+CoPE (`ContextualPosition`, one more product of the new queries with the
+keys), as with plain attention, the same layer with `position=None` and
+the same cache; Shaw et al.'s relative representations
 (`RelativePositionEmbedding`, k = 16) are reported beside them. keras-hub's
 `CachedMultiHeadAttention`, plain attention with keras-hub's cache and the
 causal mask keras-hub's decoders give it, is timed as well, with the plain
