@@ -181,15 +181,17 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     A `keras.layers.MultiHeadAttention` with one more argument, `position`:
     a position scheme, any layer subclassing `AttentionPosition`. The
-    package's own: a `RotaryEmbedding` (rotates the projected queries and
-    keys); an `AlibiBias`, a `RelativePositionBias`, a
-    `GridRelativePositionBias` or a `ShortestPathBias` (add a bias per head
-    to the logits); a `RelativePositionEmbedding` (Shaw et al.: a term on the
-    logits and one on the values); a `TransformerXLPosition` (a content and
-    a position term on the logits); a `DisentangledPosition` (DeBERTa's
-    content-to-position and position-to-content terms); a
-    `ContextualPosition` (CoPE: a table read at positions counted by gates
-    of the logits). The layer asks its
+    package's own: a `RotaryEmbedding` or an `XPosEmbedding` (rotate the
+    projected queries and keys, xPos scaling them too); an
+    `AttentionTemperature` (Llama 4's layers without positions: scales the
+    queries); an `AlibiBias`, a `RelativePositionBias`, a `KerpleBias`, a
+    `FireBias`, a `GridRelativePositionBias` or a `ShortestPathBias` (add a
+    bias per head to the logits); a `RelativePositionEmbedding` (Shaw et
+    al.: a term on the logits and one on the values); a
+    `TransformerXLPosition` (a content and a position term on the logits);
+    a `DisentangledPosition` (DeBERTa's content-to-position and
+    position-to-content terms); a `ContextualPosition` (CoPE: a table read
+    at positions counted by gates of the logits). The layer asks its
     `position` for these contributions, handing each hook this call's
     `AttentionContext`, and knows nothing else of the scheme. With
     `position=None` it is the Keras layer: same weights, same outputs (on
