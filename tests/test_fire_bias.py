@@ -21,7 +21,7 @@ from tests.backend import numpy
 def fire_reference(layer, query_positions, key_positions):
     """The bias in float64, `(heads, query, key)`, from the layer's weights."""
     w1, b1 = numpy(layer.hidden_kernel).astype("float64"), numpy(layer.hidden_bias)
-    w2, b2 = numpy(layer.output_kernel).astype("float64"), numpy(layer.output_bias)
+    w2 = numpy(layer.output_kernel).astype("float64")
     c = float(numpy(layer.c))
     threshold = abs(float(numpy(layer.threshold_multiplier)) * layer.init_threshold)
     i = np.asarray(query_positions, "float64")[:, None]
@@ -30,13 +30,13 @@ def fire_reference(layer, query_positions, key_positions):
     psi = lambda x: np.log(np.abs(c * x) + 1.0)  # noqa: E731
     x = psi(distance) / (psi(np.maximum(i, threshold)) + layer.eps)
     hidden = np.maximum(x[..., None] * w1 + b1, 0.0)  # (query, key, width)
-    return np.einsum("qkw,wh->hqk", hidden, w2) + b2[:, None, None]
+    return np.einsum("qkw,wh->hqk", hidden, w2)
 
 
 def randomized(layer, seed=0, c=0.3, multiplier=0.02):
     layer.build()
     rng = np.random.default_rng(seed)
-    for weight in (layer.hidden_kernel, layer.hidden_bias, layer.output_kernel, layer.output_bias):
+    for weight in (layer.hidden_kernel, layer.hidden_bias, layer.output_kernel):
         weight.assign(rng.normal(size=weight.shape).astype("float32"))
     layer.c.assign(c)
     layer.threshold_multiplier.assign(multiplier)
@@ -247,9 +247,9 @@ def test_gradients_reach_c_and_the_threshold():
 def mlp_reference(layer, x):
     """The MLP `f` of `x` in float64, `(heads,) + x.shape`, and its hidden sums."""
     w1, b1 = numpy(layer.hidden_kernel).astype("float64"), numpy(layer.hidden_bias)
-    w2, b2 = numpy(layer.output_kernel).astype("float64"), numpy(layer.output_bias)
+    w2 = numpy(layer.output_kernel).astype("float64")
     before = np.asarray(x, "float64")[..., None] * w1 + b1  # (..., width)
-    return np.moveaxis(np.maximum(before, 0.0) @ w2 + b2, -1, 0), before
+    return np.moveaxis(np.maximum(before, 0.0) @ w2, -1, 0), before
 
 
 def piecewise_layer(seed=0):
@@ -296,7 +296,7 @@ def test_the_piecewise_linear_evaluation_is_the_mlp():
 
 def test_gradients_are_the_mlps():
     layer = piecewise_layer(seed=1)
-    weights = [layer.hidden_kernel, layer.hidden_bias, layer.output_kernel, layer.output_bias]
+    weights = [layer.hidden_kernel, layer.hidden_bias, layer.output_kernel]
     rng = np.random.default_rng(4)
     x = rng.uniform(-3.0, 3.0, (1, 6, 40))
     # Away from the breakpoints, where the MLP is differentiable.
@@ -326,9 +326,8 @@ def test_gradients_are_the_mlps():
         np.einsum("qkw,qk->w", through, x[0]),
         through.sum((0, 1)),
         np.einsum("qkw,qkh->wh", np.maximum(before, 0.0), g),
-        g.sum((0, 1)),
     ]
-    for name, mine, theirs in zip(["x", "w1", "b1", "w2", "b2"], got, expected):
+    for name, mine, theirs in zip(["x", "w1", "b1", "w2"], got, expected):
         np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-4, err_msg=name)
 
 

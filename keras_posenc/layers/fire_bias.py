@@ -62,8 +62,10 @@ class FireBias(HeadBias):
     layer on its own), all read in float32 whatever the dtype policy:
     `"hidden_kernel"` and `"hidden_bias"` of shape `(mlp_width,)` (the first
     linear layer's, its one input), `"output_kernel"` of shape `(mlp_width,
-    num_heads)` and `"output_bias"` of shape `(num_heads,)`, `"c"` and
-    `"threshold_multiplier"` (scalars).
+    num_heads)`, `"c"` and `"threshold_multiplier"` (scalars). The appendix
+    code's last linear layer has a bias too, a constant per head, which the
+    softmax over the keys cancels: it never gets a gradient, and the layer
+    has none.
 
     Args:
         num_heads: int. The attention's number of heads, one output of the
@@ -186,11 +188,6 @@ class FireBias(HeadBias):
             (self.mlp_width, self.num_heads),
             self.kernel_initializer or linear_default(self.mlp_width),
         )
-        self.output_bias = weight(
-            "output_bias",
-            (self.num_heads,),
-            self.bias_initializer or linear_default(self.mlp_width),
-        )
         self.c = weight("c", (), keras.initializers.Constant(self.init_c))
         self.threshold_multiplier = weight(
             "threshold_multiplier", (), keras.initializers.Constant(1.0)
@@ -229,7 +226,7 @@ class FireBias(HeadBias):
     def _pieces(self):
         """The MLP as the piecewise linear function it is, from its weights.
 
-        With one input and a ReLU, `f(x) = W2^T relu(w1 x + b1) + b2` is
+        With one input and a ReLU, `f(x) = W2^T relu(w1 x + b1)` is
         linear between the units' breakpoints `t_u = -b1_u / w1_u`: on the
         interval `k` of the sorted breakpoints (those below `x` counted),
         `f(x) = a_k x + c_k`, the sums over the units active there. A unit
@@ -246,7 +243,6 @@ class FireBias(HeadBias):
         w1 = keras.ops.cast(self.hidden_kernel, "float32")
         b1 = keras.ops.cast(self.hidden_bias, "float32")
         w2 = keras.ops.cast(self.output_kernel, "float32")
-        b2 = keras.ops.cast(self.output_bias, "float32")
         rising, falling = w1 > 0, w1 < 0
         sloped = keras.ops.logical_or(rising, falling)
         breakpoints = keras.ops.stop_gradient(
@@ -270,7 +266,7 @@ class FireBias(HeadBias):
         # Sums of products, not a matrix product, which some devices take
         # in reduced precision.
         slopes = keras.ops.sum(active * (w1[:, None] * w2), axis=1)
-        intercepts = keras.ops.sum(active * (b1[:, None] * w2), axis=1) + b2
+        intercepts = keras.ops.sum(active * (b1[:, None] * w2), axis=1)
         return (
             breakpoints,
             keras.ops.transpose(slopes),
