@@ -405,3 +405,60 @@ def test_a_repeated_table_is_readmes(page):
     for header, rows in markdown_tables(page.read_text()).items():
         if header in README_TABLES and page.name != "README.md":
             assert rows == README_TABLES[header], f"{header} differs from README's"
+
+
+SEEDS = "| encoding | Markov, 64 → 512 | stdlib, 64 → 512 | holds at 8x |"
+SEEDS_RESULTS = "| encoding | Markov, 64 | Markov, 512 | rise | holds |"
+
+
+def test_the_seeds_table_is_the_results_pages_and_says_what_holds():
+    readme_rows = table(README_TABLES, SEEDS)
+    results_rows = table(RESULTS_TABLES, SEEDS_RESULTS)
+    assert len(readme_rows) == len(results_rows)
+    for (name, cells), (long_name, long_cells) in zip(
+        readme_rows.items(), results_rows.items()
+    ):
+        assert long_name.startswith(name), (name, long_name)
+        markov, stdlib = numbers(cells[0]), numbers(cells[1])
+        # 64 ± sd, 512 ± sd on each text, as the Results page gives them.
+        assert markov == numbers(long_cells[0]) + numbers(long_cells[1])
+        assert stdlib == numbers(long_cells[4]) + numbers(long_cells[5])
+        holds = []
+        for (first, _, last, _), rise, said in (
+            (markov, long_cells[2], long_cells[3]),
+            (stdlib, long_cells[6], long_cells[7]),
+        ):
+            assert abs(float(rise) - (last - first)) <= 0.0015, (name, rise)
+            holds.append(abs(last - first) <= 0.05)
+            assert said == ("yes" if holds[-1] else "no"), (name, said)
+        assert cells[2] == {
+            (True, True): "yes",
+            (True, False): "Markov only",
+            (False, True): "stdlib only",
+            (False, False): "no",
+        }[tuple(holds)], name
+
+
+def test_the_seeds_sentences_agree_with_the_table():
+    rows = table(RESULTS_TABLES, SEEDS_RESULTS)
+
+    def mean(row, column):
+        return numbers(rows[row][column])[0]
+
+    text = (ROOT / "README.md").read_text()
+    match = re.search(
+        r"KERPLE ([\d.]+) and ([\d.]+) nats below ALiBi there; FIRE \(\+([\d.]+), "
+        r"\+([\d.]+)\) and CoPE\s+\(\+([\d.]+), \+([\d.]+),",
+        text,
+    )
+    assert match, "README no longer says how far KERPLE, FIRE and CoPE move"
+    expected = [
+        mean("alibi", 1) - mean("kerple (log)", 1),
+        mean("alibi", 5) - mean("kerple (log)", 5),
+        float(rows["fire"][2]),
+        float(rows["fire"][6]),
+        float(rows["cope (64 positions)"][2]),
+        float(rows["cope (64 positions)"][6]),
+    ]
+    for written, value in zip(match.groups(), expected):
+        assert abs(float(written) - value) <= 0.006, (written, value)
