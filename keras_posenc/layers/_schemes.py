@@ -38,6 +38,18 @@ def largest_divisor(number, smallest, largest):
     return max(sizes) if sizes else None
 
 
+def key_distance(relative, bidirectional):
+    """A key's distance to its query from `relative`, `key - query`.
+
+    `|key - query|` when `bidirectional`, else `max(query - key, 0)`: the
+    distance of a key before its query, and 0 for the keys after it, which
+    a causal mask removes (KERPLE's and FIRE's decoder form).
+    """
+    if bidirectional:
+        return keras.ops.abs(relative)
+    return keras.ops.maximum(-relative, 0)
+
+
 def read_initializer(name, initializer):
     """The Keras initializer `initializer`, or a `ValueError` naming `name`."""
     try:

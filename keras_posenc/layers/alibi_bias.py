@@ -125,11 +125,7 @@ class AlibiBias(HeadBias):
     def __init__(self, num_heads, bidirectional=False, slopes=None, **kwargs):
         super().__init__(**kwargs)
         ops.check_positive_int("num_heads", num_heads)
-        if not isinstance(bidirectional, bool):
-            raise ValueError(
-                "`bidirectional` must be a bool. "
-                f"Received: bidirectional={bidirectional!r}"
-            )
+        ops.check_bool("bidirectional", bidirectional)
         if slopes is not None and (
             not isinstance(slopes, (list, tuple))
             or len(slopes) != num_heads

@@ -5,6 +5,7 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc.layers._schemes import HeadBias
+from keras_posenc.layers._schemes import key_distance
 from keras_posenc.layers._schemes import read_initializer
 from keras_posenc.ops import _backend
 
@@ -135,27 +136,15 @@ class FireBias(HeadBias):
         _check_positive_number("init_c", init_c)
         _check_positive_number("init_threshold", init_threshold)
         _check_positive_number("eps", eps)
-        if not isinstance(bidirectional, bool):
-            raise ValueError(
-                "`bidirectional` must be a bool. "
-                f"Received: bidirectional={bidirectional!r}"
-            )
+        ops.check_bool("bidirectional", bidirectional)
         self.num_heads = num_heads
         self.mlp_width = mlp_width
         self.init_c = float(init_c)
         self.init_threshold = float(init_threshold)
         self.eps = float(eps)
         self.bidirectional = bidirectional
-        self.kernel_initializer = (
-            None
-            if kernel_initializer is None
-            else read_initializer("kernel_initializer", kernel_initializer)
-        )
-        self.bias_initializer = (
-            None
-            if bias_initializer is None
-            else read_initializer("bias_initializer", bias_initializer)
-        )
+        self.kernel_initializer = read_initializer("kernel_initializer", kernel_initializer)
+        self.bias_initializer = read_initializer("bias_initializer", bias_initializer)
 
     def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
         self.check_attention(num_heads, key_dim, value_dim)
@@ -203,11 +192,7 @@ class FireBias(HeadBias):
         )  # ([batch,] query)
         if len(query_positions.shape) == 1:
             query_positions = query_positions[None]  # (1, query)
-        distance = (
-            keras.ops.abs(relative)
-            if self.bidirectional
-            else keras.ops.maximum(-relative, 0)
-        )
+        distance = key_distance(relative, self.bidirectional)
         c = keras.ops.cast(self.c, "float32")
         threshold = keras.ops.abs(
             keras.ops.cast(self.threshold_multiplier, "float32") * self.init_threshold
@@ -300,12 +285,8 @@ class FireBias(HeadBias):
                 "init_threshold": self.init_threshold,
                 "eps": self.eps,
                 "bidirectional": self.bidirectional,
-                "kernel_initializer": None
-                if self.kernel_initializer is None
-                else keras.initializers.serialize(self.kernel_initializer),
-                "bias_initializer": None
-                if self.bias_initializer is None
-                else keras.initializers.serialize(self.bias_initializer),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             }
         )
         return config

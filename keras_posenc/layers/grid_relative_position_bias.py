@@ -234,10 +234,7 @@ class GridRelativePositionBias(HeadBias):
         """
         _check_window(grid_shape, "grid_shape", self.num_axes)
         ops.check_interpolation(interpolation, allow_none=False)
-        if not isinstance(antialias, bool):
-            raise ValueError(
-                f"`antialias` must be a bool. Received: antialias={antialias!r}"
-            )
+        ops.check_bool("antialias", antialias)
         if not self.built:
             raise ValueError(
                 "The table is made when the layer builds: build it, or call "

@@ -2,6 +2,7 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc.layers._schemes import HeadBias
+from keras_posenc.layers._schemes import key_distance
 from keras_posenc.layers._schemes import read_initializer
 
 FORMS = ("log", "power")
@@ -145,24 +146,12 @@ class KerpleBias(HeadBias):
         ops.check_positive_int("num_heads", num_heads)
         if form not in FORMS:
             raise ValueError(f"`form` must be one of {FORMS}. Received: form={form!r}")
-        if not isinstance(bidirectional, bool):
-            raise ValueError(
-                "`bidirectional` must be a bool. "
-                f"Received: bidirectional={bidirectional!r}"
-            )
+        ops.check_bool("bidirectional", bidirectional)
         self.num_heads = num_heads
         self.form = form
         self.bidirectional = bidirectional
-        self.r1_initializer = (
-            None
-            if r1_initializer is None
-            else read_initializer("r1_initializer", r1_initializer)
-        )
-        self.r2_initializer = (
-            None
-            if r2_initializer is None
-            else read_initializer("r2_initializer", r2_initializer)
-        )
+        self.r1_initializer = read_initializer("r1_initializer", r1_initializer)
+        self.r2_initializer = read_initializer("r2_initializer", r2_initializer)
 
     def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
         self.check_attention(num_heads, key_dim, value_dim)
@@ -209,11 +198,7 @@ class KerpleBias(HeadBias):
             relative = keras.ops.broadcast_to(
                 relative, (keras.ops.shape(query)[0],) + tuple(keras.ops.shape(relative)[1:])
             )  # (batch, query, key)
-        distance = (
-            keras.ops.abs(relative)
-            if self.bidirectional
-            else keras.ops.maximum(-relative, 0)
-        )
+        distance = key_distance(relative, self.bidirectional)
         distance = keras.ops.cast(distance, "float32")[:, None]  # (b, 1, q, k)
         r1 = _clamped(self.r1, SMALLEST, float("inf"))[:, None, None]  # (heads, 1, 1)
         if self.form == "log":
@@ -232,12 +217,8 @@ class KerpleBias(HeadBias):
                 "num_heads": self.num_heads,
                 "form": self.form,
                 "bidirectional": self.bidirectional,
-                "r1_initializer": None
-                if self.r1_initializer is None
-                else keras.initializers.serialize(self.r1_initializer),
-                "r2_initializer": None
-                if self.r2_initializer is None
-                else keras.initializers.serialize(self.r2_initializer),
+                "r1_initializer": keras.initializers.serialize(self.r1_initializer),
+                "r2_initializer": keras.initializers.serialize(self.r2_initializer),
             }
         )
         return config

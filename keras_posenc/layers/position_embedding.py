@@ -204,10 +204,7 @@ class PositionEmbedding(AbsoluteEncoding):
             interpolation = None if grid_shape is None else "bicubic"
         ops.check_interpolation(interpolation, allowed=allowed)
         self.interpolation = interpolation
-        if not isinstance(antialias, bool):
-            raise ValueError(
-                f"`antialias` must be a bool. Received: antialias={antialias!r}"
-            )
+        ops.check_bool("antialias", antialias)
         self.antialias = antialias
 
     @property

@@ -80,10 +80,7 @@ class RandomWalkPositionEncoding(GraphEncoding):
     ):
         super().__init__(merge_mode=merge_mode, output_dim=output_dim, **kwargs)
         ops.check_positive_int("steps", steps)
-        if not isinstance(symmetric, bool):
-            raise ValueError(
-                f"`symmetric` must be a bool. Received: symmetric={symmetric!r}"
-            )
+        ops.check_bool("symmetric", symmetric)
         self.steps = steps
         self.symmetric = symmetric
 

@@ -806,11 +806,7 @@ def _check_grid_arguments(
 ):
     """Raise a `ValueError` unless the grid arguments make a RotaryEmbedding."""
     ops.check_axis_layout(axis_layout, num_axes, axis_sections)
-    if not isinstance(learned_frequencies, bool):
-        raise ValueError(
-            "`learned_frequencies` must be a bool. "
-            f"Received: learned_frequencies={learned_frequencies!r}"
-        )
+    ops.check_bool("learned_frequencies", learned_frequencies)
     if (
         isinstance(num_prefix_tokens, bool)
         or not isinstance(num_prefix_tokens, int)

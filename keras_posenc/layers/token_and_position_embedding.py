@@ -93,10 +93,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                 "position_encoding='learned'. "
                 "Received: sequence_length=None"
             )
-        if not isinstance(mask_zero, bool):
-            raise ValueError(
-                f"`mask_zero` must be a bool. Received: mask_zero={mask_zero!r}"
-            )
+        ops.check_bool("mask_zero", mask_zero)
         self.vocabulary_size = vocabulary_size
         self.embedding_dim = embedding_dim
         self.sequence_length = sequence_length

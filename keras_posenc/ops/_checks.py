@@ -63,6 +63,17 @@ def check_positive_int(name, value, allow_none=False):
         )
 
 
+def check_bool(name, value):
+    """Raise a `ValueError` unless `value` is a bool.
+
+    Args:
+        name: str. The argument's name, for the message.
+        value: the value received.
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
+
+
 def check_num_axes(num_axes):
     """Raise a `ValueError` unless `num_axes` is a positive int."""
     check_positive_int("num_axes", num_axes)
@@ -186,11 +197,7 @@ def check_relative_position_buckets(num_buckets, max_distance, bidirectional):
             `bidirectional`, else `num_buckets // 2`.
         bidirectional: bool.
     """
-    if not isinstance(bidirectional, bool):
-        raise ValueError(
-            "`bidirectional` must be a bool. "
-            f"Received: bidirectional={bidirectional!r}"
-        )
+    check_bool("bidirectional", bidirectional)
     check_positive_int("num_buckets", num_buckets)
     if bidirectional and (num_buckets < 4 or num_buckets % 2):
         raise ValueError(
