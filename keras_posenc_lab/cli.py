@@ -33,7 +33,7 @@ NEEDS = {
 }
 TASKS = ("language", "vision", "graph")
 # Only the language task reads these options.
-LANGUAGE_OPTIONS = ("data", "train_length", "lengths")
+LANGUAGE_OPTIONS = ("data", "train_length", "lengths", "full")
 
 
 def _make_parser():
@@ -146,7 +146,14 @@ def _make_parser():
             + ", ".join(demo_config.VISION_ENCODINGS)
             + "; with --task graph from: "
             + ", ".join(demo_config.GRAPH_ENCODINGS)
-            + " (default: all)"
+            + " (default: all"
+            + (
+                f", but {', '.join(demo_config.FULL_ONLY)} for language "
+                "without --full"
+                if demo_config.FULL_ONLY
+                else ""
+            )
+            + ")"
         ),
     )
     demo_parser.add_argument(
@@ -199,6 +206,16 @@ def _make_parser():
         metavar="N",
         help="train each model N times, with seeds --seed to --seed + N - 1, "
         "and report the mean and the spread (default: 1)",
+    )
+    demo_parser.add_argument(
+        "--full",
+        action="store_true",
+        default=None,
+        help=(
+            "with the language task, train every encoding, also those the "
+            "default run leaves out to stay within 10 minutes"
+            + (f" ({', '.join(demo_config.FULL_ONLY)})" if demo_config.FULL_ONLY else "")
+        ),
     )
     demo_parser.add_argument(
         "--quick",
@@ -363,7 +380,8 @@ def _demo_configs(parser, args):
         if "language" in tasks:
             config = demo_config.QUICK if args.quick else demo_config.DEFAULT
             configs["language"] = config.replace(
-                encodings=args.encodings,
+                encodings=args.encodings
+                or (demo_config.ENCODINGS if args.full else None),
                 data=args.data,
                 steps=args.steps,
                 train_length=args.train_length,

@@ -40,6 +40,9 @@ class Encoding:
         takes: tuple of str. The constructor arguments that come from the
             model (`num_heads`, `sequence_length`, `grid_shape`, `seed`),
             given to `build`.
+        full_only: bool. Whether only `keras-posenc demo --full` (or
+            `--encodings` naming it) trains it: the rows `make demo` leaves
+            out to stay within its 10 minutes.
     """
 
     label: str
@@ -47,11 +50,14 @@ class Encoding:
     role: str = "none"
     arguments: dict = dataclasses.field(default_factory=dict)
     takes: tuple = ()
+    full_only: bool = False
 
 
 # The language task: a causal language model over a sequence. A new
 # encoding goes last: an entry's place seeds its model's training data
 # (`language._training_stream`), so that adding one changes no other row.
+# `make demo` trains all but the `full_only` ones within its 10 minutes
+# (all fourteen took 12 on 2 cores); `keras-posenc demo --full` trains all.
 LANGUAGE = {
     "none": Encoding("none"),
     "sinusoidal": Encoding(
@@ -97,15 +103,22 @@ LANGUAGE = {
         "AttentionTemperature",
         "attention",
         {"floor_scale": 64, "attn_scale": 0.1},
+        full_only=True,
     ),
     # KERPLE's log kernel, the form that extrapolated best in the paper,
     # its coefficients per head as the repository initializes them.
     "kerple": Encoding(
-        "kerple (log)", "KerpleBias", "attention", takes=("num_heads",)
+        "kerple (log)",
+        "KerpleBias",
+        "attention",
+        takes=("num_heads",),
+        full_only=True,
     ),
     # FIRE: an MLP of the distance over the query's position, log-scaled,
     # as the paper's appendix code builds it.
-    "fire": Encoding("fire", "FireBias", "attention", takes=("num_heads",)),
+    "fire": Encoding(
+        "fire", "FireBias", "attention", takes=("num_heads",), full_only=True
+    ),
     # RoPE with xPos's decay per pair. Its paper sets the scale base at half
     # the trained length (512 for 1024 tokens); here half of 64.
     "xpos": Encoding("xpos", "XPosEmbedding", "attention", {"scale_base": 32.0}),
@@ -113,7 +126,13 @@ LANGUAGE = {
     # length: a training sequence's counts reach at most 64 (64 gates of at
     # most 1), so every row is trained; at 512 the larger counts read the
     # last row, clamped, never an untrained one.
-    "cope": Encoding("cope", "ContextualPosition", "attention", {"max_positions": 64}),
+    "cope": Encoding(
+        "cope",
+        "ContextualPosition",
+        "attention",
+        {"max_positions": 64},
+        full_only=True,
+    ),
 }
 
 # The vision task: a ViT over a grid of patches, with one class token.
@@ -223,6 +242,11 @@ def build(task, name, role=None, **context):
         if key in encoding.takes or key not in MODEL_VALUES
     )
     return getattr(keras_posenc, encoding.layer)(**arguments)
+
+
+def full_only(task):
+    """The names of `task`'s encodings that only `--full` runs train."""
+    return tuple(name for name, encoding in TASKS[task].items() if encoding.full_only)
 
 
 def labels(task):

@@ -37,7 +37,9 @@ import tensorflow as tf
 import keras_posenc
 from keras_posenc_lab import encodings
 from keras_posenc_lab import training
+from keras_posenc_lab.config import DEMO_ENCODINGS
 from keras_posenc_lab.config import ENCODINGS
+from keras_posenc_lab.config import FULL_ONLY
 from keras_posenc_lab.config import ROPE_SCALINGS
 
 VOCABULARY_SIZE = 16
@@ -682,6 +684,11 @@ def run(config, out_dir, before_timing=None):
         f"{stream.shape[0] * longest} tokens at lengths "
         f"{', '.join(map(str, config.lengths))}. " + training.seeds_line(config)
     )
+    if FULL_ONLY and config.encodings == DEMO_ENCODINGS:
+        print(
+            f"Left out to keep the demo within 10 minutes: {', '.join(FULL_ONLY)}; "
+            "`keras-posenc demo --full` trains every encoding."
+        )
     runs, speed_runs = [], []
     total = len(config.encodings) * config.num_seeds
     number = 0
