@@ -86,13 +86,27 @@ def _rotary():
 
 
 def _adjacency(rng):
-    """A weighted graph without degenerate Laplacian eigenvalues."""
-    weights = rng.uniform(0.5, 2.0, size=(2, NODES, NODES))
-    edges = rng.uniform(size=(2, NODES, NODES)) < 0.6
-    adjacency = np.triu(weights * edges, 1)
-    # A path through every node keeps each graph connected.
-    adjacency += np.eye(NODES, k=1)[None]
-    return (adjacency + np.swapaxes(adjacency, 1, 2)).astype("float32")
+    """Weighted graphs whose Laplacian eigenvalues are at least 0.1 apart.
+
+    A float32 `eigh` moves an eigenvector by about float32's epsilon times
+    the Laplacian's norm (at most 2) over the gap to the next eigenvalue:
+    below 2e-6 for gaps of 0.1, where a gap of 0.01 (two backends' float32
+    `eigh` then differ by 3e-5 after the model's layers) would not hold the
+    tolerance below. Graphs are drawn until every gap is that wide.
+    """
+    graphs = []
+    while len(graphs) < 2:
+        weights = rng.uniform(0.5, 2.0, size=(NODES, NODES))
+        edges = rng.uniform(size=(NODES, NODES)) < 0.6
+        adjacency = np.triu(weights * edges, 1)
+        # A path through every node keeps the graph connected.
+        adjacency += np.eye(NODES, k=1)
+        adjacency += adjacency.T
+        degrees = adjacency.sum(axis=1)
+        laplacian = np.eye(NODES) - adjacency / np.sqrt(np.outer(degrees, degrees))
+        if np.diff(np.linalg.eigvalsh(laplacian)).min() >= 0.1:
+            graphs.append(adjacency)
+    return np.stack(graphs).astype("float32")  # (2, nodes, nodes)
 
 
 # Every public layer, in a model, by name: (model builder, inputs builder).
