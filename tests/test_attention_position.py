@@ -209,6 +209,31 @@ def test_the_protocol_is_public():
     assert scheme.value_term(None, context) is None
     assert scheme.transform_query_key(1, 2, context) == (1, 2)
     assert scheme.logits_scale(16) == 0.25
-    # Speed-only hooks are not part of it.
-    for name in ("logits_factors", "logits_bias_maxima", "fused_query_block"):
-        assert not hasattr(scheme, name)
+    # The optional speed parts are documented and contribute nothing.
+    assert scheme.logits_factors(context) is None
+    assert scheme.logits_bias_maxima(context) is None
+    assert scheme.query_block is None
+    assert not hasattr(scheme, "fused_query_block")
+
+
+class _Queries(AttentionPosition):
+    def transform_query_key(self, query, key, context):
+        return query * 2.0, key
+
+
+class _Bias(_Queries):
+    def logits_bias(self, query, key, context):
+        return None
+
+
+def test_contributions_are_the_hooks_a_scheme_overrides():
+    assert AttentionPosition().contributions == frozenset()
+    assert _Queries().contributions == {"transform_query_key"}
+    # Inherited overrides count: a subclass contributes what its base does.
+    assert _Bias().contributions == {"transform_query_key", "logits_bias"}
+    assert keras_posenc.RotaryEmbedding().contributions == {"transform_query_key"}
+    assert keras_posenc.AlibiBias(num_heads=2).contributions == {"logits_bias"}
+    assert keras_posenc.RelativePositionEmbedding(4).contributions == {
+        "logits_bias",
+        "value_term",
+    }

@@ -18,6 +18,16 @@ positions of the queries and keys, the graph on graphs, whether the mask is
 causal, the cache offset, and the attention's own projections. A scheme
 implements only the hooks that define it; see the "Write your own scheme"
 page of the documentation for a complete one.
+
+What a scheme overrides is what it contributes (`contributions`), and the
+attention's kernel picks its path from that: a scheme that changes the
+queries and keys only runs on the backend's fused attention (PyTorch's
+SDPA, JAX's `dot_product_attention` on GPUs and TPUs, flash attention
+where asked); one that adds a bias runs there with its bias, a block of
+queries at a time; one with a value term runs the reference kernel, by
+blocks of queries. Three optional parts let a scheme go faster without
+changing its maths: `query_block`, `logits_factors` and
+`logits_bias_maxima`.
 """
 
 import dataclasses
@@ -144,6 +154,32 @@ class AttentionPosition(keras.layers.Layer):
     num_axes = 1
     num_prefix_tokens = 0
     takes_adjacency = False
+    # Optional: the queries the kernel takes at a time where it goes by
+    # blocks (None lets it choose). A scheme that sets it gets each block's
+    # context with `consecutive` kept, its positions running on from the
+    # block's first query.
+    query_block = None
+
+    @property
+    def contributions(self):
+        """What this scheme contributes: the hooks its class overrides.
+
+        A frozenset of the names among `"transform_query_key"`,
+        `"logits_scale"`, `"logits_bias"` and `"value_term"` that the
+        scheme's class defines anew. The attention's kernel reads it: a
+        scheme without `"logits_bias"` and `"value_term"` runs on the
+        backend's fused attention, with `flash_attention=True` too.
+        """
+        return frozenset(
+            name
+            for name in (
+                "transform_query_key",
+                "logits_scale",
+                "logits_bias",
+                "value_term",
+            )
+            if getattr(type(self), name) is not getattr(AttentionPosition, name)
+        )
 
     def check_attention(self, num_heads, key_dim, value_dim):
         """Raise a `ValueError` unless this scheme can serve such attention.
@@ -246,5 +282,51 @@ class AttentionPosition(keras.layers.Layer):
         Returns:
             None, or a tensor of shape `(batch, num_prefix_tokens + query,
             heads, value_dim)`.
+        """
+        return None
+
+    def logits_factors(self, context):
+        """Optional: the bias as columns to join the queries and keys, or None.
+
+        For speed only. A scheme whose bias is `sum_c u_c(i) v_c(j)`, a few
+        columns `c`, can have the product of queries and keys add it: the
+        reference kernel puts the columns `u` before each head's (scaled)
+        query and `v` before its key, and adds no `logits_bias`. The
+        logits-sized bias is then never written. Asked only where the
+        logits are an exact float32 product; elsewhere the kernel adds
+        `logits_bias`, which must give the same bias. Returns None by
+        default.
+
+        Args:
+            context: the call's `AttentionContext`.
+
+        Returns:
+            None, or a tuple of float32 tensors `(u, v)` of shapes `(batch
+            or 1, query, heads, columns)` and `(batch or 1, key, heads,
+            columns)`.
+        """
+        return None
+
+    def logits_bias_maxima(self, context):
+        """Optional: the bias's largest value over each block of keys, or None.
+
+        For speed only. The softmax subtracts a number from each query's
+        logits so that no exponential overflows; any number at least their
+        maximum, and not far above it, does. With the bias's largest value
+        over each block of consecutive keys, the reference kernel takes the
+        unbiased logits' maximum there plus it, and adds the bias inside
+        the exponentials, where adding it first would write the biased
+        logits once more. Asked only at the default positions, without a
+        mask. Returns None by default.
+
+        Args:
+            context: the call's `AttentionContext`, positions of one axis.
+
+        Returns:
+            None, or a tuple `(block_size, maxima)`: an int dividing the
+            number of keys, and a float32 tensor of shape `(batch or 1,
+            heads, query, key / block_size)`: for each query and block of
+            keys, at least every value of `logits_bias` there and at most
+            32 above any.
         """
         return None

@@ -1,7 +1,6 @@
 import keras
 
 from keras_posenc import ops
-from keras_posenc.layers._schemes import FastPaths
 from keras_posenc.layers._schemes import read_embeddings_initializer
 from keras_posenc.layers.attention_position import AttentionPosition
 
@@ -79,7 +78,7 @@ def _read_rows(per_query, rows):
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class ContextualPosition(FastPaths, AttentionPosition):
+class ContextualPosition(AttentionPosition):
     """CoPE, contextual position encoding: positions that count what the gates let through.
 
     Golovneva et al. (2024) measure the position of key `j` from query `i`

@@ -4,7 +4,6 @@ import numbers
 import keras
 
 from keras_posenc import ops
-from keras_posenc.layers._schemes import FastPaths
 from keras_posenc.layers._schemes import read_initializer
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.ops import _backend
@@ -76,7 +75,7 @@ def _read_by_key(per_row, rows):
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class DisentangledPosition(FastPaths, AttentionPosition):
+class DisentangledPosition(AttentionPosition):
     """DeBERTa's disentangled attention: content-to-position and back.
 
     DeBERTa (He et al. 2021, section 3.1, eq. 4) keeps one table of

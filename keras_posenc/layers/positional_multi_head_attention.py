@@ -10,6 +10,7 @@ import numpy as np
 
 from keras_posenc import hf_config
 from keras_posenc import ops
+from keras_posenc.layers import _attention_kernel
 from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.layers.attention_temperature import AttentionTemperature
@@ -87,62 +88,6 @@ def _fused_attention_fails(layer):
         and not _flash_attention(layer)
         and _backend.dot_product_attention_needs_equal_head_sizes()
     )
-
-
-def _broadcast_batch(factors, heads):
-    """`factors` of batch 1 or `batch`, broadcast to the batch of `heads`."""
-    shape = keras.ops.shape(factors)
-    return keras.ops.broadcast_to(
-        factors, (keras.ops.shape(heads)[0],) + tuple(shape[1:])
-    )
-
-
-def _last_axis_max(x, keepdims=False):
-    """The largest entry over the last axis, `-inf` over none, as TensorFlow's.
-
-    `keras.ops.max` refuses a tensor without entries (no queries or no
-    keys), whose maxima the softmax never reads.
-    """
-    if 0 in x.shape:
-        shape = tuple(keras.ops.shape(x)[:-1]) + ((1,) if keepdims else ())
-        return keras.ops.full(shape, float("-inf"), dtype=x.dtype)
-    return keras.ops.max(x, axis=-1, keepdims=keepdims)
-
-
-def _biased_exponentials(logits, bias, block_size, bias_maxima):
-    """`exp(logits + bias - c)`, `c` from the logits' maxima over blocks of keys.
-
-    The softmax needs `c` at least each query's largest biased logit, so
-    that no exponential overflows, and not far above it. The largest
-    unbiased logit of each block of keys plus the bias's largest value
-    there (`AttentionPosition.logits_bias_maxima`) is at least every biased
-    logit of the block, and at most the bias's spread above one of them:
-    their maximum over blocks is such a `c`. The logits are read once for
-    the blocks' maxima and once for the exponentials, the bias computed
-    inside that pass, where adding it first would write the biased logits
-    for their maximum. The output does not depend on `c`: no gradient
-    flows through it.
-
-    Args:
-        logits: float32 tensor of shape `(batch, heads, query, key)`.
-        bias: float32 tensor broadcastable to it.
-        block_size: int. Divides `key`.
-        bias_maxima: float32 tensor of shape `(batch or 1, heads, query,
-            key / block_size)`.
-
-    Returns:
-        A float32 tensor of the logits' shape.
-    """
-    batch, heads, queries, keys = keras.ops.shape(logits)
-    block_maxima = _last_axis_max(
-        keras.ops.reshape(
-            logits, (batch, heads, queries, keys // block_size, block_size)
-        )
-    )  # (batch, heads, query, key / block_size)
-    shift = keras.ops.stop_gradient(
-        _last_axis_max(block_maxima + bias_maxima, keepdims=True)
-    )  # (batch, heads, query, 1)
-    return keras.ops.exp(logits + bias - shift)
 
 
 def _describe(position):
@@ -352,10 +297,16 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     "only. Received: "
                     f"attention_axes={self.attention_axes}"
                 )
-            if _flash_attention(self):
+            if _flash_attention(self) and (
+                {"logits_bias", "value_term"} & position.contributions
+            ):
                 raise ValueError(
-                    "A `position` adds to the logits, which flash attention "
-                    "does not expose. Received: flash_attention=True"
+                    f"{type(position).__name__} adds to the logits or the "
+                    "values, which flash attention does not expose: it "
+                    "takes a `position` that changes the queries and keys "
+                    "only (RotaryEmbedding, XPosEmbedding, "
+                    "AttentionTemperature). Received: flash_attention=True "
+                    f"with position={type(position).__name__}"
                 )
             if _sliding_window(self) is not None and not _on_a_line(position):
                 raise ValueError(
@@ -806,236 +757,26 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             else position.logits_scale(self.key_dim)
         )
         query = query * keras.ops.cast(scale, query.dtype)
-        size = self._query_block(query, value, call, training)
-        if size is not None:
-            output, weights = self._attend_by_blocks(
-                size, query, key, value, call.mask, context, training
-            )
-        else:
-            output, weights = self._attend(
-                query, key, value, call.mask, context, training, call.returns_scores
-            )
+        output, weights = _attention_kernel.attend(
+            _attention_kernel.Attention(
+                position=position,
+                dropout=self.dropout,
+                dropout_layer=_dropout_layer(self),
+                flash_attention=bool(_flash_attention(self)),
+                sliding_window=_sliding_window(self),
+                scores_dtype=self.compute_dtype,
+            ),
+            query,
+            key,
+            value,
+            call.mask,
+            context,
+            training,
+            call.returns_scores,
+        )
         return output, dataclasses.replace(
             call, mask=None, scores=weights, cache=cache
         )
-
-    def _query_block(self, query, value, call, training):
-        """The queries of one block of `_attend_by_blocks`, or None.
-
-        Where a scheme has a `query_block`, and where XLA fuses Keras' order
-        of attention whole (`_backend.fuses_attention`), the attention goes
-        over blocks of `position.query_block` or
-        `position.fused_query_block` queries. A bias or value term that
-        the kernel cannot take (T5's and Shaw's, read from tables) is then
-        one block's, not of the logits' size, and the kernel's work stays
-        in the processor's cache: on JAX's CPU at (4, 1024, 512), 0.72x to
-        1.0x the time of plain attention (1.01x to 1.56x all at once), and
-        at (1, 8192, 512) 73 to 128 MiB where all at once take 4 GiB (XLA
-        fuses nothing there).
-        Only where each block's output can take its queries' place: no
-        cache (a few queries), no prefix tokens or graph, no scores asked
-        for, no dropout in training, values of the queries' size and dtype,
-        and at least two blocks of a length known when traced.
-        """
-        position = self.position
-        # A scheme's `query_block` holds on every backend (Transformer-XL's
-        # relative logits are a block's, not twice the logits' size).
-        size = getattr(position, "query_block", None)
-        if size is None and _backend.fuses_attention():
-            size = getattr(position, "fused_query_block", None)
-        queries = query.shape[1]
-        if (
-            size is None
-            or call.cache is not None
-            or position.num_prefix_tokens
-            or position.takes_adjacency
-            or call.returns_scores
-            or (self.dropout > 0.0 and training)
-            or tuple(value.shape[2:]) != tuple(query.shape[2:])
-            or value.dtype != query.dtype
-            or queries is None
-            or None in query.shape[2:]
-            or queries % size
-            or queries < 2 * size
-        ):
-            return None
-        return size
-
-    def _attend_by_blocks(
-        self, size, query, key, value, attention_mask, context, training
-    ):
-        """`_attend` over blocks of `size` queries, one after another.
-
-        Each block's output is written where its queries were, in the one
-        tensor the loop carries: a second, output-sized buffer beside the
-        queries would be a quarter more memory than plain attention's. The
-        keys and values enter the loop laid out as the fused kernel reads
-        them, `(batch, heads, dim, key)`, and are turned back inside it,
-        which XLA cancels: else it would transpose them inside the loop,
-        once per block.
-        """
-        batch_size, queries = keras.ops.shape(query)[:2]
-        block_shape = (batch_size, size) + tuple(query.shape[2:])
-        query_positions = context.query_positions
-        keeps_consecutive = getattr(self.position, "query_block", None) == size
-        position_rows = keras.ops.shape(query_positions)[0]
-        mask_rows = attention_mask is not None and attention_mask.shape[-2] == queries
-        keys = keras.ops.transpose(key, [0, 2, 3, 1])  # (batch, heads, dim, key)
-        values = keras.ops.transpose(value, [0, 2, 3, 1])
-
-        def block(index, state):
-            start = index * size
-            rows = keras.ops.slice(state, (0, start, 0, 0), block_shape)
-            positions = keras.ops.slice(
-                query_positions,
-                (0, start) + (0,) * (len(query_positions.shape) - 2),
-                (position_rows, size) + tuple(query_positions.shape[2:]),
-            )
-            mask = attention_mask
-            if mask_rows:
-                mask = keras.ops.slice(
-                    mask,
-                    (0,) * (len(mask.shape) - 2) + (start, 0),
-                    tuple(keras.ops.shape(mask)[:-2]) + (size, mask.shape[-1]),
-                )
-            rows, _ = self._attend(
-                rows,
-                keras.ops.transpose(keys, [0, 3, 1, 2]),
-                keras.ops.transpose(values, [0, 3, 1, 2]),
-                mask,
-                # A `query_block` scheme reads a block's consecutive
-                # positions from its first one on.
-                context.replace(
-                    query_positions=positions,
-                    consecutive=context.consecutive and keeps_consecutive,
-                ),
-                training=training,
-                returns_scores=False,
-            )  # (batch, size, heads, key_dim)
-            return keras.ops.slice_update(
-                state, (0, start, 0, 0), keras.ops.cast(rows, state.dtype)
-            )
-
-        output = keras.ops.fori_loop(0, queries // size, block, query)
-        return output, None
-
-    def _attend(
-        self, query, key, value, attention_mask, context, training, returns_scores
-    ):
-        """The attention of the scaled, transformed heads; `(output, weights)`."""
-        position = self.position
-        mask = self._attention_mask(attention_mask, context)
-        # Where a bias goes: without a mask, at the default positions, inside
-        # the softmax's exponentials, if the scheme bounds it over blocks of
-        # keys (`_biased_exponentials`); else, of rank two and in a float32
-        # product, into the product as columns; else onto the logits. Where
-        # XLA fuses Keras' own order whole (`_backend.fuses_attention`), in
-        # that order: the bias onto the logits, the weights divided by their
-        # sums before the values' product.
-        fused = _backend.fuses_attention()
-        maxima = factors = None
-        if (
-            hasattr(position, "logits_bias_maxima")
-            and mask is None
-            and context.consecutive
-            and not fused
-        ):
-            maxima = position.logits_bias_maxima(context)
-        if (
-            maxima is None
-            and hasattr(position, "logits_factors")
-            and keras.backend.standardize_dtype(query.dtype) == "float32"
-            and not fused
-        ):
-            factors = position.logits_factors(context)
-            if factors is not None and not _backend.float32_matmul_is_exact():
-                factors = None
-        query_with_factors, key_with_factors = query, key
-        if factors is not None:
-            # The bias joins the product as columns before each head's query
-            # and key: `[u, q] . [v, k] = u . v + q . k`. First, so that the
-            # sums over the head axis start with the bias's terms (ALiBi's
-            # `m j - m i`, exact) before the small `q . k` ones.
-            query_factors, key_factors = factors
-            query_with_factors = keras.ops.concatenate(
-                [_broadcast_batch(query_factors, query), query], axis=-1
-            )  # (batch, query, heads, columns + key_dim)
-            key_with_factors = keras.ops.concatenate(
-                [_broadcast_batch(key_factors, key), key], axis=-1
-            )  # (batch, key, heads, columns + key_dim)
-        logits = keras.ops.cast(
-            keras.ops.einsum("bsnh,btnh->bnts", key_with_factors, query_with_factors),
-            "float32",
-        )  # (batch, heads, query, key)
-        bias = None
-        if position is not None and factors is None:
-            bias = position.logits_bias(query, key, context)
-            if bias is not None and maxima is None:
-                logits = logits + bias
-        # The softmax, normalized after the product with the values: with
-        # `e = exp(logits - max)` and `z` its sum over keys, the output is
-        # `(e @ value) / z`, one division per output feature, where dividing
-        # the weights first, `(e / z) @ value`, takes one more pass over the
-        # (batch, heads, query, key) logits. The dropout and a scheme's value
-        # term are linear in the weights, so they take `e` as well. Under
-        # float16 the sums `e @ value` may pass its largest value, 65504: it
-        # divides first; and where XLA fuses Keras' order whole, the weights
-        # are divided first as there (`sums` None).
-        if maxima is not None:
-            exponentials = _biased_exponentials(logits, bias, *maxima)
-        elif mask is None:
-            exponentials = keras.ops.exp(
-                logits - _last_axis_max(logits, keepdims=True)
-            )  # (batch, heads, query, key)
-        else:
-            # As Keras' masked softmax: a large negative number where masked,
-            # then zero weight there (a query with no key left gets none).
-            masked = keras.ops.where(mask, logits, -1e9)
-            exponentials = keras.ops.where(
-                mask,
-                keras.ops.exp(masked - _last_axis_max(masked, keepdims=True)),
-                0.0,
-            )
-        # Zero where every key is masked: that query's weights are all zero.
-        sums = keras.ops.sum(exponentials, axis=-1, keepdims=True)  # (b, n, t, 1)
-        if fused and mask is None:
-            # Keras' division: no sum is zero without a mask, and a check
-            # for one would split the fusion.
-            exponentials = exponentials / sums
-            sums = None
-        elif fused or keras.backend.standardize_dtype(value.dtype) == "float16":
-            exponentials = keras.ops.divide_no_nan(exponentials, sums)
-            sums = None
-
-        def normalized(exponentials):
-            if sums is None:
-                return exponentials
-            return keras.ops.divide_no_nan(exponentials, sums)
-
-        if returns_scores:
-            weights = normalized(exponentials)
-        if self.dropout > 0.0:
-            exponentials = _dropout_layer(self)(exponentials, training=training)
-            if returns_scores:
-                weights = normalized(exponentials)
-        output = keras.ops.einsum(
-            "bnts,bsnh->btnh", keras.ops.cast(exponentials, value.dtype), value
-        )  # (batch, query, heads, value_dim), times the sums
-        if position is not None:
-            term = position.value_term(exponentials, context)
-            if term is not None:
-                output = output + keras.ops.cast(term, output.dtype)
-        if sums is not None:
-            output = keras.ops.cast(
-                keras.ops.divide_no_nan(
-                    keras.ops.cast(output, "float32"),
-                    keras.ops.transpose(sums, [0, 2, 1, 3]),
-                ),
-                output.dtype,
-            )  # (batch, query, heads, value_dim)
-        if not returns_scores:
-            return output, None
-        return output, keras.ops.cast(weights, self.compute_dtype)
 
     def _update_cache(self, query, key, value, cache, context):
         """Write the new keys and values in the cache, to attend over all of it.
@@ -1065,48 +806,6 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         updates = keras.ops.stack([key, value], axis=1)  # (batch, 2, new, heads, dim)
         cache = keras.ops.slice_update(cache, [0, 0, index, 0, 0], updates)
         return query, cache[:, 0], cache[:, 1], cache
-
-    def _attention_mask(self, attention_mask, context):
-        """Keras' mask, the cache's, the causal one and the sliding window.
-
-        Returns:
-            None, or a boolean tensor of shape `(batch | 1, heads | 1,
-            query, key)`.
-        """
-        masks = []
-        if attention_mask is not None:
-            mask = keras.ops.cast(attention_mask, "bool")
-            # Keras takes (batch, query, key) and (batch, heads | 1, query,
-            # key); a head axis where there is none, as its masked softmax.
-            while len(mask.shape) < 4:
-                mask = keras.ops.expand_dims(mask, -3)
-            masks.append(mask)
-        if context.adjacency is not None:
-            # On a graph there are no positions to compare.
-            return masks[0] if masks else None
-        query_positions, key_positions = context.query_positions, context.key_positions
-        if context.cache_update_index is not None:
-            # A slot after the last one written holds no key yet.
-            written = context.cache_update_index + keras.ops.shape(query_positions)[1]
-            slots = keras.ops.arange(
-                keras.ops.shape(key_positions)[1], dtype="int32"
-            )  # (key,)
-            masks.append((slots < written)[None, None, None])
-        if context.causal or _sliding_window(self) is not None:
-            distance = ops.relative_position(
-                query_positions, key_positions
-            )  # (batch or 1, query, key): key - query
-            if context.causal:
-                masks.append((distance <= 0)[:, None])  # (batch | 1, 1, query, key)
-            if _sliding_window(self) is not None:
-                # Keras 3.15 and later: the window compares positions, as
-                # the causal mask does.
-                masks.append(
-                    (keras.ops.abs(distance) < _sliding_window(self))[:, None]
-                )
-        if not masks:
-            return None
-        return functools.reduce(keras.ops.logical_and, masks)
 
     def compute_output_spec(
         self,

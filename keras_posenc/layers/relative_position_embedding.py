@@ -2,7 +2,6 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc.ops import _backend
-from keras_posenc.layers._schemes import FastPaths
 from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.layers._schemes import largest_divisor
@@ -166,7 +165,7 @@ def _by_band(query_positions, key_positions, max_relative_position, block):
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
 @renamed_arguments({"max_distance": "max_relative_position"})
-class RelativePositionEmbedding(FastPaths, AttentionPosition):
+class RelativePositionEmbedding(AttentionPosition):
     """Shaw et al.'s relative position representations, on keys and values.
 
     Relation-aware self-attention (Shaw, Uszkoreit and Vaswani 2018) gives
@@ -247,11 +246,6 @@ class RelativePositionEmbedding(FastPaths, AttentionPosition):
     References:
         - [Shaw et al., 2018](https://arxiv.org/abs/1803.02155)
     """
-
-    # Where XLA fuses the attention whole, 32 queries at a time: the content
-    # term and the weights summed per distance are a block's, (batch,
-    # heads, 32, key) (`AttentionPosition.fused_query_block`).
-    fused_query_block = 32
 
     def __init__(
         self, max_relative_position, embeddings_initializer="uniform", **kwargs

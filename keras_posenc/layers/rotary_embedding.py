@@ -6,7 +6,6 @@ import keras
 from keras_posenc import hf_config
 from keras_posenc import ops
 from keras_posenc import rope_scaling
-from keras_posenc.layers._schemes import FastPaths
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.layers._grid_config import add_grid_arguments
 from keras_posenc.layers._renamed import renamed_arguments
@@ -16,7 +15,7 @@ from keras_posenc.layers._renamed import renamed_arguments
 @renamed_arguments(
     {"layout": "pairing"}, {"axis_layout": {"interleaved": "cyclic"}}
 )
-class RotaryEmbedding(FastPaths, AttentionPosition):
+class RotaryEmbedding(AttentionPosition):
     """Rotary position embedding (RoPE): rotate queries and keys by position.
 
     Each pair of features of the token at position `m` turns by the angle

@@ -3,7 +3,6 @@ import math
 import keras
 
 from keras_posenc import ops
-from keras_posenc.layers._schemes import FastPaths
 from keras_posenc.layers._schemes import read_initializer
 from keras_posenc.layers.attention_position import AttentionPosition
 
@@ -53,7 +52,7 @@ def _legacy_shift(logits):
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class TransformerXLPosition(FastPaths, AttentionPosition):
+class TransformerXLPosition(AttentionPosition):
     """Transformer-XL's relative attention, as XLNet and Conformers use it.
 
     Inside `PositionalMultiHeadAttention`, the logits of query `i` and key

@@ -335,3 +335,92 @@ def take_rows_per_query(values, rows):
     return keras.ops.reshape(
         taken, (batch_size, queries, keras.ops.shape(rows)[2], features)
     )  # (batch, query, key, features)
+
+
+def has_fused_attention():
+    """Whether this backend's device has a fused attention kernel to call.
+
+    PyTorch's `scaled_dot_product_attention` (SDPA) on any device: its
+    flash kernel for the CPU keeps memory linear in length, a mask or a
+    bias included. JAX's `dot_product_attention` on GPUs and TPUs (cuDNN's
+    flash attention where asked). Not on JAX's CPU, where XLA writes the
+    logits whole and the attention's own blocks are faster, nor on
+    TensorFlow, which has no such kernel.
+    """
+    name = backend()
+    if name == "torch":
+        return True
+    return name == "jax" and not _jax_on_the_cpu()
+
+
+def fused_attention(
+    query, key, value, bias=None, mask=None, is_causal=False, flash_attention=False
+):
+    """The backend's fused attention of scaled heads: SDPA or JAX's kernel.
+
+    The queries come multiplied by the logits' scale already. Where `mask`
+    leaves a query no key, its output is zero, as the attention's
+    reference kernel gives (the fused kernels would give NaN or the mean
+    of the values).
+
+    Args:
+        query: tensor of shape `(batch, query, heads, key_dim)`, scaled.
+        key: tensor of shape `(batch, key, heads, key_dim)`.
+        value: tensor of shape `(batch, key, heads, value_dim)`.
+        bias: None, or a float tensor broadcastable to `(batch, heads,
+            query, key)`, in the queries' dtype.
+        mask: None, or a bool tensor broadcastable to `(batch, heads,
+            query, key)`: True where a query attends to a key.
+        is_causal: bool. Whether to mask keys after each query by index
+            (queries and keys both from index 0); only without `mask`.
+        flash_attention: bool. Whether to ask for the flash kernel (SDPA's
+            flash backend on PyTorch, cuDNN on JAX).
+
+    Returns:
+        A tensor of shape `(batch, query, heads, value_dim)`.
+    """
+    has_key = None
+    if mask is not None:
+        has_key = keras.ops.any(mask, axis=-1, keepdims=True)  # (b | 1, n | 1, t, 1)
+        mask = keras.ops.logical_or(mask, keras.ops.logical_not(has_key))
+        if bias is not None:
+            bias = keras.ops.where(mask, bias, float("-inf"))
+            mask = None
+    if backend() == "torch":
+        import torch
+
+        def heads_first(x):
+            return torch.transpose(x, 1, 2)
+
+        attend = dict(attn_mask=bias if mask is None else mask, is_causal=is_causal)
+        query_, key_, value_ = map(heads_first, (query, key, value))
+        if flash_attention:
+            with torch.nn.attention.sdpa_kernel(
+                [torch.nn.attention.SDPBackend.FLASH_ATTENTION]
+            ):
+                output = torch.nn.functional.scaled_dot_product_attention(
+                    query_, key_, value_, scale=1.0, **attend
+                )
+        else:
+            output = torch.nn.functional.scaled_dot_product_attention(
+                query_, key_, value_, scale=1.0, **attend
+            )
+        output = heads_first(output)  # (batch, query, heads, value_dim)
+    else:
+        import jax
+
+        output = jax.nn.dot_product_attention(
+            query,
+            key,
+            value,
+            bias=bias,
+            mask=mask,
+            scale=1.0,
+            is_causal=is_causal,
+            implementation="cudnn" if flash_attention else None,
+        )  # (batch, query, heads, value_dim)
+    if has_key is not None:
+        output = keras.ops.where(
+            keras.ops.transpose(has_key, [0, 2, 1, 3]), output, 0.0
+        )
+    return output

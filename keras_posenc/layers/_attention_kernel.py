@@ -1,0 +1,498 @@
+"""The attention's kernel: one reference, and its fast paths chosen in one place.
+
+`PositionalMultiHeadAttention` hands its projected, transformed and scaled
+heads here with the call's `AttentionContext`; `attend` picks a path from
+the backend, the device and what the scheme contributes
+(`AttentionPosition.contributions`), and runs it:
+
+- `"reference"`: the logits whole, in float32, the scheme's bias and value
+  term, Keras' masked softmax, dropout and the scores. Every other path
+  equals it (the tests compare them).
+- `"reference_blocks"`: the reference over blocks of queries, one after
+  another, so that no tensor of the logits' size is ever whole: memory
+  linear in length, on TensorFlow and on JAX's CPU.
+- `"fused"`: the backend's fused attention (PyTorch's SDPA, JAX's
+  `dot_product_attention`, flash where asked), for a scheme that changes
+  the queries and keys only, and for a bias where the queries are few (a
+  cached token) or their number unknown until run.
+- `"fused_blocks"`: the fused attention over blocks of queries, each with
+  its block's bias, so that no bias of the logits' size is ever whole.
+"""
+
+import dataclasses
+import functools
+
+import keras
+
+from keras_posenc import ops
+from keras_posenc.ops import _backend
+
+# Queries per block, where the kernel goes by blocks and the scheme names
+# no `query_block`: a block's logits at 8192 keys and 8 heads take 128 MiB
+# in float32, an eighth of what the whole logits take at 8192 queries.
+QUERY_BLOCK = 512
+# Where XLA runs the logits, softmax and product with the values as one
+# kernel (`_backend.fuses_attention`, JAX's CPU), smaller blocks keep its
+# work in the processor's cache; a value term (Shaw's) reads a tensor of
+# the block's size times its band, smaller again.
+FUSED_XLA_QUERY_BLOCK = 128
+FUSED_XLA_VALUE_TERM_QUERY_BLOCK = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Attention:
+    """What the kernel reads of the attention layer, besides the heads.
+
+    Attributes:
+        position: the layer's `AttentionPosition`, or None.
+        dropout: float. The rate of dropout on the attention weights.
+        dropout_layer: the layer's dropout, called on the weights.
+        flash_attention: bool. Whether the user asked for flash attention.
+        sliding_window: None, or the window's size (Keras 3.15 and later).
+        scores_dtype: the dtype of the scores returned.
+    """
+
+    position: object
+    dropout: float
+    dropout_layer: object
+    flash_attention: bool
+    sliding_window: object
+    scores_dtype: str
+
+
+def mask_of(attention, attention_mask, context):
+    """Keras' mask, the cache's, the causal one and the sliding window.
+
+    Args:
+        attention: the call's `Attention`.
+        attention_mask: None, or a mask of shape `(batch, query, key)` or
+            `(batch, heads | 1, query, key)`, the inputs' masks in it.
+        context: the call's (or block's) `AttentionContext`.
+
+    Returns:
+        None, or a boolean tensor of shape `(batch | 1, heads | 1, query,
+        key)`.
+    """
+    masks = []
+    if attention_mask is not None:
+        mask = keras.ops.cast(attention_mask, "bool")
+        # Keras takes (batch, query, key) and (batch, heads | 1, query,
+        # key); a head axis where there is none, as its masked softmax.
+        while len(mask.shape) < 4:
+            mask = keras.ops.expand_dims(mask, -3)
+        masks.append(mask)
+    if context.adjacency is not None:
+        # On a graph there are no positions to compare.
+        return masks[0] if masks else None
+    query_positions, key_positions = context.query_positions, context.key_positions
+    if context.cache_update_index is not None:
+        # A slot after the last one written holds no key yet.
+        written = context.cache_update_index + keras.ops.shape(query_positions)[1]
+        slots = keras.ops.arange(
+            keras.ops.shape(key_positions)[1], dtype="int32"
+        )  # (key,)
+        masks.append((slots < written)[None, None, None])
+    window = attention.sliding_window
+    if context.causal or window is not None:
+        distance = ops.relative_position(
+            query_positions, key_positions
+        )  # (batch or 1, query, key): key - query
+        if context.causal:
+            masks.append((distance <= 0)[:, None])  # (batch | 1, 1, query, key)
+        if window is not None:
+            # The window compares positions, as the causal mask does.
+            masks.append((keras.ops.abs(distance) < window)[:, None])
+    if not masks:
+        return None
+    return functools.reduce(keras.ops.logical_and, masks)
+
+
+def choose(attention, query, value, context, returns_scores, training):
+    """The path `attend` takes, and its block of queries: `(name, block)`.
+
+    Args:
+        attention: the call's `Attention`.
+        query: the scaled heads, `(batch, query, heads, key_dim)`.
+        value: the values, `(batch, key, heads, value_dim)`.
+        context: the call's `AttentionContext`.
+        returns_scores: bool. Whether the weights are returned.
+        training: bool or None.
+
+    Returns:
+        `(name, block)`: one of `"reference"`, `"reference_blocks"`,
+        `"fused"` and `"fused_blocks"`, and the queries of a block (None
+        for the paths without blocks).
+    """
+    position = attention.position
+    contributions = frozenset() if position is None else position.contributions
+    dropout_in_training = attention.dropout > 0.0 and bool(training)
+    queries = query.shape[1]
+    # Each block's output is written where its queries were, in one tensor.
+    blockable = (
+        not returns_scores
+        and not dropout_in_training
+        and context.cache_update_index is None
+        and context.adjacency is None
+        and not (position is not None and position.num_prefix_tokens)
+        and tuple(value.shape[2:]) == tuple(query.shape[2:])
+        and value.dtype == query.dtype
+        and queries is not None
+        and None not in query.shape[2:]
+    )
+    fused = (
+        (_backend.has_fused_attention() or attention.flash_attention)
+        and not returns_scores
+        and not dropout_in_training
+        and "value_term" not in contributions
+        and (
+            attention.flash_attention
+            or keras.backend.standardize_dtype(query.dtype) == "float32"
+        )
+        and not (
+            value.shape[-1] != query.shape[-1]
+            and _backend.dot_product_attention_needs_equal_head_sizes()
+        )
+    )
+    if fused:
+        if "logits_bias" in contributions and blockable and queries > QUERY_BLOCK:
+            return "fused_blocks", QUERY_BLOCK
+        return "fused", None
+    block = None if position is None else position.query_block
+    if block is None:
+        if _backend.fuses_attention():
+            block = (
+                FUSED_XLA_VALUE_TERM_QUERY_BLOCK
+                if "value_term" in contributions
+                else FUSED_XLA_QUERY_BLOCK
+            )
+        else:
+            block = QUERY_BLOCK
+    if blockable and queries > block:
+        return "reference_blocks", block
+    return "reference", None
+
+
+def attend(attention, query, key, value, attention_mask, context, training, returns_scores):
+    """The attention of the scaled, transformed heads, by the path `choose` picks.
+
+    Args:
+        attention: the call's `Attention`.
+        query: tensor of shape `(batch, query, heads, key_dim)`, multiplied
+            by the scheme's `logits_scale`.
+        key: tensor of shape `(batch, key, heads, key_dim)`.
+        value: tensor of shape `(batch, key, heads, value_dim)`.
+        attention_mask: None, or the inputs' and the caller's masks
+            combined, `(batch, query, key)` or `(batch, heads | 1, query,
+            key)`.
+        context: the call's `AttentionContext`.
+        training: bool or None.
+        returns_scores: bool.
+
+    Returns:
+        `(output, weights)`: the output, `(batch, query, heads,
+        value_dim)`, and the weights, `(batch, heads, query, key)`, or None
+        where they are not asked for.
+    """
+    path, block = choose(attention, query, value, context, returns_scores, training)
+    if path == "fused":
+        return fused(attention, query, key, value, attention_mask, context), None
+    if path == "reference":
+        return reference(
+            attention, query, key, value, attention_mask, context, training,
+            returns_scores,
+        )
+    if path == "fused_blocks":
+
+        def one_block(rows, mask, block_context):
+            return fused(attention, rows, key, value, mask, block_context)
+
+    else:
+        # The keys and values enter the loop laid out as XLA's fused
+        # kernel reads them, `(batch, heads, dim, key)`, and are turned
+        # back inside it, which XLA cancels: else it transposes them
+        # inside the loop, once per block.
+        keys = keras.ops.transpose(key, [0, 2, 3, 1])  # (batch, heads, dim, key)
+        values = keras.ops.transpose(value, [0, 2, 3, 1])
+
+        def one_block(rows, mask, block_context):
+            return reference(
+                attention,
+                rows,
+                keras.ops.transpose(keys, [0, 3, 1, 2]),
+                keras.ops.transpose(values, [0, 3, 1, 2]),
+                mask,
+                block_context,
+                training,
+                False,
+            )[0]
+
+    return by_blocks(attention, block, one_block, query, attention_mask, context), None
+
+
+def fused(attention, query, key, value, attention_mask, context):
+    """The backend's fused attention, with the scheme's bias where it adds one."""
+    position = attention.position
+    bias = None
+    if position is not None and "logits_bias" in position.contributions:
+        bias = position.logits_bias(query, key, context)
+    # The backends' causal kernels take no bias beside them.
+    is_causal = (
+        bias is None
+        and context.causal
+        and context.consecutive
+        and attention_mask is None
+        and attention.sliding_window is None
+        and context.cache_update_index is None
+    )
+    mask = None
+    if not is_causal:
+        mask = mask_of(attention, attention_mask, context)
+    if bias is not None:
+        bias = keras.ops.cast(bias, query.dtype)  # (batch | 1, heads, query, key)
+    return _backend.fused_attention(
+        query,
+        key,
+        value,
+        bias=bias,
+        mask=mask,
+        is_causal=is_causal,
+        flash_attention=attention.flash_attention,
+    )  # (batch, query, heads, value_dim)
+
+
+def by_blocks(attention, size, one_block, query, attention_mask, context):
+    """`one_block` over blocks of `size` queries, one after another.
+
+    Each block's output is written where its queries were, in the one
+    tensor the loop carries: a second, output-sized buffer beside the
+    queries would be a quarter more memory than plain attention's. The
+    queries past the last whole block go last, as a block of their own.
+    A block's context keeps `consecutive` only for a scheme whose
+    `query_block` is the size: such a scheme reads a block's consecutive
+    positions from its first one on.
+
+    Args:
+        attention: the call's `Attention`.
+        size: int. The queries of a block.
+        one_block: function of `(rows, mask, block_context)` to the
+            block's output, `(batch, size, heads, value_dim)`.
+        query: tensor of shape `(batch, query, heads, key_dim)`.
+        attention_mask: as `attend` takes it.
+        context: the call's `AttentionContext`.
+
+    Returns:
+        A tensor of the queries' shape.
+    """
+    queries = query.shape[1]
+    query_positions = context.query_positions
+    keeps_consecutive = (
+        attention.position is not None and attention.position.query_block == size
+    )
+    position_rows = keras.ops.shape(query_positions)[0]
+    mask_rows = attention_mask is not None and attention_mask.shape[-2] == queries
+
+    def run(start, length, state):
+        rows = keras.ops.slice(
+            state, (0, start, 0, 0), (keras.ops.shape(state)[0], length) + tuple(query.shape[2:])
+        )
+        positions = keras.ops.slice(
+            query_positions,
+            (0, start) + (0,) * (len(query_positions.shape) - 2),
+            (position_rows, length) + tuple(query_positions.shape[2:]),
+        )
+        mask = attention_mask
+        if mask_rows:
+            mask = keras.ops.slice(
+                mask,
+                (0,) * (len(mask.shape) - 2) + (start, 0),
+                tuple(keras.ops.shape(mask)[:-2]) + (length, mask.shape[-1]),
+            )
+        block_context = context.replace(
+            query_positions=positions,
+            consecutive=context.consecutive and keeps_consecutive,
+        )
+        output = one_block(rows, mask, block_context)  # (batch, length, heads, dim)
+        return keras.ops.slice_update(
+            state, (0, start, 0, 0), keras.ops.cast(output, state.dtype)
+        )
+
+    whole = queries // size
+    output = keras.ops.fori_loop(
+        0, whole, lambda index, state: run(index * size, size, state), query
+    )
+    if queries % size:
+        output = run(whole * size, queries % size, output)
+    return output
+
+
+def _broadcast_batch(factors, heads):
+    """`factors` of batch 1 or `batch`, broadcast to the batch of `heads`."""
+    shape = keras.ops.shape(factors)
+    return keras.ops.broadcast_to(
+        factors, (keras.ops.shape(heads)[0],) + tuple(shape[1:])
+    )
+
+
+def _last_axis_max(x, keepdims=False):
+    """The largest entry over the last axis, `-inf` over none, as TensorFlow's.
+
+    `keras.ops.max` refuses a tensor without entries (no queries or no
+    keys), whose maxima the softmax never reads.
+    """
+    if 0 in x.shape:
+        shape = tuple(keras.ops.shape(x)[:-1]) + ((1,) if keepdims else ())
+        return keras.ops.full(shape, float("-inf"), dtype=x.dtype)
+    return keras.ops.max(x, axis=-1, keepdims=keepdims)
+
+
+def _biased_exponentials(logits, bias, block_size, bias_maxima):
+    """`exp(logits + bias - c)`, `c` from the logits' maxima over blocks of keys.
+
+    The softmax needs `c` at least each query's largest biased logit, so
+    that no exponential overflows, and not far above it. The largest
+    unbiased logit of each block of keys plus the bias's largest value
+    there (`AttentionPosition.logits_bias_maxima`) is at least every biased
+    logit of the block, and at most the bias's spread above one of them:
+    their maximum over blocks is such a `c`. The logits are read once for
+    the blocks' maxima and once for the exponentials, the bias computed
+    inside that pass, where adding it first would write the biased logits
+    for their maximum. The output does not depend on `c`: no gradient
+    flows through it.
+
+    Args:
+        logits: float32 tensor of shape `(batch, heads, query, key)`.
+        bias: float32 tensor broadcastable to it.
+        block_size: int. Divides `key`.
+        bias_maxima: float32 tensor of shape `(batch or 1, heads, query,
+            key / block_size)`.
+
+    Returns:
+        A float32 tensor of the logits' shape.
+    """
+    batch, heads, queries, keys = keras.ops.shape(logits)
+    block_maxima = _last_axis_max(
+        keras.ops.reshape(
+            logits, (batch, heads, queries, keys // block_size, block_size)
+        )
+    )  # (batch, heads, query, key / block_size)
+    shift = keras.ops.stop_gradient(
+        _last_axis_max(block_maxima + bias_maxima, keepdims=True)
+    )  # (batch, heads, query, 1)
+    return keras.ops.exp(logits + bias - shift)
+
+
+def reference(
+    attention, query, key, value, attention_mask, context, training, returns_scores
+):
+    """The reference attention: float32 logits and softmax, every contribution.
+
+    Returns:
+        `(output, weights)`, the weights None unless `returns_scores`.
+    """
+    position = attention.position
+    mask = mask_of(attention, attention_mask, context)
+    # Where a bias goes: without a mask, at the default positions, inside
+    # the softmax's exponentials, if the scheme bounds it over blocks of
+    # keys (`_biased_exponentials`); else, of rank two and in a float32
+    # product, into the product as columns; else onto the logits. Where
+    # XLA fuses Keras' own order whole (`_backend.fuses_attention`), in
+    # that order: the bias onto the logits, the weights divided by their
+    # sums before the values' product.
+    fuses = _backend.fuses_attention()
+    maxima = factors = None
+    if position is not None and mask is None and context.consecutive and not fuses:
+        maxima = position.logits_bias_maxima(context)
+    if (
+        position is not None
+        and maxima is None
+        and keras.backend.standardize_dtype(query.dtype) == "float32"
+        and not fuses
+        and _backend.float32_matmul_is_exact()
+    ):
+        factors = position.logits_factors(context)
+    query_with_factors, key_with_factors = query, key
+    if factors is not None:
+        # The bias joins the product as columns before each head's query
+        # and key: `[u, q] . [v, k] = u . v + q . k`. First, so that the
+        # sums over the head axis start with the bias's terms (ALiBi's
+        # `m j - m i`, exact) before the small `q . k` ones.
+        query_factors, key_factors = factors
+        query_with_factors = keras.ops.concatenate(
+            [_broadcast_batch(query_factors, query), query], axis=-1
+        )  # (batch, query, heads, columns + key_dim)
+        key_with_factors = keras.ops.concatenate(
+            [_broadcast_batch(key_factors, key), key], axis=-1
+        )  # (batch, key, heads, columns + key_dim)
+    logits = keras.ops.cast(
+        keras.ops.einsum("bsnh,btnh->bnts", key_with_factors, query_with_factors),
+        "float32",
+    )  # (batch, heads, query, key)
+    bias = None
+    if position is not None and factors is None:
+        bias = position.logits_bias(query, key, context)
+        if bias is not None and maxima is None:
+            logits = logits + bias
+    # The softmax, normalized after the product with the values: with
+    # `e = exp(logits - max)` and `z` its sum over keys, the output is
+    # `(e @ value) / z`, one division per output feature, where dividing
+    # the weights first, `(e / z) @ value`, takes one more pass over the
+    # (batch, heads, query, key) logits. The dropout and a scheme's value
+    # term are linear in the weights, so they take `e` as well. Under
+    # float16 the sums `e @ value` may pass its largest value, 65504: it
+    # divides first; and where XLA fuses Keras' order whole, the weights
+    # are divided first as there (`sums` None).
+    if maxima is not None:
+        exponentials = _biased_exponentials(logits, bias, *maxima)
+    elif mask is None:
+        exponentials = keras.ops.exp(
+            logits - _last_axis_max(logits, keepdims=True)
+        )  # (batch, heads, query, key)
+    else:
+        # As Keras' masked softmax: a large negative number where masked,
+        # then zero weight there (a query with no key left gets none).
+        masked = keras.ops.where(mask, logits, -1e9)
+        exponentials = keras.ops.where(
+            mask,
+            keras.ops.exp(masked - _last_axis_max(masked, keepdims=True)),
+            0.0,
+        )
+    # Zero where every key is masked: that query's weights are all zero.
+    sums = keras.ops.sum(exponentials, axis=-1, keepdims=True)  # (b, n, t, 1)
+    if fuses and mask is None:
+        # Keras' division: no sum is zero without a mask, and a check for
+        # one would split the fusion.
+        exponentials = exponentials / sums
+        sums = None
+    elif fuses or keras.backend.standardize_dtype(value.dtype) == "float16":
+        exponentials = keras.ops.divide_no_nan(exponentials, sums)
+        sums = None
+
+    def normalized(exponentials):
+        if sums is None:
+            return exponentials
+        return keras.ops.divide_no_nan(exponentials, sums)
+
+    if returns_scores:
+        weights = normalized(exponentials)
+    if attention.dropout > 0.0:
+        exponentials = attention.dropout_layer(exponentials, training=training)
+        if returns_scores:
+            weights = normalized(exponentials)
+    output = keras.ops.einsum(
+        "bnts,bsnh->btnh", keras.ops.cast(exponentials, value.dtype), value
+    )  # (batch, query, heads, value_dim), times the sums
+    if position is not None:
+        term = position.value_term(exponentials, context)
+        if term is not None:
+            output = output + keras.ops.cast(term, output.dtype)
+    if sums is not None:
+        output = keras.ops.cast(
+            keras.ops.divide_no_nan(
+                keras.ops.cast(output, "float32"),
+                keras.ops.transpose(sums, [0, 2, 1, 3]),
+            ),
+            output.dtype,
+        )  # (batch, query, heads, value_dim)
+    if not returns_scores:
+        return output, None
+    return output, keras.ops.cast(weights, attention.scores_dtype)
