@@ -127,15 +127,12 @@ def choose(attention, query, value, context, returns_scores, training):
     contributions = frozenset() if position is None else position.contributions
     dropout_in_training = attention.dropout > 0.0 and bool(training)
     queries = query.shape[1]
-    # Each block's output is written where its queries were, in one tensor.
     blockable = (
         not returns_scores
         and not dropout_in_training
         and context.cache_update_index is None
         and context.adjacency is None
         and not (position is not None and position.num_prefix_tokens)
-        and tuple(value.shape[2:]) == tuple(query.shape[2:])
-        and value.dtype == query.dtype
         and queries is not None
         and None not in query.shape[2:]
     )
@@ -195,7 +192,8 @@ def attend(attention, query, key, value, attention_mask, context, training, retu
     """
     path, block = choose(attention, query, value, context, returns_scores, training)
     if path == "fused":
-        return fused(attention, query, key, value, attention_mask, context), None
+        first = 0 if context.consecutive else None
+        return fused(attention, query, key, value, attention_mask, context, first), None
     if path == "reference":
         return reference(
             attention, query, key, value, attention_mask, context, training,
@@ -203,8 +201,9 @@ def attend(attention, query, key, value, attention_mask, context, training, retu
         )
     if path == "fused_blocks":
 
-        def one_block(rows, mask, block_context):
-            return fused(attention, rows, key, value, mask, block_context)
+        def one_block(rows, mask, block_context, start):
+            first = start if context.consecutive else None
+            return fused(attention, rows, key, value, mask, block_context, first)
 
     else:
         # The keys and values enter the loop laid out as XLA's fused
@@ -214,7 +213,7 @@ def attend(attention, query, key, value, attention_mask, context, training, retu
         keys = keras.ops.transpose(key, [0, 2, 3, 1])  # (batch, heads, dim, key)
         values = keras.ops.transpose(value, [0, 2, 3, 1])
 
-        def one_block(rows, mask, block_context):
+        def one_block(rows, mask, block_context, start):
             return reference(
                 attention,
                 rows,
@@ -229,12 +228,16 @@ def attend(attention, query, key, value, attention_mask, context, training, retu
     return by_blocks(attention, block, one_block, query, attention_mask, context), None
 
 
-def fused(attention, query, key, value, attention_mask, context):
-    """The backend's fused attention, with the scheme's bias where it adds one."""
+def fused(attention, query, key, value, attention_mask, context, first_query):
+    """The backend's fused attention, with the scheme's bias where it adds one.
+
+    `first_query` is the first query's position where the queries' and the
+    keys' are consecutive (the keys' from 0), else None.
+    """
     position = attention.position
     bias = None
     if position is not None and "logits_bias" in position.contributions:
-        bias = position.logits_bias(query, key, context)
+        bias = bias_of(position, query, key, context, first_query)
     # The backends' causal kernels take no bias beside them.
     is_causal = (
         bias is None
@@ -260,28 +263,75 @@ def fused(attention, query, key, value, attention_mask, context):
     )  # (batch, query, heads, value_dim)
 
 
+def bias_of(position, query, key, context, first_query):
+    """The scheme's bias, `(batch or 1, heads, query, key)`, or None.
+
+    From `relative_bias` where the scheme states it on a line: at
+    consecutive positions (`first_query` not None) evaluated once per
+    relative position, `first_query + query - 1` before the first key to
+    `key - 1 - first_query` after it, and spread over the queries and keys
+    by one gather, each row of the bias being the next query's window of
+    that vector; else at every pair of positions. Otherwise
+    `logits_bias`.
+    """
+    if (
+        "relative_bias" in position.contributions
+        and position.num_axes == 1
+        and not position.num_prefix_tokens
+        and context.adjacency is None
+    ):
+        if first_query is None:
+            bias = position.relative_bias(
+                ops.relative_position(context.query_positions, context.key_positions)
+            )  # (batch or 1, heads, query, key)
+        else:
+            queries, keys = query.shape[1], key.shape[1]
+            if queries is None or keys is None:
+                queries, keys = keras.ops.shape(query)[1], keras.ops.shape(key)[1]
+            relative = keras.ops.arange(
+                queries + keys - 1, dtype="int32"
+            ) - (first_query + queries - 1)  # (query + key - 1,)
+            per_distance = position.relative_bias(
+                relative[None, None]
+            )  # (1, heads, 1, query + key - 1)
+            if per_distance is not None:
+                rows = (
+                    keras.ops.arange(keys, dtype="int32")[None]
+                    - keras.ops.arange(queries, dtype="int32")[:, None]
+                    + (queries - 1)
+                )  # (query, key): where `key - query` sits in the vector
+                bias = keras.ops.take(
+                    per_distance[0, :, 0], rows, axis=1
+                )[None]  # (1, heads, query, key)
+            else:
+                bias = None
+        if bias is not None:
+            return bias
+    return position.logits_bias(query, key, context)
+
+
 def by_blocks(attention, size, one_block, query, attention_mask, context):
     """`one_block` over blocks of `size` queries, one after another.
 
-    Each block's output is written where its queries were, in the one
-    tensor the loop carries: a second, output-sized buffer beside the
-    queries would be a quarter more memory than plain attention's. The
-    queries past the last whole block go last, as a block of their own.
-    A block's context keeps `consecutive` only for a scheme whose
-    `query_block` is the size: such a scheme reads a block's consecutive
-    positions from its first one on.
+    The blocks go through `keras.ops.map`, a loop that every backend
+    differentiates (a loop writing each block into one tensor has no
+    gradient on TensorFlow); the queries past the last whole block go
+    last, as a block of their own. A block's context keeps `consecutive`
+    only for a scheme whose `query_block` is the size: such a scheme reads
+    a block's consecutive positions from its first one on.
 
     Args:
         attention: the call's `Attention`.
         size: int. The queries of a block.
-        one_block: function of `(rows, mask, block_context)` to the
-            block's output, `(batch, size, heads, value_dim)`.
+        one_block: function of `(rows, mask, block_context, start)` to
+            the block's output, `(batch, size, heads, value_dim)`; `start`
+            is the block's first query.
         query: tensor of shape `(batch, query, heads, key_dim)`.
         attention_mask: as `attend` takes it.
         context: the call's `AttentionContext`.
 
     Returns:
-        A tensor of the queries' shape.
+        The output, `(batch, query, heads, value_dim)`.
     """
     queries = query.shape[1]
     query_positions = context.query_positions
@@ -291,10 +341,12 @@ def by_blocks(attention, size, one_block, query, attention_mask, context):
     position_rows = keras.ops.shape(query_positions)[0]
     mask_rows = attention_mask is not None and attention_mask.shape[-2] == queries
 
-    def run(start, length, state):
+    def run(start, length):
         rows = keras.ops.slice(
-            state, (0, start, 0, 0), (keras.ops.shape(state)[0], length) + tuple(query.shape[2:])
-        )
+            query,
+            (0, start, 0, 0),
+            (keras.ops.shape(query)[0], length) + tuple(query.shape[2:]),
+        )  # (batch, length, heads, key_dim)
         positions = keras.ops.slice(
             query_positions,
             (0, start) + (0,) * (len(query_positions.shape) - 2),
@@ -311,17 +363,20 @@ def by_blocks(attention, size, one_block, query, attention_mask, context):
             query_positions=positions,
             consecutive=context.consecutive and keeps_consecutive,
         )
-        output = one_block(rows, mask, block_context)  # (batch, length, heads, dim)
-        return keras.ops.slice_update(
-            state, (0, start, 0, 0), keras.ops.cast(output, state.dtype)
-        )
+        return one_block(rows, mask, block_context, start)  # (batch, length, heads, dim)
 
     whole = queries // size
-    output = keras.ops.fori_loop(
-        0, whole, lambda index, state: run(index * size, size, state), query
-    )
+    blocks = keras.ops.map(
+        lambda index: run(index * size, size), keras.ops.arange(whole, dtype="int32")
+    )  # (blocks, batch, size, heads, value_dim)
+    batch_size = keras.ops.shape(query)[0]
+    output = keras.ops.reshape(
+        keras.ops.transpose(blocks, [1, 0, 2, 3, 4]),
+        (batch_size, whole * size) + tuple(blocks.shape[3:]),
+    )  # (batch, whole * size, heads, value_dim)
     if queries % size:
-        output = run(whole * size, queries % size, output)
+        tail = run(whole * size, queries % size)  # (batch, tail, heads, value_dim)
+        output = keras.ops.concatenate([output, keras.ops.cast(tail, output.dtype)], axis=1)
     return output
 
 

@@ -166,6 +166,10 @@ class AlibiBias(HeadBias):
             distance = ops.relative_position(
                 query_positions, key_positions
             )  # (batch or 1, query, key): j - i
+        return self.relative_bias(distance)
+
+    def relative_bias(self, relative):
+        distance = relative
         if self.bidirectional:
             distance = -keras.ops.abs(distance)
         slopes = self._slopes()

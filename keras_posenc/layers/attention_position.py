@@ -165,10 +165,13 @@ class AttentionPosition(keras.layers.Layer):
         """What this scheme contributes: the hooks its class overrides.
 
         A frozenset of the names among `"transform_query_key"`,
-        `"logits_scale"`, `"logits_bias"` and `"value_term"` that the
-        scheme's class defines anew. The attention's kernel reads it: a
-        scheme without `"logits_bias"` and `"value_term"` runs on the
-        backend's fused attention, with `flash_attention=True` too.
+        `"logits_scale"`, `"logits_bias"`, `"relative_bias"` and
+        `"value_term"` that the scheme's class defines anew. The
+        attention's kernel reads it: a scheme without `"logits_bias"` and
+        `"value_term"` runs on the backend's fused attention, with
+        `flash_attention=True` too; one with `"relative_bias"` has its bias
+        computed once per relative position where the positions are
+        consecutive.
         """
         return frozenset(
             name
@@ -176,6 +179,7 @@ class AttentionPosition(keras.layers.Layer):
                 "transform_query_key",
                 "logits_scale",
                 "logits_bias",
+                "relative_bias",
                 "value_term",
             )
             if getattr(type(self), name) is not getattr(AttentionPosition, name)
@@ -328,5 +332,27 @@ class AttentionPosition(keras.layers.Layer):
             heads, query, key / block_size)`: for each query and block of
             keys, at least every value of `logits_bias` there and at most
             32 above any.
+        """
+        return None
+
+    def relative_bias(self, relative):
+        """Optional: `logits_bias` as a function of relative positions alone.
+
+        For speed only. A scheme whose bias per head depends on `key -
+        query` alone (ALiBi's, T5's, KERPLE's) may state it here too: at
+        consecutive positions the kernel then evaluates it once per
+        relative position and spreads it over the queries and keys (each
+        diagonal of the bias is one value), where `logits_bias` would
+        compute each of the query x key entries. It must equal
+        `logits_bias` at the positions it is given. Returns None by
+        default, and the kernel calls `logits_bias`.
+
+        Args:
+            relative: int32 tensor of shape `(batch or 1, query, key)`: the
+                key's position less the query's.
+
+        Returns:
+            None, or a float32 tensor of shape `(batch or 1, heads, query,
+            key)`, each entry computed from its relative position alone.
         """
         return None

@@ -261,8 +261,8 @@ class FireBias(HeadBias):
     def _evaluate(self, interpolated):
         """`f` of `interpolated`, `(batch or 1, query, key)`, per head."""
         breakpoints, slopes, intercepts = self._pieces()
-        interval = keras.ops.sum(
-            keras.ops.cast(breakpoints < interpolated[..., None], "int32"), axis=-1
+        interval = _backend.count_below(
+            breakpoints, interpolated
         )  # (batch or 1, query, key): the breakpoints below each x
         index = interval[:, None] + (self.mlp_width + 1) * keras.ops.arange(
             self.num_heads, dtype="int32"

@@ -198,6 +198,9 @@ class KerpleBias(HeadBias):
             relative = keras.ops.broadcast_to(
                 relative, (keras.ops.shape(query)[0],) + tuple(keras.ops.shape(relative)[1:])
             )  # (batch, query, key)
+        return self.relative_bias(relative)
+
+    def relative_bias(self, relative):
         distance = key_distance(relative, self.bidirectional)
         distance = keras.ops.cast(distance, "float32")[:, None]  # (b, 1, q, k)
         r1 = _clamped(self.r1, SMALLEST, float("inf"))[:, None, None]  # (heads, 1, 1)

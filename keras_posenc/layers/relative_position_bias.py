@@ -117,8 +117,32 @@ class RelativePositionBias(HeadBias):
         )
 
     def logits_bias(self, query, key, context):
-        query_positions = context.query_positions
-        key_positions = context.key_positions
+        # Inside attention, one row of indices per batch element: the gather
+        # then makes the bias of the logits' own shape, which XLA computes
+        # inside the addition to the logits, reading contiguous rows of
+        # heads, and the softmax reads that sum, where a bias shared by the
+        # batch is written once and added twice, the logits kept alive
+        # beside the sum. Where XLA fuses the attention whole
+        # (`_backend.fuses_attention`), the gather is a tensor of its own
+        # either way, and a bias shared by the batch is the smaller one.
+        per_batch = query is not None and not _backend.fuses_attention()
+        rows = ops.clipped_distance_rows(
+            context.query_positions,
+            context.key_positions,
+            self.max_distance,
+            keras.ops.shape(query)[0] if per_batch else None,
+        )  # (batch or 1, query, key)
+        return self._bias_of_rows(rows)
+
+    def relative_bias(self, relative):
+        rows = (
+            keras.ops.clip(relative, -self.max_distance, self.max_distance)
+            + self.max_distance
+        )  # (batch or 1, query, key)
+        return self._bias_of_rows(rows)
+
+    def _bias_of_rows(self, rows):
+        """The bias read at `rows`, `clip(j - i) + max_distance`, per head."""
         # Every distance from `max_distance` on falls in the last bucket of
         # its direction, so the bias is a table of the 2 * max_distance + 1
         # clipped distances, read by `clip(j - i)`: the buckets (and their
@@ -132,9 +156,8 @@ class RelativePositionBias(HeadBias):
         # Each distance's row picked from the buckets' table by a sum over
         # its one-hot bucket, not by a gather: XLA fuses a gather into the
         # lookup of every logit below and repeats it there, one more
-        # dependent read per logit (1.14x the time of plain attention, where
-        # this takes 1.05x), while a reduction it computes once. Exact: one
-        # entry and zeros are summed, on any device.
+        # dependent read per logit, while a reduction it computes once.
+        # Exact: one entry and zeros are summed, on any device.
         chosen = keras.ops.one_hot(
             buckets, self.num_buckets, dtype="bool"
         )  # (2 * max_distance + 1, num_buckets)
@@ -146,21 +169,6 @@ class RelativePositionBias(HeadBias):
             ),
             axis=1,
         )  # (2 * max_distance + 1, heads)
-        # Inside attention, one row of indices per batch element: the gather
-        # then makes the bias of the logits' own shape, which XLA computes
-        # inside the addition to the logits, reading contiguous rows of
-        # heads, and the softmax reads that sum, where a bias shared by the
-        # batch is written once and added twice, the logits kept alive
-        # beside the sum. Where XLA fuses the attention whole
-        # (`_backend.fuses_attention`), the gather is a tensor of its own
-        # either way, and a bias shared by the batch is the smaller one.
-        per_batch = query is not None and not _backend.fuses_attention()
-        rows = ops.clipped_distance_rows(
-            query_positions,
-            key_positions,
-            self.max_distance,
-            keras.ops.shape(query)[0] if per_batch else None,
-        )  # (batch or 1, query, key)
         return keras.ops.transpose(
             _backend.take_in_range(table, rows), [0, 3, 1, 2]
         )  # (batch or 1, heads, query, key)

@@ -379,6 +379,15 @@ def fused_attention(
     Returns:
         A tensor of shape `(batch, query, heads, value_dim)`.
     """
+    if flash_attention and not (
+        backend() == "torch" or (backend() == "jax" and not _jax_on_the_cpu())
+    ):
+        raise ValueError(
+            "`flash_attention=True` needs a flash kernel: PyTorch's (on any "
+            "device) or cuDNN's on JAX's GPUs. Keras' "
+            f"{backend()} backend on this device has none. Received: "
+            "flash_attention=True"
+        )
     has_key = None
     if mask is not None:
         has_key = keras.ops.any(mask, axis=-1, keepdims=True)  # (b | 1, n | 1, t, 1)
@@ -424,3 +433,30 @@ def fused_attention(
             keras.ops.transpose(has_key, [0, 2, 1, 3]), output, 0.0
         )
     return output
+
+
+def count_below(thresholds, x):
+    """The number of entries of `thresholds` below each entry of `x`, int32.
+
+    On PyTorch a binary search of the sorted thresholds: eager PyTorch would
+    write the comparisons whole, a tensor of `x`'s size times the
+    thresholds'. Elsewhere a sum of the comparisons, which XLA computes in
+    one pass over `x`.
+
+    Args:
+        thresholds: float tensor of shape `(count,)`.
+        x: float tensor of any shape.
+
+    Returns:
+        An int32 tensor of `x`'s shape.
+    """
+    symbolic = isinstance(x, keras.KerasTensor) or isinstance(
+        thresholds, keras.KerasTensor
+    )
+    if backend() == "torch" and not symbolic:
+        import torch
+
+        return torch.searchsorted(
+            torch.sort(thresholds).values, x.contiguous(), side="left"
+        ).to(torch.int32)
+    return keras.ops.sum(keras.ops.cast(thresholds < x[..., None], "int32"), axis=-1)
