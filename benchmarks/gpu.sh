@@ -23,9 +23,10 @@ if ! "$python" -c "import keras, x_transformers" 2>/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
-"$python" -c "import torch, jax; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'); print('jax', jax.__version__, jax.devices()[0].device_kind)"
+status=0
 echo "## PyTorch"
-KERAS_BACKEND=torch "$python" -m keras_posenc_lab.bench.backends "${arguments[@]}"
+KERAS_BACKEND=torch "$python" -m keras_posenc_lab.bench.backends "${arguments[@]}" || status=1
 echo
 echo "## JAX"
-KERAS_BACKEND=jax "$python" -m keras_posenc_lab.bench.backends "${arguments[@]}"
+KERAS_BACKEND=jax "$python" -m keras_posenc_lab.bench.backends "${arguments[@]}" || status=1
+exit $status

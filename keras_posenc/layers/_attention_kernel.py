@@ -250,8 +250,12 @@ def fused(attention, query, key, value, attention_mask, context, first_query):
     mask = None
     if not is_causal:
         mask = mask_of(attention, attention_mask, context)
+    # The kernels take one dtype: the values', the attention's compute
+    # dtype (a scheme of another policy may return float32 queries).
+    query = keras.ops.cast(query, value.dtype)
+    key = keras.ops.cast(key, value.dtype)
     if bias is not None:
-        bias = keras.ops.cast(bias, query.dtype)  # (batch | 1, heads, query, key)
+        bias = keras.ops.cast(bias, value.dtype)  # (batch | 1, heads, query, key)
     return _backend.fused_attention(
         query,
         key,

@@ -198,6 +198,19 @@ def jax_candidates(flash, batch):
     return candidates
 
 
+def device_name():
+    """The device the backend computes on, in words."""
+    if keras.backend.backend() == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name()
+        return "CPU"
+    import jax
+
+    return jax.devices()[0].device_kind
+
+
 def inputs_for(batch, length):
     x = np.random.default_rng(0).normal(size=(batch, length, WIDTH)).astype("float32")
     if keras.backend.backend() == "torch":
@@ -414,7 +427,8 @@ def main(argv=None):
                 candidates, label, args.memory_batch, args.memory_length
             )
     print(
-        f"{backend}, (batch, length, width) = ({args.batch}, {args.length}, "
+        f"{backend} on {device_name()}, (batch, length, width) = "
+        f"({args.batch}, {args.length}, "
         f"{WIDTH}), {args.rounds} rounds"
         + (f"; memory at (1, {args.memory_length})" if memory else "")
     )
