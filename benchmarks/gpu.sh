@@ -20,6 +20,10 @@ fi
 if ! "$python" -c "import keras, x_transformers" 2>/dev/null; then
 	"$python" -m pip install --quiet --no-index --find-links "$wheels" \
 		keras x-transformers
+	# The package's own wheel for its metadata, without its dependencies
+	# (TensorFlow among them); the code is this checkout's.
+	"$python" -m pip install --quiet --no-index --no-deps --find-links "$wheels" \
+		keras-posenc
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2

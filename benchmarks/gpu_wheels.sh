@@ -12,4 +12,6 @@ python3 -m pip download --quiet --no-deps --only-binary=:all: \
 	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	-d "$folder" "keras==3.15.1" namex optree "x-transformers==2.31.10" \
 	einx frozendict loguru torch-einops-utils
+# The package's wheel, for the metadata the lab reads.
+python3 -m pip wheel --quiet --no-deps -w "$folder" .
 ls "$folder"

@@ -238,6 +238,9 @@ def chosen(monkeypatch):
 
 def test_the_path_follows_the_backend_and_the_scheme(monkeypatch):
     monkeypatch.setattr(_attention_kernel, "QUERY_BLOCK", 4)
+    # Blocks of 4 queries on the fused path too: 3 heads of 11 keys.
+    monkeypatch.setattr(_attention_kernel, "BLOCK_ELEMENTS", 4 * 3 * LENGTH)
+    monkeypatch.setattr(_attention_kernel, "SMALLEST_QUERY_BLOCK", 4)
     monkeypatch.setattr(_attention_kernel, "FUSED_XLA_QUERY_BLOCK", 4)
     monkeypatch.setattr(_attention_kernel, "FUSED_XLA_VALUE_TERM_QUERY_BLOCK", 4)
     tokens, _ = tokens_and_mask(False)
@@ -296,6 +299,7 @@ def test_no_tensor_of_the_logits_size_is_written(scheme, causal, monkeypatch):
     # FIRE names blocks of 256 queries: two of them.
     batch, length, heads, key_dim, block = 2, 512, 4, 16, 64
     monkeypatch.setattr(_attention_kernel, "QUERY_BLOCK", block)
+    monkeypatch.setattr(_attention_kernel, "BLOCK_ELEMENTS", block * heads * length)
     position = {
         "rope": lambda: keras_posenc.RotaryEmbedding(),
         "xpos": lambda: keras_posenc.XPosEmbedding(),

@@ -31,6 +31,11 @@ from keras_posenc.ops import _backend
 # no `query_block`: a block's logits at 8192 keys and 8 heads take 128 MiB
 # in float32, an eighth of what the whole logits take at 8192 queries.
 QUERY_BLOCK = 512
+# On the fused path, a block's bias (or its logits, where the kernel writes
+# them) holds at most this many entries, 32 MiB in float32: at 8192 keys and
+# 8 heads, blocks of 128 queries; at 1024 keys, blocks of 1024.
+BLOCK_ELEMENTS = 2**23
+SMALLEST_QUERY_BLOCK = 16
 # Where XLA runs the logits, softmax and product with the values as one
 # kernel (`_backend.fuses_attention`, JAX's CPU), smaller blocks keep its
 # work in the processor's cache; a value term (Shaw's) reads a tensor of
@@ -151,8 +156,24 @@ def choose(attention, query, value, context, returns_scores, training):
         )
     )
     if fused:
-        if "logits_bias" in contributions and blockable and queries > QUERY_BLOCK:
-            return "fused_blocks", QUERY_BLOCK
+        # Blocks where the kernel would take a bias whole, or write the
+        # logits itself (XLA's implementation on JAX), each block's tensors
+        # of at most `BLOCK_ELEMENTS` entries.
+        writes_logits = _backend.fused_attention_writes_logits(
+            attention.flash_attention
+        )
+        keys = value.shape[1]
+        if (
+            ("logits_bias" in contributions or writes_logits)
+            and blockable
+            and keys is not None
+        ):
+            per_query = query.shape[2] * keys  # a bias's entries, shared by the batch
+            if writes_logits and query.shape[0] is not None:
+                per_query *= query.shape[0]
+            block = max(SMALLEST_QUERY_BLOCK, BLOCK_ELEMENTS // max(per_query, 1))
+            if queries > block:
+                return "fused_blocks", block
         return "fused", None
     block = None if position is None else position.query_block
     if block is None:

@@ -353,6 +353,16 @@ def has_fused_attention():
     return name == "jax" and not _jax_on_the_cpu()
 
 
+def fused_attention_writes_logits(flash_attention):
+    """Whether `fused_attention` writes the whole logits in memory.
+
+    PyTorch's SDPA keeps them in blocks (its flash and memory-efficient
+    kernels, on the CPU too); JAX's `dot_product_attention` writes them
+    but for cuDNN's flash attention.
+    """
+    return backend() == "jax" and not flash_attention
+
+
 def fused_attention(
     query, key, value, bias=None, mask=None, is_causal=False, flash_attention=False
 ):
