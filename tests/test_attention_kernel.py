@@ -238,6 +238,7 @@ def chosen(monkeypatch):
 
 def test_the_path_follows_the_backend_and_the_scheme(monkeypatch):
     monkeypatch.setattr(_attention_kernel, "QUERY_BLOCK", 4)
+    monkeypatch.setattr(_attention_kernel, "LOGITS_ELEMENTS", 1)
     # Blocks of 4 queries on the fused path too: 3 heads of 11 keys.
     monkeypatch.setattr(_attention_kernel, "BLOCK_ELEMENTS", 4 * 3 * LENGTH)
     monkeypatch.setattr(_attention_kernel, "SMALLEST_QUERY_BLOCK", 4)
@@ -300,6 +301,7 @@ def test_no_tensor_of_the_logits_size_is_written(scheme, causal, monkeypatch):
     batch, length, heads, key_dim, block = 2, 512, 4, 16, 64
     monkeypatch.setattr(_attention_kernel, "QUERY_BLOCK", block)
     monkeypatch.setattr(_attention_kernel, "BLOCK_ELEMENTS", block * heads * length)
+    monkeypatch.setattr(_attention_kernel, "LOGITS_ELEMENTS", 1)
     position = {
         "rope": lambda: keras_posenc.RotaryEmbedding(),
         "xpos": lambda: keras_posenc.XPosEmbedding(),

@@ -27,10 +27,15 @@ import keras
 from keras_posenc import ops
 from keras_posenc.ops import _backend
 
-# Queries per block, where the kernel goes by blocks and the scheme names
-# no `query_block`: a block's logits at 8192 keys and 8 heads take 128 MiB
-# in float32, an eighth of what the whole logits take at 8192 queries.
+# The fewest queries per block of the reference path, where the scheme
+# names no `query_block`: a block's logits at 8192 keys and 8 heads take
+# 128 MiB in float32, an eighth of what the whole logits take at 8192
+# queries.
 QUERY_BLOCK = 512
+# On the reference path, the logits are whole up to this many entries,
+# 128 MiB in float32 (batch 4, 8 heads, 1024 queries and keys), and in blocks
+# of at most that many, and of at least `QUERY_BLOCK` queries, beyond.
+LOGITS_ELEMENTS = 2**25
 # On the fused path, a block's bias (or its logits, where the kernel writes
 # them) holds at most this many entries, 32 MiB in float32: at 8192 keys and
 # 8 heads, blocks of 128 queries; at 1024 keys, blocks of 1024.
@@ -183,8 +188,13 @@ def choose(attention, query, value, context, returns_scores, training):
                 if "value_term" in contributions
                 else FUSED_XLA_QUERY_BLOCK
             )
-        else:
+        elif None in (query.shape[0], value.shape[1]):
             block = QUERY_BLOCK
+        else:
+            # Whole logits up to `LOGITS_ELEMENTS` (XLA's fastest order);
+            # past them, blocks of logits that size.
+            per_query = query.shape[0] * query.shape[2] * value.shape[1]
+            block = max(QUERY_BLOCK, LOGITS_ELEMENTS // max(per_query, 1))
     if blockable and queries > block:
         return "reference_blocks", block
     return "reference", None
