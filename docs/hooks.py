@@ -16,6 +16,7 @@ import html
 import io
 import os
 import re
+import warnings
 
 import latex2mathml.converter
 
@@ -23,6 +24,11 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # A build prints no TensorFlow C++ lines (as the command): not even the
 # "failed call to cuInit" error of a machine without a GPU.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# A figure drawn with an old argument name of the package fails the build:
+# its DeprecationWarnings say "`old` is deprecated: use `new`".
+warnings.filterwarnings(
+    "error", message=r".* is deprecated: use ", category=DeprecationWarning
+)
 
 # The train-short-test-long table of README.md: its header row.
 # README's result tables: the language task's columns are lengths (speed
@@ -56,6 +62,7 @@ def _write(figure, path):
 
 def _alibi_bias_figure(num_heads=8, length=16):
     """ALiBi's causal bias for query and key positions, of the first and last head."""
+    import keras
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -63,7 +70,8 @@ def _alibi_bias_figure(num_heads=8, length=16):
 
     alibi = keras_posenc.AlibiBias(num_heads=num_heads)
     positions = np.arange(length)
-    bias = alibi(positions, positions).numpy()[0]  # (heads, query, key)
+    bias = alibi(positions, positions)  # (1, heads, query, key)
+    bias = keras.ops.convert_to_numpy(bias)[0]  # (heads, query, key)
     # Keys after the query are masked in a causal model.
     causal = np.tril(np.ones((length, length), bool))
     figure = Figure(figsize=(9, 4), layout="constrained")
@@ -85,12 +93,13 @@ def _alibi_bias_figure(num_heads=8, length=16):
 
 def _t5_buckets_figure(num_buckets=32, max_distance=128, span=160):
     """T5's bucket of every relative position, both directions and one."""
-    import tensorflow as tf
+    import keras
+    import numpy as np
     from matplotlib.figure import Figure
 
     import keras_posenc
 
-    relative = tf.range(-span, span + 1)  # (2 span + 1,)
+    relative = np.arange(-span, span + 1)  # (2 span + 1,)
     figure = Figure(figsize=(8, 4), layout="constrained")
     axes = figure.add_subplot()
     for bidirectional in (True, False):
@@ -98,8 +107,8 @@ def _t5_buckets_figure(num_buckets=32, max_distance=128, span=160):
             relative, bidirectional, num_buckets, max_distance
         )  # (2 span + 1,)
         axes.step(
-            relative.numpy(),
-            buckets.numpy(),
+            relative,
+            keras.ops.convert_to_numpy(buckets),
             where="mid",
             label=f"bidirectional={bidirectional}",
         )
@@ -195,6 +204,7 @@ def _graph_encodings_figure():
     eigenvector, their random-walk return probabilities, and the hop counts
     between every two of them.
     """
+    import keras
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -215,9 +225,11 @@ def _graph_encodings_figure():
     coordinates = np.array(coordinates)  # (nodes, 2), for drawing only
     graph = adjacency[np.newaxis]  # (1, nodes, nodes)
     _, eigenvectors = keras_posenc.ops.laplacian_eigenvectors(graph, k=1)
-    first = eigenvectors.numpy()[0, :, 0]  # (nodes,)
-    walks = keras_posenc.ops.random_walk_probabilities(graph, steps=6).numpy()[0]
-    hops = keras_posenc.ops.hop_counts(graph, max_distance=8).numpy()[0]
+    first = keras.ops.convert_to_numpy(eigenvectors)[0, :, 0]  # (nodes,)
+    walks = keras_posenc.ops.random_walk_probabilities(graph, steps=6)
+    walks = keras.ops.convert_to_numpy(walks)[0]  # (nodes, steps)
+    hops = keras_posenc.ops.hop_counts(graph, max_hops=8)
+    hops = keras.ops.convert_to_numpy(hops)[0]  # (nodes, nodes)
 
     figure = Figure(figsize=(13, 4), layout="constrained")
     drawing, walk_axes, hop_axes = figure.subplots(
