@@ -3,8 +3,8 @@
 The encoding figures come from `keras_posenc.plot`. Small ones that `plot`
 does not have, ALiBi's bias matrix, T5's and DeBERTa's buckets,
 Transformer-XL's two shifts and what the graph layers read of a small graph, are drawn here.
-The results figure redraws the train-short-test-long table of README.md,
-since running the demo takes minutes. A figure is written only when its
+The results figures redraw the demo's tables of the Results page
+(docs/results.md), since running the demo takes minutes. A figure is written only when its
 bytes change, so that `mkdocs serve` does not rebuild forever.
 
 Formulas are converted to MathML when the site is built, which browsers
@@ -30,9 +30,8 @@ warnings.filterwarnings(
     "error", message=r".* is deprecated: use ", category=DeprecationWarning
 )
 
-# The train-short-test-long table of README.md: its header row.
-# README's result tables: the language task's columns are lengths (speed
-# columns may follow), the vision task's grids such as `8x8`.
+# The Results page's tables of the demo: the language task's columns are
+# lengths (speed columns may follow), the vision task's grids such as `8x8`.
 _LENGTH_HEADER = re.compile(r"^\| encoding((?: \| \d+)+) \|")
 _GRID_HEADER = re.compile(r"^\| encoding((?: \| \d+x\d+)+) \|$")
 # pymdownx.arithmatex's generic output: inline \(...\) in a span, display
@@ -266,16 +265,16 @@ def _graph_encodings_figure():
     return figure
 
 
-def _readme_tables(readme_path, header):
-    """Every table of README.md whose header matches `header`, in order.
+def _tables(path, header):
+    """Every table of the page at `path` whose header matches `header`, in order.
 
     Each is `(columns, rows)`: the column names the pattern's group holds,
     and from each row's first cell to its values in those columns, a cell
     `mean ± spread` read as the pair, `n/a` as `None`, a number as `(value,
     None)`. Columns after the matched ones are left out.
     """
-    with open(readme_path, encoding="utf-8") as readme:
-        lines = readme.read().splitlines()
+    with open(path, encoding="utf-8") as page:
+        lines = page.read().splitlines()
     tables = []
     for index, line in enumerate(lines):
         match = header.match(line)
@@ -300,7 +299,7 @@ def _readme_tables(readme_path, header):
         tables.append((columns, rows))
     if not tables:
         raise ValueError(
-            f"No table with a header like {header.pattern!r} in {readme_path}."
+            f"No table with a header like {header.pattern!r} in {path}."
         )
     return tables
 
@@ -319,12 +318,12 @@ def on_pre_build(config):
 
     out_dir = os.path.join(config["docs_dir"], "figures")
     os.makedirs(out_dir, exist_ok=True)
-    readme = os.path.join(os.path.dirname(config["config_file_path"]), "README.md")
+    results = os.path.join(config["docs_dir"], "results.md")
     # The Markov source's table first, then the standard library's.
-    (lengths, markov), (source_lengths, python_source) = _readme_tables(
-        readme, _LENGTH_HEADER
+    (lengths, markov), (source_lengths, python_source) = _tables(
+        results, _LENGTH_HEADER
     )[:2]
-    ((grids, vision),) = _readme_tables(readme, _GRID_HEADER)
+    ((grids, vision),) = _tables(results, _GRID_HEADER)
     language = demo_config.DEFAULT
     spread = {
         name: [0.0 if cell is None or cell[1] is None else cell[1] for cell in cells]
