@@ -192,6 +192,10 @@ def _attention(position):
     )
 
 
+# On JAX without 64-bit numbers, Keras' `Layer.__call__` converts NumPy
+# arguments to int32 before a layer reads them; `ops.read_positions` itself
+# refuses them there (above).
+@tensorflow_only
 @pytest.mark.parametrize(
     "make",
     [
