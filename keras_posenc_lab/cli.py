@@ -351,7 +351,12 @@ def main(argv=None):
         return 1
     if args.command == "demo":
         runner.set_threads(configs)
-    if args.command != "plot":
+    # `plot` draws on any backend; on TensorFlow's, Keras imports it, so
+    # quietly here first.
+    if args.command != "plot" or (
+        os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow"
+        and importlib.util.find_spec("tensorflow") is not None
+    ):
         _import_tensorflow(args.verbose)
     if args.command == "plot":
         from keras_posenc import plot
