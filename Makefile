@@ -84,12 +84,13 @@ LAB_TESTS := $(addprefix --ignore=tests/,lab test_plot.py \
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" $(LAB_TESTS)
 
-# The library's tests on JAX.
+# The library's tests on JAX, and the docs pages' examples.
 
 # Then the TPU notebook, over 8 host devices standing in for a TPU's 8
 # cores (about a minute).
 test-jax: $(JAX)/.installed
 	KERAS_BACKEND=jax $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) tests $(LAB_TESTS)
+	KERAS_BACKEND=jax $(JAX)/bin/python -m pytest tests/test_doc_pages.py
 	KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=8 \
 		$(JAX)/bin/python -m pytest notebooks/03_tpu_training.ipynb
 
