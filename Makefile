@@ -3,7 +3,8 @@
 # range in setup.cfg's install_requires, and runs the tests there.
 # `make test-jax` and `make test-jax-oldest` run the tests on Keras' JAX
 # backend, at the ceiling and the floor of the jax extra's range, and
-# `make test-torch` a short list on PyTorch; each in a venv of its own.
+# `make test-torch` a short list on PyTorch; each in a venv of its own,
+# with the extra of its backend (the layers themselves need Keras alone).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -22,16 +23,16 @@ FLOORS = sed -n '/^install_requires =/,/^[^ ]/s/^ *\([A-Za-z0-9_.-]*\)>=\([^,; ]
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,plot,demo,bench,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[tensorflow,test,plot,demo,bench,docs]"
 	touch $(STAMP)
 
-# Each `name>=floor,...` line of install_requires becomes `name==floor`.
+# Each `name>=floor,...` line of install_requires and of the tensorflow
+# extra becomes `name==floor`.
 $(OLDEST_STAMP): setup.cfg pyproject.toml
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
-	sed -n '/^install_requires =/,/^[^ ]/s/^ *\([A-Za-z0-9_.-]*\)>=\([^,; ]*\).*/\1==\2/p' \
-		setup.cfg > $(OLDEST)/constraints.txt
-	$(OLDEST)/bin/python -m pip install --quiet -e ".[test]" -c $(OLDEST)/constraints.txt
+	$(call FLOORS,tensorflow) > $(OLDEST)/constraints.txt
+	$(OLDEST)/bin/python -m pip install --quiet -e ".[tensorflow,test]" -c $(OLDEST)/constraints.txt
 	touch $(OLDEST_STAMP)
 
 $(JAX)/.installed: setup.cfg pyproject.toml
@@ -47,12 +48,17 @@ $(JAX_OLDEST)/.installed: setup.cfg pyproject.toml
 	$(JAX_OLDEST)/bin/python -m pip install --quiet -e ".[jax,test]" -c $(JAX_OLDEST)/constraints.txt
 	touch $@
 
-# PyTorch's CPU build first, pinned: a range alone would fetch a CUDA build
-# of several GB.
+# PyTorch's CPU build first, then the torch extra, which it satisfies. On
+# PyPI, torch for Linux is a CUDA build of several GB: the CPU build comes
+# from PyTorch's own index, `make test-torch TORCH_INDEX="--index-url
+# https://download.pytorch.org/whl/cpu"`. On a machine whose pip finds a
+# CPU wheel of the pinned torch on its own disk (pip's find-links),
+# the pin alone takes that wheel.
+TORCH_INDEX :=
 $(TORCH)/.installed: setup.cfg pyproject.toml
 	test -x $(TORCH)/bin/python || $(PYTHON) -m venv $(TORCH)
 	$(TORCH)/bin/python -m pip install --quiet --upgrade pip
-	$(TORCH)/bin/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(TORCH)/bin/python -m pip install --quiet $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
 	$(TORCH)/bin/python -m pip install --quiet -e ".[torch,test]"
 	touch $@
 
@@ -78,12 +84,13 @@ LAB_TESTS := $(addprefix --ignore=tests/,lab test_plot.py \
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" $(LAB_TESTS)
 
-# The library's tests on JAX.
+# The library's tests on JAX, and the docs pages' examples.
 
 # Then the TPU notebook, over 8 host devices standing in for a TPU's 8
 # cores (about a minute).
 test-jax: $(JAX)/.installed
 	KERAS_BACKEND=jax $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) tests $(LAB_TESTS)
+	KERAS_BACKEND=jax $(JAX)/bin/python -m pytest tests/test_doc_pages.py
 	KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=8 \
 		$(JAX)/bin/python -m pytest notebooks/03_tpu_training.ipynb
 

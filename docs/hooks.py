@@ -3,8 +3,8 @@
 The encoding figures come from `keras_posenc.plot`. Small ones that `plot`
 does not have, ALiBi's bias matrix, T5's and DeBERTa's buckets,
 Transformer-XL's two shifts and what the graph layers read of a small graph, are drawn here.
-The results figure redraws the train-short-test-long table of README.md,
-since running the demo takes minutes. A figure is written only when its
+The results figures redraw the demo's tables of the Results page
+(docs/results.md), since running the demo takes minutes. A figure is written only when its
 bytes change, so that `mkdocs serve` does not rebuild forever.
 
 Formulas are converted to MathML when the site is built, which browsers
@@ -16,6 +16,7 @@ import html
 import io
 import os
 import re
+import warnings
 
 import latex2mathml.converter
 
@@ -23,10 +24,14 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # A build prints no TensorFlow C++ lines (as the command): not even the
 # "failed call to cuInit" error of a machine without a GPU.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# A figure drawn with an old argument name of the package fails the build:
+# its DeprecationWarnings say "`old` is deprecated: use `new`".
+warnings.filterwarnings(
+    "error", message=r".* is deprecated: use ", category=DeprecationWarning
+)
 
-# The train-short-test-long table of README.md: its header row.
-# README's result tables: the language task's columns are lengths (speed
-# columns may follow), the vision task's grids such as `8x8`.
+# The Results page's tables of the demo: the language task's columns are
+# lengths (speed columns may follow), the vision task's grids such as `8x8`.
 _LENGTH_HEADER = re.compile(r"^\| encoding((?: \| \d+)+) \|")
 _GRID_HEADER = re.compile(r"^\| encoding((?: \| \d+x\d+)+) \|$")
 # pymdownx.arithmatex's generic output: inline \(...\) in a span, display
@@ -56,6 +61,7 @@ def _write(figure, path):
 
 def _alibi_bias_figure(num_heads=8, length=16):
     """ALiBi's causal bias for query and key positions, of the first and last head."""
+    import keras
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -63,7 +69,8 @@ def _alibi_bias_figure(num_heads=8, length=16):
 
     alibi = keras_posenc.AlibiBias(num_heads=num_heads)
     positions = np.arange(length)
-    bias = alibi(positions, positions).numpy()[0]  # (heads, query, key)
+    bias = alibi(positions, positions)  # (1, heads, query, key)
+    bias = keras.ops.convert_to_numpy(bias)[0]  # (heads, query, key)
     # Keys after the query are masked in a causal model.
     causal = np.tril(np.ones((length, length), bool))
     figure = Figure(figsize=(9, 4), layout="constrained")
@@ -85,12 +92,13 @@ def _alibi_bias_figure(num_heads=8, length=16):
 
 def _t5_buckets_figure(num_buckets=32, max_distance=128, span=160):
     """T5's bucket of every relative position, both directions and one."""
-    import tensorflow as tf
+    import keras
+    import numpy as np
     from matplotlib.figure import Figure
 
     import keras_posenc
 
-    relative = tf.range(-span, span + 1)  # (2 span + 1,)
+    relative = np.arange(-span, span + 1)  # (2 span + 1,)
     figure = Figure(figsize=(8, 4), layout="constrained")
     axes = figure.add_subplot()
     for bidirectional in (True, False):
@@ -98,8 +106,8 @@ def _t5_buckets_figure(num_buckets=32, max_distance=128, span=160):
             relative, bidirectional, num_buckets, max_distance
         )  # (2 span + 1,)
         axes.step(
-            relative.numpy(),
-            buckets.numpy(),
+            relative,
+            keras.ops.convert_to_numpy(buckets),
             where="mid",
             label=f"bidirectional={bidirectional}",
         )
@@ -195,6 +203,7 @@ def _graph_encodings_figure():
     eigenvector, their random-walk return probabilities, and the hop counts
     between every two of them.
     """
+    import keras
     import numpy as np
     from matplotlib.figure import Figure
 
@@ -215,9 +224,11 @@ def _graph_encodings_figure():
     coordinates = np.array(coordinates)  # (nodes, 2), for drawing only
     graph = adjacency[np.newaxis]  # (1, nodes, nodes)
     _, eigenvectors = keras_posenc.ops.laplacian_eigenvectors(graph, k=1)
-    first = eigenvectors.numpy()[0, :, 0]  # (nodes,)
-    walks = keras_posenc.ops.random_walk_probabilities(graph, steps=6).numpy()[0]
-    hops = keras_posenc.ops.hop_counts(graph, max_distance=8).numpy()[0]
+    first = keras.ops.convert_to_numpy(eigenvectors)[0, :, 0]  # (nodes,)
+    walks = keras_posenc.ops.random_walk_probabilities(graph, steps=6)
+    walks = keras.ops.convert_to_numpy(walks)[0]  # (nodes, steps)
+    hops = keras_posenc.ops.hop_counts(graph, max_hops=8)
+    hops = keras.ops.convert_to_numpy(hops)[0]  # (nodes, nodes)
 
     figure = Figure(figsize=(13, 4), layout="constrained")
     drawing, walk_axes, hop_axes = figure.subplots(
@@ -254,16 +265,16 @@ def _graph_encodings_figure():
     return figure
 
 
-def _readme_tables(readme_path, header):
-    """Every table of README.md whose header matches `header`, in order.
+def _tables(path, header):
+    """Every table of the page at `path` whose header matches `header`, in order.
 
     Each is `(columns, rows)`: the column names the pattern's group holds,
     and from each row's first cell to its values in those columns, a cell
     `mean ± spread` read as the pair, `n/a` as `None`, a number as `(value,
     None)`. Columns after the matched ones are left out.
     """
-    with open(readme_path, encoding="utf-8") as readme:
-        lines = readme.read().splitlines()
+    with open(path, encoding="utf-8") as page:
+        lines = page.read().splitlines()
     tables = []
     for index, line in enumerate(lines):
         match = header.match(line)
@@ -288,7 +299,7 @@ def _readme_tables(readme_path, header):
         tables.append((columns, rows))
     if not tables:
         raise ValueError(
-            f"No table with a header like {header.pattern!r} in {readme_path}."
+            f"No table with a header like {header.pattern!r} in {path}."
         )
     return tables
 
@@ -307,12 +318,12 @@ def on_pre_build(config):
 
     out_dir = os.path.join(config["docs_dir"], "figures")
     os.makedirs(out_dir, exist_ok=True)
-    readme = os.path.join(os.path.dirname(config["config_file_path"]), "README.md")
+    results = os.path.join(config["docs_dir"], "results.md")
     # The Markov source's table first, then the standard library's.
-    (lengths, markov), (source_lengths, python_source) = _readme_tables(
-        readme, _LENGTH_HEADER
+    (lengths, markov), (source_lengths, python_source) = _tables(
+        results, _LENGTH_HEADER
     )[:2]
-    ((grids, vision),) = _readme_tables(readme, _GRID_HEADER)
+    ((grids, vision),) = _tables(results, _GRID_HEADER)
     language = demo_config.DEFAULT
     spread = {
         name: [0.0 if cell is None or cell[1] is None else cell[1] for cell in cells]

@@ -21,6 +21,27 @@ def _refuse_backend(backend):
 if os.environ.get("KERAS_BACKEND", "tensorflow") not in BACKENDS:
     _refuse_backend(os.environ["KERAS_BACKEND"])
 
+# The library each backend imports first, and the extra that installs it.
+_BACKEND_OF_MODULE = {
+    "tensorflow": "tensorflow",
+    "jax": "jax",
+    "jaxlib": "jax",
+    "torch": "torch",
+}
+
+try:
+    import keras  # noqa: E402,F401
+except ModuleNotFoundError as error:
+    missing = (error.name or "").split(".")[0]
+    if missing not in _BACKEND_OF_MODULE:
+        raise
+    backend = _BACKEND_OF_MODULE[missing]
+    raise ImportError(
+        f"Keras chose the {backend!r} backend (KERAS_BACKEND, else "
+        f"~/.keras/keras.json, else tensorflow), whose library {missing} is "
+        f'not installed. Install it with: pip install "keras-posenc[{backend}]"'
+    ) from None
+
 # Importing the layers registers them with Keras, so that
 # `keras.saving.load_model` finds them after `import keras_posenc`.
 from keras_posenc import layers  # noqa: E402

@@ -9,6 +9,7 @@ which `PositionalMultiHeadAttention.positions_from_hf_config` builds.
 Nothing here computes with tensors.
 """
 
+import numbers
 import warnings
 
 from keras_posenc import ops
@@ -27,6 +28,14 @@ _LLAMA4_MODEL_TYPES = ("llama4", "llama4_text")
 # Models with a RoPE switch per layer, `no_rope_layers` (1: RoPE, 0: none),
 # by default every `no_rope_layer_interval`-th layer without.
 _NO_ROPE_MODEL_TYPES = (*_LLAMA4_MODEL_TYPES, "smollm3")
+# The entries of `layer_types` that transformers' `layer_type_validation`
+# allows.
+_LAYER_TYPES = (
+    "full_attention",
+    "sliding_attention",
+    "chunked_attention",
+    "linear_attention",
+)
 # transformers' mrope_section when a Qwen-VL config gives none.
 _MROPE_SECTIONS = {
     "qwen2_vl": [16, 24, 24],
@@ -201,6 +210,17 @@ def rotary_embedding_arguments(config, layer_type=None):
         ):
             parameters["factor"] = config["max_position_embeddings"] / original
     _warn_as_transformers(rope_type, parameters, config, name)
+    if rope_type == "default":
+        unused = sorted(key for key in parameters if key != "rope_type")
+        if unused:
+            # transformers warns of them and rotates without them.
+            warnings.warn(
+                f"In `{name}`'s RoPE: unrecognized keys for "
+                f"rope_type='default', which are not used: {unused}. "
+                f"Received: {parameters!r}",
+                UserWarning,
+                stacklevel=2,
+            )
     return {
         "max_wavelength": base,
         "pairing": pairing,
@@ -230,11 +250,7 @@ def attention_temperature_arguments(config):
     """
     _check_dict(config)
     config, name = text_config(config)
-    # transformers' Llama 4 turns it on by default; no other model has it.
-    tuning = config.get(
-        "attn_temperature_tuning", config.get("model_type") in _LLAMA4_MODEL_TYPES
-    )
-    if not tuning:
+    if not _temperature_tuning(config, name):
         raise ValueError(
             f"`{name}` has no attention temperature: Llama 4's "
             "`attn_temperature_tuning` is off or missing, so its layers "
@@ -326,10 +342,20 @@ def position_arguments_per_layer(config):
             f"num_hidden_layers={num_layers}. Received: "
             f"layer_types={layer_types!r}"
         )
+    if layer_types is not None:
+        unknown = sorted(
+            {str(entry) for entry in layer_types if entry not in _LAYER_TYPES}
+        )
+        if unknown:
+            # transformers refuses them too (`layer_type_validation`).
+            raise ValueError(
+                f"`{name}['layer_types']` entries must be in {_LAYER_TYPES}. "
+                f"Received: layer_types with {unknown}"
+            )
     with_rope = _rope_layers(text, name, num_layers)
     temperature = None
-    if text.get("model_type") in _LLAMA4_MODEL_TYPES and text.get(
-        "attn_temperature_tuning", True
+    if text.get("model_type") in _LLAMA4_MODEL_TYPES and _temperature_tuning(
+        text, name
     ):
         temperature = attention_temperature_arguments(config)
     positions = []
@@ -349,6 +375,25 @@ def position_arguments_per_layer(config):
         else:
             positions.append(None)
     return positions
+
+
+def _temperature_tuning(config, name):
+    """Whether a text config turns on Llama 4's attention temperature.
+
+    transformers' Llama 4 turns it on by default; no other model has it.
+    A number or null reads as transformers reads it, true unless zero or
+    null (Llama 4 Scout's config.json gives 4); a string is refused, since
+    transformers would read `"false"` as on.
+    """
+    tuning = config.get(
+        "attn_temperature_tuning", config.get("model_type") in _LLAMA4_MODEL_TYPES
+    )
+    if tuning is not None and not isinstance(tuning, numbers.Real):
+        raise ValueError(
+            f"`{name}['attn_temperature_tuning']` must be true or false. "
+            f"Received: attn_temperature_tuning={tuning!r}"
+        )
+    return bool(tuning)
 
 
 def _rope_layers(config, name, num_layers):

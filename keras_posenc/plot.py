@@ -11,8 +11,8 @@ import math
 import numbers
 import os
 
+import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_posenc import ops
 from keras_posenc import rope_scaling
@@ -53,13 +53,13 @@ def encoding_heatmap(
         A `matplotlib.figure.Figure` with the heatmap and a colorbar.
     """
     ops.check_positive_int("length", length)
-    table = ops.sinusoidal(
-        tf.range(length), dim, max_wavelength, pairing
+    table = keras.ops.convert_to_numpy(
+        ops.sinusoidal(keras.ops.arange(length), dim, max_wavelength, pairing)
     )  # (length, dim)
     figure = Figure(figsize=(8, 5), layout="constrained")
     axes = figure.add_subplot()
     image = axes.imshow(
-        table.numpy(),
+        table,
         aspect="auto",
         cmap="RdBu",
         vmin=-1.0,
@@ -113,13 +113,13 @@ def similarity_curve(
             f"`reference_position` must be an integer from 0 to length - 1 = "
             f"{length - 1}. Received: reference_position={reference_position!r}"
         )
-    table = ops.sinusoidal(
-        tf.range(length), dim, max_wavelength
+    table = keras.ops.convert_to_numpy(
+        ops.sinusoidal(keras.ops.arange(length), dim, max_wavelength)
     )  # (length, dim)
-    similarity = tf.linalg.matvec(table, table[reference_position])  # (length,)
+    similarity = table @ table[reference_position]  # (length,)
     figure = Figure(figsize=(8, 4), layout="constrained")
     axes = figure.add_subplot()
-    axes.plot(range(length), similarity.numpy(), label="dot product")
+    axes.plot(range(length), similarity, label="dot product")
     axes.axvline(
         reference_position,
         color="tab:red",
@@ -234,7 +234,9 @@ def rope_wavelengths(
         inverse_frequencies, _ = rope_scaling.rope_parameters(
             scaling, head_dim, max_wavelength, length=extended
         )  # (head_dim / 2,)
-        wavelengths = 2 * math.pi / inverse_frequencies.numpy().astype("float64")
+        wavelengths = 2 * math.pi / keras.ops.convert_to_numpy(inverse_frequencies).astype(
+            "float64"
+        )
         axes.plot(pairs, wavelengths, label=label)
     axes.axhline(
         original,
@@ -501,10 +503,10 @@ def grid_similarity(grid_shape=(14, 14), dim=64, max_wavelength=10000.0, anchors
                 "`anchors` must be (row, column) cells of the grid "
                 f"{tuple(grid_shape)}. Received: anchors={anchors!r}"
             )
-    table = ops.sinusoidal(
-        ops.grid_positions(grid_shape), dim, max_wavelength, num_axes=2
-    ).numpy()  # (height * width, dim)
-    table /= np.linalg.norm(table, axis=-1, keepdims=True)
+    table = keras.ops.convert_to_numpy(
+        ops.sinusoidal(ops.grid_positions(grid_shape), dim, max_wavelength, num_axes=2)
+    )  # (height * width, dim)
+    table = table / np.linalg.norm(table, axis=-1, keepdims=True)
     similarities = [
         (table @ table[row * width + column]).reshape(height, width)
         for row, column in anchors
@@ -569,9 +571,11 @@ def rope_axis_assignment(max_wavelength=10000.0):
     for panel, (title, num_axes, axis_layout, sections) in zip(
         panels, ROPE_AXIS_SETTINGS
     ):
-        theta = ops.rope_frequency_matrix(
-            rotary_dim, num_axes, axis_layout, sections, max_wavelength
-        ).numpy()  # (pairs, num_axes)
+        theta = keras.ops.convert_to_numpy(
+            ops.rope_frequency_matrix(
+                rotary_dim, num_axes, axis_layout, sections, max_wavelength
+            )
+        )  # (pairs, num_axes)
         axes = np.argmax(theta, axis=-1)
         frequencies = theta.max(axis=-1)
         for axis in range(num_axes):

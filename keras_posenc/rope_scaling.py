@@ -582,6 +582,34 @@ def check_scaling(scaling, dim=None):
     _check_arguments(rope_type, arguments, dim, label="scaling['{}']")
 
 
+def read_legacy_type(scaling):
+    """`scaling` with its older key `"type"` read as `"rope_type"`.
+
+    Hugging Face's older configs name the schedule `"type"`; transformers
+    reads `"rope_type"` first and falls back on it. This does the same,
+    and warns that the key is deprecated.
+
+    Args:
+        scaling: None or a dict in Hugging Face's `rope_scaling` form.
+
+    Returns:
+        `scaling` itself unless it is a dict with a `"type"` key; else a
+        copy with `"rope_type"` (kept if given) and without `"type"`.
+    """
+    if not isinstance(scaling, dict) or "type" not in scaling:
+        return scaling
+    warnings.warn(
+        "`scaling['type']` is deprecated: use `scaling['rope_type']`, the "
+        f"key of Hugging Face's current configs. Received: scaling={scaling!r}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    scaling = dict(scaling)
+    legacy_type = scaling.pop("type")
+    scaling.setdefault("rope_type", legacy_type)
+    return scaling
+
+
 def _rope_type(scaling):
     """The schedule a dict names, its alias resolved: `"su"` is `"longrope"`."""
     rope_type = scaling.get("rope_type")

@@ -7,9 +7,10 @@ grid encoding at one image size and evaluates it at larger ones, and one
 small graph transformer per graph encoding on small graphs and evaluates it
 on larger ones; `keras-posenc bench` runs the speed and memory benchmarks.
 
-It parses its arguments first and imports TensorFlow only for a subcommand,
-with TensorFlow's C++ start-up logging hidden unless `--verbose`: `--help`
-and `--version` answer at once.
+It parses its arguments first and imports TensorFlow only for `demo` and
+`bench`, which train and time on it, with TensorFlow's C++ start-up logging
+hidden unless `--verbose`: `--help` and `--version` answer at once. `plot`
+draws on whichever backend Keras runs.
 """
 
 import argparse
@@ -26,10 +27,19 @@ from keras_posenc_lab._arguments import int_at_least
 
 # What each subcommand imports beyond the base install, as (module,
 # distribution) pairs, and the extra of setup.cfg that installs them.
+# The demo and the benchmarks train and time on TensorFlow; the plots draw
+# on any backend.
 NEEDS = {
     "plot": ((("matplotlib", "matplotlib"),), "plot"),
-    "demo": ((("matplotlib", "matplotlib"), ("sklearn", "scikit-learn")), "demo"),
-    "bench": ((("keras_hub", "keras-hub"),), "bench"),
+    "demo": (
+        (
+            ("tensorflow", "tensorflow"),
+            ("matplotlib", "matplotlib"),
+            ("sklearn", "scikit-learn"),
+        ),
+        "demo",
+    ),
+    "bench": ((("tensorflow", "tensorflow"), ("keras_hub", "keras-hub")), "bench"),
 }
 TASKS = ("language", "vision", "graph")
 # Only the language task reads these options.
@@ -39,7 +49,10 @@ LANGUAGE_OPTIONS = ("data", "train_length", "lengths", "full")
 def _make_parser():
     parser = argparse.ArgumentParser(
         prog="keras-posenc",
-        description="Positional encodings for Keras 3 on TensorFlow.",
+        description=(
+            "Positional encodings for transformers, as Keras 3 layers on "
+            "TensorFlow, JAX and PyTorch."
+        ),
     )
     parser.add_argument(
         "--version",
@@ -338,7 +351,13 @@ def main(argv=None):
         return 1
     if args.command == "demo":
         runner.set_threads(configs)
-    _import_tensorflow(args.verbose)
+    # `plot` draws on any backend; on TensorFlow's, Keras imports it, so
+    # quietly here first.
+    if args.command != "plot" or (
+        os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow"
+        and importlib.util.find_spec("tensorflow") is not None
+    ):
+        _import_tensorflow(args.verbose)
     if args.command == "plot":
         from keras_posenc import plot
 

@@ -32,7 +32,6 @@ import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import keras_posenc
 from keras_posenc_lab import encodings
@@ -361,13 +360,18 @@ def mean_nll(model, windows):
     losses = []
     for start in range(0, len(windows), batch_size):
         batch = windows[start : start + batch_size]  # (batch, length + 1)
-        logits = model(batch[:, :-1], training=False)  # (batch, length, vocab)
-        losses.append(
-            tf.nn.sparse_softmax_cross_entropy_with_logits(
-                batch[:, 1:], tf.cast(logits, "float64")
-            )
+        logits = keras.ops.convert_to_numpy(
+            model(batch[:, :-1], training=False)
+        ).astype("float64")  # (batch, length, vocab)
+        peak = logits.max(axis=-1, keepdims=True)  # (batch, length, 1)
+        log_normalizer = peak[..., 0] + np.log(
+            np.exp(logits - peak).sum(axis=-1)
         )  # (batch, length)
-    return float(tf.reduce_mean(tf.concat(losses, axis=0)))
+        target_logits = np.take_along_axis(
+            logits, batch[:, 1:, None], axis=-1
+        )[..., 0]  # (batch, length)
+        losses.append(log_normalizer - target_logits)
+    return float(np.mean(np.concatenate(losses, axis=0)))
 
 
 def evaluation_windows(stream, length):

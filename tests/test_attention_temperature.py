@@ -143,6 +143,23 @@ def test_factors_equal_float64_reference(floor_scale, attn_scale):
     )
 
 
+@pytest.mark.parametrize("position", [-2, -9000])
+def test_positions_below_minus_one_fail_or_are_nan(position):
+    # log1p(floor((p + 1) / floor_scale)) is -inf at the first step below
+    # -1 and NaN past it: an error where known, NaN where compiled.
+    layer = AttentionTemperature(floor_scale=8192, attn_scale=0.1)
+    positions = np.array([0, -1, position, 5], "int32")
+    with pytest.raises(
+        ValueError,
+        match=rf"`positions` of AttentionTemperature must be at least -1.*"
+        rf"Received: positions\[2\]={position}",
+    ):
+        layer(positions)
+    factors = numpy(compiled(layer)(positions))
+    np.testing.assert_array_equal(np.isnan(factors), [False, False, True, False])
+    np.testing.assert_allclose(factors[[0, 1, 3]], 1.0)
+
+
 def test_queries_scaled_by_their_positions_only():
     rng = np.random.default_rng(0)
     query = rng.normal(size=(2, 6, 3, 4)).astype("float32")

@@ -81,13 +81,34 @@ def test_the_wheel_metadata(dist):
     assert set(urls) == {"Documentation", "Source", "Issues"}
     classifiers = metadata.get_all("Classifier")
     assert "Programming Language :: Python :: 3.11" in classifiers
-    assert set(metadata.get_all("Provides-Extra")) >= {"plot", "demo", "bench"}
+    assert set(metadata.get_all("Provides-Extra")) >= {
+        "tensorflow",
+        "jax",
+        "torch",
+        "plot",
+        "demo",
+        "bench",
+    }
+    requirements = metadata.get_all("Requires-Dist")
+    # The layers need Keras alone; each backend's library is an extra.
+    base = {
+        requirement.split("<")[0].split(">")[0]
+        for requirement in requirements
+        if "extra ==" not in requirement
+    }
+    assert base == {"keras", "numpy"}
+    for backend in ("tensorflow", "jax", "torch"):
+        assert any(
+            requirement.startswith(backend)
+            and requirement.endswith(f'extra == "{backend}"')
+            for requirement in requirements
+        ), backend
     bench = [
         requirement
-        for requirement in metadata.get_all("Requires-Dist")
+        for requirement in requirements
         if requirement.endswith('extra == "bench"')
     ]
-    assert bench and bench[0].startswith("keras-hub")
+    assert any(requirement.startswith("keras-hub") for requirement in bench)
 
 
 def test_the_sdist_holds_the_whole_test_suite(dist):

@@ -154,6 +154,80 @@ def test_positions_that_are_not_finite_raise_or_show_compiled(make, call, value)
     assert np.isfinite(np.delete(outputs[0], 2, axis=0)).all()
 
 
+INT32_MESSAGE = r"must fit in int32, from -2147483648 to 2147483647"
+
+
+@pytest.mark.parametrize("value", [2**31, -(2**31) - 1, 2**40])
+def test_read_positions_refuses_integers_past_int32(value):
+    # The layers compute positions in int32: wrapped, 2**32 + 5 would read
+    # as 5.
+    positions = np.array([[0, 1], [2, value]], "int64")
+    with pytest.raises(
+        ValueError,
+        match=rf"`key_positions` {INT32_MESSAGE}.*Received: "
+        rf"key_positions\[1, 1\]={value} \(dtype int64\)",
+    ):
+        ops.read_positions(positions, name="key_positions", integer=True)
+    edges = np.array([-(2**31), 0, 2**31 - 1], "int64")
+    np.testing.assert_array_equal(numpy(ops.read_positions(edges)), edges)
+
+
+@tensorflow_only
+def test_integers_past_int32_fail_when_a_tensorflow_graph_runs():
+    import tensorflow as tf
+
+    read = graph_function(
+        lambda p: ops.read_positions(p, integer=True),
+        input_signature=[((None,), "int64")],
+        jit_compile=False,
+    )
+    np.testing.assert_array_equal(numpy(read(np.arange(3))), [0, 1, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=INT32_MESSAGE):
+        read(np.array([0, 2**31], "int64"))
+
+
+def _attention(position):
+    return lambda: keras_posenc.PositionalMultiHeadAttention(
+        num_heads=2, key_dim=8, position=position()
+    )
+
+
+# On JAX without 64-bit numbers, Keras' `Layer.__call__` converts NumPy
+# arguments to int32 before a layer reads them; `ops.read_positions` itself
+# refuses them there (above).
+@tensorflow_only
+@pytest.mark.parametrize(
+    "make",
+    [
+        _attention(keras_posenc.TransformerXLPosition),
+        _attention(keras_posenc.DisentangledPosition),
+        _attention(lambda: keras_posenc.KerpleBias(num_heads=2)),
+        _attention(lambda: keras_posenc.FireBias(num_heads=2)),
+        _attention(lambda: keras_posenc.ContextualPosition(max_positions=16)),
+        keras_posenc.XPosEmbedding,
+    ],
+    ids=["transformer-xl", "deberta", "kerple", "fire", "cope", "xpos"],
+)
+def test_every_scheme_refuses_positions_past_int32(make):
+    # Not wrapped to the default positions 0..5, whose outputs they would give.
+    positions = (2**32 + np.arange(6)).astype("int64")
+    layer = make()
+    if isinstance(layer, keras_posenc.XPosEmbedding):
+        heads = np.ones((1, 6, 2, 8), "float32")
+        call = lambda: layer(heads, heads, query_positions=positions, key_positions=positions)  # noqa: E731
+    else:
+        tokens = np.ones((1, 6, 16), "float32")
+        call = lambda: layer(  # noqa: E731
+            tokens,
+            tokens,
+            query_positions=positions,
+            key_positions=positions,
+            use_causal_mask=True,
+        )
+    with pytest.raises(ValueError, match=rf"positions` {INT32_MESSAGE}.*=4294967296"):
+        call()
+
+
 @pytest.mark.parametrize("num_axes", [0, -1, 1.5, True])
 def test_bad_num_axes_raises_value_error_naming_it(num_axes):
     with pytest.raises(ValueError, match=f"num_axes={num_axes!r}"):

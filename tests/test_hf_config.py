@@ -292,13 +292,27 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
             r"max_position_embeddings=8192\. Received: "
             r"original_max_position_embeddings=8192",
         ),
+        (
+            # transformers rotates with the default frequencies and warns of
+            # the keys that rope_type='default' does not take.
+            {"head_dim": 64, "rope_scaling": {"rope_type": "default", "factor": 4.0}},
+            r"`config`'s RoPE: unrecognized keys for rope_type='default', "
+            r"which are not used: \['factor'\]",
+        ),
     ],
     ids=["yarn-betas", "yarn-beta-fast-below-default-slow", "factor-below-one",
-         "yarn-factor", "llama3-lengths"],
+         "yarn-factor", "llama3-lengths", "factor-of-the-default"],
 )
 def test_configs_that_transformers_warns_of_warn(config, message):
     with pytest.warns(UserWarning, match=message):
         RotaryEmbedding.from_hf_config(config)
+
+
+def test_the_default_schedule_with_a_factor_rotates_unscaled():
+    config = {"head_dim": 64, "rope_scaling": {"rope_type": "default", "factor": 4.0}}
+    with pytest.warns(UserWarning, match="not used"):
+        arguments = hf_config.rotary_embedding_arguments(config)
+    assert arguments == hf_config.rotary_embedding_arguments({"head_dim": 64})
 
 
 # Each model's pattern as transformers builds it (its config's __post_init__
@@ -496,8 +510,23 @@ def test_other_models_rotate_every_layer_with_its_layer_types_rope():
             r"`config\['text_config'\]\['num_hidden_layers'\]` must be a positive integer",
         ),
         ("config.json", r"must be a dict.*Received: config='config\.json'"),
+        (
+            # transformers refuses it (layer_type_validation); read as a
+            # layer without RoPE, it would change the model.
+            {**COHERE2, "layer_types": ["sliding"] * 7 + ["full_attention"]},
+            r"`config\['layer_types'\]` entries must be in \('full_attention', "
+            r"'sliding_attention', 'chunked_attention', 'linear_attention'\)\. "
+            r"Received: layer_types with \['sliding'\]",
+        ),
+        (
+            {**LLAMA4_SCOUT, "text_config": {**LLAMA4_SCOUT["text_config"],
+                                             "attn_temperature_tuning": "false"}},
+            r"`config\['text_config'\]\['attn_temperature_tuning'\]` must be true "
+            r"or false\. Received: attn_temperature_tuning='false'",
+        ),
     ],
-    ids=["no-layers", "short-list", "bad-flags", "short-layer-types", "nested-name", "not-a-dict"],
+    ids=["no-layers", "short-list", "bad-flags", "short-layer-types", "nested-name",
+         "not-a-dict", "unknown-layer-type", "temperature-tuning-string"],
 )
 def test_positions_per_layer_refuses_bad_configs(config, message):
     with pytest.raises(ValueError, match=message):

@@ -75,6 +75,33 @@ def test_other_backends_are_refused_with_advice():
     assert "tensorflow, jax, torch" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "backend, module",
+    [("tensorflow", "tensorflow"), ("jax", "jax"), ("torch", "torch")],
+)
+def test_a_missing_backend_library_names_its_extra(backend, module):
+    # `None` in sys.modules makes `import module` fail as if it were not
+    # installed, whichever libraries this venv holds.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.modules[{module!r}] = None; import keras_posenc",
+        ],
+        env=dict(os.environ, KERAS_BACKEND=backend),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line == (
+        f"ImportError: Keras chose the {backend!r} backend (KERAS_BACKEND, else "
+        f"~/.keras/keras.json, else tensorflow), whose library {module} is not "
+        f'installed. Install it with: pip install "keras-posenc[{backend}]"'
+    )
+
+
 def test_no_module_imports_keras_private_modules():
     # Keras' private names are read in one place, the attention layer's
     # module, through its public classes; nothing imports `keras.src`.

@@ -330,6 +330,24 @@ def test_scaling_schedules(case, pairing):
     )
 
 
+def test_the_older_type_key_is_read_as_rope_type_with_a_warning():
+    # Hugging Face's older configs name the schedule "type".
+    legacy = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64}
+    received = dict(legacy)
+    with pytest.warns(DeprecationWarning, match=r"use `scaling\['rope_type'\]`"):
+        layer = RotaryEmbedding(scaling=legacy)
+    assert legacy == received
+    assert layer.scaling == SCHEDULE_CASES["yarn"][0]
+    inputs = random_inputs((2, 10, 3, 16))
+    positions = np.arange(10)
+    inverse_frequencies, attention_factor = references.rope_inverse_frequencies(
+        16, 10000.0, SCHEDULE_CASES["yarn"][0], None
+    )
+    assert_rotated(
+        layer(inputs), inputs, positions, inverse_frequencies, attention_factor, "half"
+    )
+
+
 def test_dynamic_follows_start_index_in_cached_decoding():
     scaling = {
         "rope_type": "dynamic",

@@ -2,9 +2,11 @@ import math
 import numbers
 
 import keras
+import numpy as np
 
 from keras_posenc import hf_config
 from keras_posenc.layers.attention_position import AttentionPosition
+from keras_posenc.ops import _backend
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -101,11 +103,28 @@ class AttentionTemperature(AttentionPosition):
         self.attn_scale = attn_scale
 
     def _factors(self, positions):
-        """`s(p)` in float32, of the shape of `positions`."""
+        """`s(p)` in float32, of the shape of `positions`.
+
+        Below position -1 the step is negative and `log1p` is -inf or NaN:
+        a `ValueError` where the positions are known, NaN in compiled code.
+        """
         steps = keras.ops.floor(
             (keras.ops.cast(positions, "float32") + 1.0) / float(self.floor_scale)
         )
-        return keras.ops.log1p(steps) * float(self.attn_scale) + 1.0
+        valid = steps >= 0.0
+        known = _backend.static_value(valid)
+        if known is not None and not known.all():
+            index = tuple(int(i) for i in np.argwhere(~known)[0])
+            value = _backend.static_value(positions)[index]
+            raise ValueError(
+                "`positions` of AttentionTemperature must be at least -1: "
+                "log1p(floor((p + 1) / floor_scale)) is undefined below. "
+                f"Received: positions[{', '.join(map(str, index))}]={value}"
+            )
+        factors = keras.ops.log1p(steps) * float(self.attn_scale) + 1.0
+        return _backend.checked_or_nan(
+            factors, valid, "`positions` of AttentionTemperature must be at least -1."
+        )
 
     def call(self, positions):
         return self._factors(positions)

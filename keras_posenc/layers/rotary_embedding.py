@@ -98,8 +98,10 @@ class RotaryEmbedding(AttentionPosition):
             one of `"linear"`, `"dynamic"`, `"yarn"`, `"llama3"`,
             `"longrope"`, `"proportional"` and that schedule's keys; the
             trained context length is always
-            `"original_max_position_embeddings"`. `None` leaves the
-            frequencies alone. Defaults to `None`.
+            `"original_max_position_embeddings"`. The older key `"type"`
+            is read as `"rope_type"`, with a `DeprecationWarning`, as
+            transformers reads it. `None` leaves the frequencies alone.
+            Defaults to `None`.
         sequence_axis: int. The axis of positions. Defaults to `1`.
         feature_axis: int. The axis of features. Defaults to `-1`.
         num_axes: int. The number of coordinates of a position: 1 for text,
@@ -215,6 +217,7 @@ class RotaryEmbedding(AttentionPosition):
                 "`rotary_dim` must be even: features are rotated in pairs. "
                 f"Received: rotary_dim={rotary_dim}"
             )
+        scaling = rope_scaling.read_legacy_type(scaling)
         rope_scaling.check_scaling(scaling, rotary_dim)
         for name, axis in (
             ("sequence_axis", sequence_axis),

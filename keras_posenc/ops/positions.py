@@ -91,7 +91,10 @@ def read_positions(
     their values are known (eager mode), an `InvalidArgumentError` when a
     TensorFlow graph runs. Compiled code cannot raise: there a position
     that is not finite is made NaN, so that the encoding shows it (an
-    infinite one could give finite numbers).
+    infinite one could give finite numbers). Integer positions must fit in
+    int32, in which the layers compute them: an int64 position past it
+    raises a `ValueError` where known, an `InvalidArgumentError` when a
+    TensorFlow graph runs, rather than wrap.
 
     Returns:
         A tensor of shape `(sequence,)` or `(batch, sequence)` for one axis,
@@ -109,11 +112,20 @@ def read_positions(
     # The dtype as given: a backend without 64-bit numbers (JAX's default)
     # converts float64 to float32, and the message names what was passed.
     given_dtype = getattr(positions, "dtype", None)
+    if (
+        given_dtype is not None
+        and keras.backend.standardize_dtype(given_dtype) in _WIDER_THAN_INT32
+    ):
+        # Checked as given: JAX (without 64-bit numbers) converts int64 to
+        # int32, wrapping what does not fit.
+        positions = _within_int32(positions, name)
     positions = keras.ops.convert_to_tensor(positions)
     dtype = keras.backend.standardize_dtype(
         positions.dtype if given_dtype is None else given_dtype
     )
     is_integer = dtype.startswith(("int", "uint"))
+    if keras.backend.standardize_dtype(positions.dtype) in _WIDER_THAN_INT32:
+        positions = _within_int32(positions, name)
     if integer and not is_integer:
         raise ValueError(
             f"`{name}` must be integers. Received: {name} of dtype {dtype}"
@@ -152,6 +164,40 @@ def read_positions(
             f"={value} (shape {shape})"
         )
     return positions
+
+
+# Integer dtypes that hold values past int32, in which positions are
+# computed.
+_WIDER_THAN_INT32 = ("int64", "uint32", "uint64")
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _within_int32(positions, name):
+    """`positions` (integers), checked to fit in int32.
+
+    A `ValueError` naming the first position past int32 where the values
+    are known; in a TensorFlow graph an `InvalidArgumentError` when it
+    runs (see `_backend.checked`).
+    """
+    message = (
+        f"`{name}` must fit in int32, from {_INT32_MIN} to {_INT32_MAX}: "
+        "positions are computed in int32."
+    )
+    known = _backend.static_value(positions)
+    if known is not None:
+        outside = (known < _INT32_MIN) | (known > _INT32_MAX)
+        if outside.any():
+            index = tuple(int(i) for i in np.argwhere(outside)[0])
+            raise ValueError(
+                f"{message} Received: {name}[{', '.join(map(str, index))}]="
+                f"{known[index]} (dtype {keras.backend.standardize_dtype(known.dtype)})"
+            )
+        return positions
+    inside = keras.ops.logical_and(
+        keras.ops.greater_equal(positions, _INT32_MIN),
+        keras.ops.less_equal(positions, _INT32_MAX),
+    )
+    return _backend.checked(positions, inside, message)
 
 
 def grid_positions(grid_shape):

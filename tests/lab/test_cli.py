@@ -139,6 +139,7 @@ def test_command_hides_tensorflow_logging_unless_verbose(tmp_path):
 
 MATPLOTLIB = '"matplotlib<4,>=3.8"'
 SCIKIT_LEARN = '"scikit-learn<2,>=1.3"'
+TENSORFLOW = '"tensorflow<2.22,>=2.18"'
 
 
 @pytest.mark.parametrize(
@@ -153,9 +154,19 @@ SCIKIT_LEARN = '"scikit-learn<2,>=1.3"'
             "matplotlib and scikit-learn",
             f"{MATPLOTLIB} {SCIKIT_LEARN}",
         ),
+        ("demo", ["tensorflow"], "tensorflow", TENSORFLOW),
         ("bench", ["keras_hub"], "keras-hub", '"keras-hub<0.33,>=0.21"'),
+        ("bench", ["tensorflow"], "tensorflow", TENSORFLOW),
     ],
-    ids=["plot", "demo-matplotlib", "demo-sklearn", "demo-both", "bench"],
+    ids=[
+        "plot",
+        "demo-matplotlib",
+        "demo-sklearn",
+        "demo-both",
+        "demo-tensorflow",
+        "bench",
+        "bench-tensorflow",
+    ],
 )
 def test_a_missing_extra_is_named_in_one_line(
     command, modules, distributions, pins, monkeypatch, capsys
@@ -179,9 +190,14 @@ def test_a_missing_extra_is_named_in_one_line(
 def test_the_missing_extra_pins_are_this_packages_own():
     # The messages above quote setup.cfg's ranges, as installed.
     requirements = cli.importlib.metadata.requires("keras-posenc")
-    for pin in ("matplotlib<4,>=3.8", "scikit-learn<2,>=1.3"):
+    for pin in (
+        "tensorflow<2.22,>=2.18",
+        "matplotlib<4,>=3.8",
+        "scikit-learn<2,>=1.3",
+    ):
         assert f'{pin}; extra == "demo"' in requirements
     assert 'keras-hub<0.33,>=0.21; extra == "bench"' in requirements
+    assert 'tensorflow<2.22,>=2.18; extra == "bench"' in requirements
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,7 @@
 import csv
+import inspect
 import math
+import re
 import time
 import types
 
@@ -86,6 +88,12 @@ def test_every_length_scores_the_same_targets():
         )
         # Each window is a contiguous run of the stream.
         np.testing.assert_array_equal(np.diff(windows, axis=1), 1)
+
+
+def test_the_task_imports_no_tensorflow():
+    # The TPU notebook reads it on a JAX runtime, where TensorFlow is absent.
+    source = inspect.getsource(language)
+    assert not re.search(r"^\s*(import|from) tensorflow\b", source, re.MULTILINE)
 
 
 def test_mean_nll_is_the_mean_surprise_of_the_targets(source):
