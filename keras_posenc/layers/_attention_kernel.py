@@ -304,10 +304,10 @@ def bias_of(position, query, key, context, first_query):
     From `relative_bias` where the scheme states it on a line: at
     consecutive positions (`first_query` not None) evaluated once per
     relative position, `first_query + query - 1` before the first key to
-    `key - 1 - first_query` after it, and spread over the queries and keys
-    by one gather, each row of the bias being the next query's window of
-    that vector; else at every pair of positions. Otherwise
-    `logits_bias`.
+    `key - 1 - first_query` after it, and spread over the queries and keys,
+    each diagonal of the bias one entry of that vector
+    (`_backend.spread_diagonals`); else at every pair of positions.
+    Otherwise `logits_bias`.
     """
     if (
         "relative_bias" in position.contributions
@@ -329,17 +329,11 @@ def bias_of(position, query, key, context, first_query):
             per_distance = position.relative_bias(
                 relative[None, None]
             )  # (1, heads, 1, query + key - 1)
+            bias = None
             if per_distance is not None:
-                rows = (
-                    keras.ops.arange(keys, dtype="int32")[None]
-                    - keras.ops.arange(queries, dtype="int32")[:, None]
-                    + (queries - 1)
-                )  # (query, key): where `key - query` sits in the vector
-                bias = keras.ops.take(
-                    per_distance[0, :, 0], rows, axis=1
-                )[None]  # (1, heads, query, key)
-            else:
-                bias = None
+                bias = _backend.spread_diagonals(
+                    per_distance[:, :, 0], queries, keys
+                )  # (1, heads, query, key)
         if bias is not None:
             return bias
     return position.logits_bias(query, key, context)

@@ -189,9 +189,10 @@ def take_in_range(x, indices):
 
     `keras.ops.take` on TensorFlow first maps negative indices up, a compare,
     an add and a select per index that XLA keeps inside the fused gather
-    (it cannot tell the indices are never negative). Indices from a clipped
-    distance never are: on TensorFlow this is `tf.gather` alone, as the
-    layers were written; elsewhere `keras.ops.take`.
+    (it cannot tell the indices are never negative); on PyTorch it makes
+    them passes of their own. Indices from a clipped distance never are:
+    on TensorFlow this is `tf.gather` alone, on PyTorch `index_select`;
+    elsewhere `keras.ops.take`.
 
     Args:
         x: tensor. The rows to read, along its first axis.
@@ -207,6 +208,16 @@ def take_in_range(x, indices):
         import tensorflow as tf
 
         return tf.gather(x, indices)
+    if backend() == "torch" and not symbolic:
+        import torch
+
+        # Keras' `take` on PyTorch maps negative indices up and casts them
+        # to int64, three passes over the indices before the gather.
+        x = keras.ops.convert_to_tensor(x)
+        indices = keras.ops.convert_to_tensor(indices)
+        return torch.index_select(x, 0, indices.reshape(-1)).reshape(
+            tuple(indices.shape) + tuple(x.shape[1:])
+        )
     return keras.ops.take(x, indices, axis=0)
 
 
@@ -470,3 +481,29 @@ def count_below(thresholds, x):
             torch.sort(thresholds).values, x.contiguous(), side="left"
         ).to(torch.int32)
     return keras.ops.sum(keras.ops.cast(thresholds < x[..., None], "int32"), axis=-1)
+
+
+def spread_diagonals(vectors, queries, keys):
+    """The matrices whose diagonals are `vectors`' entries: `(..., query, key)`.
+
+    Entry `(i, j)` is `vectors[..., j - i + queries - 1]`: the vector holds
+    one value per relative position `j - i`, from `1 - queries` to `keys -
+    1`. On PyTorch the windows of the vector (`unfold`, a view) in reverse
+    row order, one copy; elsewhere one gather.
+
+    Args:
+        vectors: tensor of shape `(..., queries + keys - 1)`.
+        queries: int. The rows.
+        keys: int. The columns.
+
+    Returns:
+        A tensor of shape `(..., queries, keys)`.
+    """
+    if backend() == "torch" and not isinstance(vectors, keras.KerasTensor):
+        return vectors.unfold(-1, keys, 1).flip(-2)
+    rows = (
+        keras.ops.arange(keys, dtype="int32")[None]
+        - keras.ops.arange(queries, dtype="int32")[:, None]
+        + (queries - 1)
+    )  # (query, key): where `key - query` sits in the vector
+    return keras.ops.take(vectors, rows, axis=-1)
