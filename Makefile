@@ -38,7 +38,7 @@ $(OLDEST_STAMP): setup.cfg pyproject.toml
 $(JAX)/.installed: setup.cfg pyproject.toml
 	test -x $(JAX)/bin/python || $(PYTHON) -m venv $(JAX)
 	$(JAX)/bin/python -m pip install --quiet --upgrade pip
-	$(JAX)/bin/python -m pip install --quiet -e ".[jax,test]"
+	$(JAX)/bin/python -m pip install --quiet -e ".[jax,tensorflow,test]"
 	touch $@
 
 $(JAX_OLDEST)/.installed: setup.cfg pyproject.toml
@@ -48,6 +48,9 @@ $(JAX_OLDEST)/.installed: setup.cfg pyproject.toml
 	$(JAX_OLDEST)/bin/python -m pip install --quiet -e ".[jax,test]" -c $(JAX_OLDEST)/constraints.txt
 	touch $@
 
+# TensorFlow beside JAX and beside PyTorch: `.keras` files cross between
+# them (tests/test_cross_backend.py); x-transformers beside PyTorch, for the
+# backends' benchmark (`bench-torch`).
 # PyTorch's CPU build first, then the torch extra, which it satisfies. On
 # PyPI, torch for Linux is a CUDA build of several GB: the CPU build comes
 # from PyTorch's own index, `make test-torch TORCH_INDEX="--index-url
@@ -59,7 +62,7 @@ $(TORCH)/.installed: setup.cfg pyproject.toml
 	test -x $(TORCH)/bin/python || $(PYTHON) -m venv $(TORCH)
 	$(TORCH)/bin/python -m pip install --quiet --upgrade pip
 	$(TORCH)/bin/python -m pip install --quiet $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
-	$(TORCH)/bin/python -m pip install --quiet -e ".[torch,test]"
+	$(TORCH)/bin/python -m pip install --quiet -e ".[torch,tensorflow,test,bench-torch]"
 	touch $@
 
 demo: $(STAMP)
@@ -104,12 +107,15 @@ test-jax-oldest: $(JAX_OLDEST)/.installed
 		$(LAB_TESTS) $(JAX_FLOOR_SKIPS)
 
 # Every public layer's forward pass, training step and `.keras` round trip,
-# the backend module's answers,
-# and files across PyTorch and TensorFlow.
+# the backend module's answers, files across PyTorch and TensorFlow, the
+# attention and its kernel's paths (PyTorch's SDPA), and the backends'
+# benchmark.
 TORCH_VERSION := 2.13.0
 test-torch: $(TORCH)/.installed
 	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) \
-		tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py
+		tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py \
+		tests/test_positional_multi_head_attention.py tests/test_attention_kernel.py \
+		tests/test_bench_backends.py
 
 # Every page of the built site in headless Chromium, offline; needs
 # Debian's chromium (apt-get install chromium).

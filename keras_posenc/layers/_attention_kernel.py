@@ -315,14 +315,13 @@ def bias_of(position, query, key, context, first_query):
         and not position.num_prefix_tokens
         and context.adjacency is None
     ):
-        if first_query is None:
+        queries, keys = query.shape[1], key.shape[1]
+        # Spread from a vector of lengths known when traced, at least one.
+        if first_query is None or not (queries and keys):
             bias = position.relative_bias(
                 ops.relative_position(context.query_positions, context.key_positions)
             )  # (batch or 1, heads, query, key)
         else:
-            queries, keys = query.shape[1], key.shape[1]
-            if queries is None or keys is None:
-                queries, keys = keras.ops.shape(query)[1], keras.ops.shape(key)[1]
             relative = keras.ops.arange(
                 queries + keys - 1, dtype="int32"
             ) - (first_query + queries - 1)  # (query + key - 1,)

@@ -499,7 +499,12 @@ def spread_diagonals(vectors, queries, keys):
     Returns:
         A tensor of shape `(..., queries, keys)`.
     """
-    if backend() == "torch" and not isinstance(vectors, keras.KerasTensor):
+    if (
+        backend() == "torch"
+        and not isinstance(vectors, keras.KerasTensor)
+        and queries > 0
+        and keys > 0
+    ):
         return vectors.unfold(-1, keys, 1).flip(-2)
     rows = (
         keras.ops.arange(keys, dtype="int32")[None]
