@@ -1887,3 +1887,37 @@ def test_attention_over_blocks_of_queries_equals_float64_reference(
     blocked = gradients(call, tokens)[0]
     layer.position.fused_query_block = None
     assert_close(gradients(call, tokens)[0], blocked.astype("float64"))
+
+
+@pytest.mark.parametrize("scheme", ["none", "rotary", "alibi"])
+def test_query_mask_masks_the_queries(scheme):
+    # Keras' own `call` reads the queries' mask from their tensor and drops
+    # the argument; here it masks as that tensor's mask would.
+    layer = attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    query_mask = np.arange(LENGTH)[None] < np.array([[4], [LENGTH]])  # (batch, query)
+    rows = np.broadcast_to(query_mask[:, :, None], (BATCH, LENGTH, LENGTH))
+    positions = {"query_positions": np.arange(LENGTH)} if scheme == "none" else {}
+    masked = layer(tokens, tokens, query_mask=query_mask, **positions)
+    expected, _ = reference_attention(layer, tokens, tokens, mask=rows)
+    assert_close(masked, expected)
+    # With an attention mask too, both hold.
+    mask = keras_mask((BATCH, LENGTH, LENGTH))
+    both = layer(tokens, tokens, query_mask=query_mask, attention_mask=mask, **positions)
+    expected, _ = reference_attention(layer, tokens, tokens, mask=rows & mask)
+    assert_close(both, expected)
+
+
+@pytest.mark.parametrize(
+    "call_kwargs, message",
+    [
+        ({"attention_mask": np.ones((BATCH, LENGTH), bool)}, "`attention_mask` must have shape"),
+        ({"query_mask": np.ones((BATCH, LENGTH, 1), bool)}, "`query_mask` must have shape"),
+    ],
+    ids=["attention-mask-of-the-keys", "query-mask-of-rank-3"],
+)
+def test_masks_of_the_wrong_rank_raise_value_error_naming_them(call_kwargs, message):
+    layer = attention("rotary")
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    with pytest.raises(ValueError, match=message):
+        layer(tokens, tokens, **call_kwargs)

@@ -192,6 +192,13 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     Keras' own `call` does the projections, masks, dropout and output; the
     layer puts the position's contributions in `_compute_attention`, the
     method Keras provides for subclasses, so it follows Keras from 3.8 on.
+    The attention itself runs on the backend's own kernel where the scheme
+    allows: a scheme that changes the queries and keys only (RoPE, xPos,
+    `AttentionTemperature`) on PyTorch's `scaled_dot_product_attention` or
+    JAX's `dot_product_attention` on GPUs and TPUs, where
+    `flash_attention=True` is accepted with it; a bias there a block of
+    queries at a time; elsewhere, float32 logits by blocks of queries, so
+    that memory grows linearly with the length on every backend.
 
     Args:
         num_heads: int. Number of attention heads.
@@ -420,6 +427,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 grid_shape, query_positions, key_positions, adjacency
             )
         query_positions_given, key_positions_given = query_positions, key_positions
+        attention_mask = self._with_query_mask(
+            attention_mask, query_mask, query, value if key is None else key, cache
+        )
         arguments = dict(
             key=key,
             query_mask=query_mask,
@@ -518,6 +528,46 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if cache is not None:
             outputs += (outcome.cache,)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _with_query_mask(self, attention_mask, query_mask, query, keys, cache):
+        """`attention_mask`, checked, with the rows of `query_mask` in it.
+
+        Keras' `call` reads the queries' mask from the tensor alone and
+        drops the `query_mask` argument; here a query it masks attends to
+        no key, as one whose tensor carries that mask.
+        """
+        if attention_mask is not None:
+            attention_mask = keras.ops.convert_to_tensor(attention_mask)
+            if len(attention_mask.shape) not in (3, 4):
+                raise ValueError(
+                    "`attention_mask` must have shape (batch, query, key) or "
+                    "(batch, heads or 1, query, key), True where a query may "
+                    "attend to a key; for a padding mask of the keys, "
+                    "(batch, key), pass `value_mask` or mask the inputs. "
+                    f"Received: attention_mask of shape {tuple(attention_mask.shape)}"
+                )
+        if query_mask is None:
+            return attention_mask
+        query_mask = keras.ops.convert_to_tensor(query_mask)
+        if len(query_mask.shape) != 2:
+            raise ValueError(
+                "`query_mask` must have shape (batch, query), True for the "
+                "queries that attend. Received: query_mask of shape "
+                f"{tuple(query_mask.shape)}"
+            )
+        keys_length = (
+            keras.ops.shape(keys)[1] if cache is None else keras.ops.shape(cache)[2]
+        )
+        rows = keras.ops.broadcast_to(
+            keras.ops.cast(query_mask, "bool")[:, :, None],
+            (keras.ops.shape(query)[0], keras.ops.shape(query)[1], keys_length),
+        )  # (batch, query, key)
+        if attention_mask is None:
+            return rows
+        attention_mask = keras.ops.cast(attention_mask, "bool")
+        if len(attention_mask.shape) == 4:
+            rows = rows[:, None]  # (batch, 1, query, key)
+        return keras.ops.logical_and(attention_mask, rows)
 
     def _grid_positions(self, grid_shape, query_positions, key_positions, adjacency):
         """The cells of `grid_shape`, row-major, as the queries' and keys' positions."""
