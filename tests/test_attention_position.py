@@ -232,7 +232,10 @@ def test_contributions_are_the_hooks_a_scheme_overrides():
     # Inherited overrides count: a subclass contributes what its base does.
     assert _Bias().contributions == {"transform_query_key", "logits_bias"}
     assert keras_posenc.RotaryEmbedding().contributions == {"transform_query_key"}
-    assert keras_posenc.AlibiBias(num_heads=2).contributions == {"logits_bias"}
+    assert keras_posenc.AlibiBias(num_heads=2).contributions == {
+        "logits_bias",
+        "relative_bias",
+    }
     assert keras_posenc.RelativePositionEmbedding(4).contributions == {
         "logits_bias",
         "value_term",
