@@ -18,6 +18,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import os
+import subprocess
 import sys
 
 from keras_posenc_lab import __version__
@@ -40,6 +41,10 @@ NEEDS = {
         "demo",
     ),
     "bench": ((("tensorflow", "tensorflow"), ("keras_hub", "keras-hub")), "bench"),
+    # `bench --backend torch` and `--backend jax`: the attention on their
+    # own kernels, against x-transformers on PyTorch.
+    "bench-torch": ((("torch", "torch"), ("x_transformers", "x-transformers")), "bench-torch"),
+    "bench-jax": ((("jax", "jax"),), "jax"),
 }
 TASKS = ("language", "vision", "graph")
 # Only the language task reads these options.
@@ -265,6 +270,15 @@ def _make_parser():
         action="store_true",
         help="tiny shapes and few rounds: checks that it runs, times nothing",
     )
+    bench_parser.add_argument(
+        "--backend",
+        choices=("tensorflow", "jax", "torch"),
+        default="tensorflow",
+        help="tensorflow (default): every benchmark, compiled with XLA; jax "
+        "or torch: the attention of each scheme on that backend's own "
+        "kernel against its best (Keras' own attention; x-transformers on "
+        "PyTorch), with the peak memory of one call at (1, 8192)",
+    )
     return parser
 
 
@@ -294,7 +308,8 @@ def _missing(command):
                 pin = requirement.strip()
         pinned.append(f'"{pin}"')
     return (
-        f"`keras-posenc {command}` needs {' and '.join(missing)}, which the "
+        f"`keras-posenc {command.replace('bench-', 'bench --backend ')}` needs "
+        f"{' and '.join(missing)}, which the "
         f"`{extra}` extra installs. Install it with: pip install "
         + " ".join(pinned)
     )
@@ -329,6 +344,30 @@ def _import_tensorflow(verbose):
         import tensorflow  # noqa: F401
 
 
+def _bench_on(backend, args):
+    """`keras_posenc_lab.bench.backends` under `backend`, in a process of its own.
+
+    Keras reads its backend once, at import: the benchmark runs in a fresh
+    interpreter with `KERAS_BACKEND` set. Its tables go to the terminal,
+    and to `--out` as well.
+    """
+    arguments = ["--rounds", str(args.repeats), "--memory", "--flash"]
+    if args.tiny:
+        arguments = ["--rounds", "1", "--batch", "1", "--length", "64", "--memory",
+                     "--memory-length", "128"]
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_posenc_lab.bench.backends", *arguments],
+        env=dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    print(result.stdout, end="")
+    if args.out is not None and result.returncode == 0:
+        with open(args.out, "w") as out:
+            out.write(result.stdout)
+    return result.returncode
+
+
 def main(argv=None):
     """Run the `keras-posenc` command.
 
@@ -345,12 +384,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "demo":
         configs = _demo_configs(parser, args)
-    message = _missing(args.command)
+    needs = args.command
+    if args.command == "bench" and args.backend != "tensorflow":
+        needs = f"bench-{args.backend}"
+    message = _missing(needs)
     if message is not None:
         print(f"keras-posenc: error: {message}", file=sys.stderr)
         return 1
     if args.command == "demo":
         runner.set_threads(configs)
+    if args.command == "bench" and args.backend != "tensorflow":
+        return _bench_on(args.backend, args)
     # `plot` draws on any backend; on TensorFlow's, Keras imports it, so
     # quietly here first.
     if args.command != "plot" or (

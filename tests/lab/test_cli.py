@@ -725,3 +725,35 @@ def test_demo_fails_when_a_reloaded_model_differs(
     assert main(argv) == 1
     assert "predicts differently" in capsys.readouterr().err
     assert not (tmp_path / "nll.csv").exists()
+
+
+def test_bench_on_pytorch_names_its_extra(monkeypatch, capsys):
+    find_spec = cli.importlib.util.find_spec
+    monkeypatch.setattr(
+        cli.importlib.util,
+        "find_spec",
+        lambda name: None if name == "x_transformers" else find_spec(name),
+    )
+    assert main(["bench", "--backend", "torch"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        "keras-posenc: error: `keras-posenc bench --backend torch` needs "
+    )
+    assert "x-transformers" in line and "`bench-torch` extra" in line
+
+
+def test_bench_on_another_backend_runs_in_a_process_of_its_own(monkeypatch, capsys):
+    # Keras reads its backend once, at import: a fresh interpreter, told.
+    calls = []
+
+    def run(command, env, **kwargs):
+        calls.append((command, env["KERAS_BACKEND"]))
+        return cli.subprocess.CompletedProcess(command, 0, stdout="| table |\n")
+
+    monkeypatch.setattr(cli, "_missing", lambda needs: None)
+    monkeypatch.setattr(cli.subprocess, "run", run)
+    assert main(["bench", "--backend", "jax", "--tiny"]) == 0
+    ((command, backend),) = calls
+    assert backend == "jax"
+    assert command[1:3] == ["-m", "keras_posenc_lab.bench.backends"]
+    assert capsys.readouterr().out == "| table |\n"
