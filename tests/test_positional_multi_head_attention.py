@@ -1912,9 +1912,10 @@ def test_query_mask_masks_the_queries(scheme):
     "call_kwargs, message",
     [
         ({"attention_mask": np.ones((BATCH, LENGTH), bool)}, "`attention_mask` must have shape"),
+        ({"attention_mask": np.ones((BATCH, LENGTH, 3), bool)}, "`attention_mask` must have shape"),
         ({"query_mask": np.ones((BATCH, LENGTH, 1), bool)}, "`query_mask` must have shape"),
     ],
-    ids=["attention-mask-of-the-keys", "query-mask-of-rank-3"],
+    ids=["attention-mask-of-the-keys", "attention-mask-of-other-keys", "query-mask-of-rank-3"],
 )
 def test_masks_of_the_wrong_rank_raise_value_error_naming_them(call_kwargs, message):
     layer = attention("rotary")

@@ -538,13 +538,19 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         """
         if attention_mask is not None:
             attention_mask = keras.ops.convert_to_tensor(attention_mask)
-            if len(attention_mask.shape) not in (3, 4):
+            shape = tuple(attention_mask.shape)
+            queries = query.shape[1]
+            keys_length = keys.shape[1] if cache is None else cache.shape[2]
+            if len(shape) not in (2, 3, 4) or (
+                None not in (queries, shape[-2]) and shape[-2] not in (queries, 1)
+            ) or (None not in (keys_length, shape[-1]) and shape[-1] != keys_length):
                 raise ValueError(
-                    "`attention_mask` must have shape (batch, query, key) or "
-                    "(batch, heads or 1, query, key), True where a query may "
-                    "attend to a key; for a padding mask of the keys, "
+                    "`attention_mask` must have shape (query, key), (batch, "
+                    "query, key) or (batch, heads or 1, query, key), here "
+                    f"query={queries} and key={keys_length}, True where a query "
+                    "may attend to a key; for a padding mask of the keys, "
                     "(batch, key), pass `value_mask` or mask the inputs. "
-                    f"Received: attention_mask of shape {tuple(attention_mask.shape)}"
+                    f"Received: attention_mask of shape {shape}"
                 )
         if query_mask is None:
             return attention_mask
@@ -567,7 +573,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         attention_mask = keras.ops.cast(attention_mask, "bool")
         if len(attention_mask.shape) == 4:
             rows = rows[:, None]  # (batch, 1, query, key)
-        return keras.ops.logical_and(attention_mask, rows)
+        return keras.ops.logical_and(attention_mask, rows)  # batch first
 
     def _grid_positions(self, grid_shape, query_positions, key_positions, adjacency):
         """The cells of `grid_shape`, row-major, as the queries' and keys' positions."""
