@@ -1922,3 +1922,13 @@ def test_masks_of_the_wrong_rank_raise_value_error_naming_them(call_kwargs, mess
     tokens = random_inputs((BATCH, LENGTH, FEATURES))
     with pytest.raises(ValueError, match=message):
         layer(tokens, tokens, **call_kwargs)
+
+
+@pytest.mark.parametrize("scheme", ["rotary", "alibi", "none"])
+def test_int64_positions_past_int32_raise_value_error_naming_them(scheme):
+    # Keras converts NumPy arguments before `call`, wrapping int64 on JAX.
+    layer = attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    positions = np.arange(LENGTH, dtype="int64") + 2**31 - 3
+    with pytest.raises(ValueError, match=r"`key_positions` must fit in int32.*key_positions\[3\]=2147483648"):
+        layer(tokens, tokens, query_positions=np.arange(LENGTH), key_positions=positions)

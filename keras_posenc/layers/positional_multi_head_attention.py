@@ -90,6 +90,20 @@ def _fused_attention_fails(layer):
     )
 
 
+def _check_int32(positions, name):
+    """A `ValueError` naming the first of integer `positions` past int32."""
+    info = np.iinfo("int32")
+    outside = (positions < info.min) | (positions > info.max)
+    if outside.any():
+        index = tuple(int(i) for i in np.argwhere(outside)[0])
+        raise ValueError(
+            f"`{name}` must fit in int32, from {info.min} to {info.max}: "
+            f"positions are computed in int32. Received: {name}"
+            f"[{', '.join(map(str, index))}]={positions[index]} "
+            f"(dtype {positions.dtype})"
+        )
+
+
 def _describe(position):
     """The scheme, its axes and prefix tokens, for messages."""
     if position is None:
@@ -337,6 +351,17 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             self.position.build_for_attention(
                 self.num_heads, self.key_dim, self.value_dim, features=query_shape[-1]
             )
+
+    def __call__(self, *args, **kwargs):
+        # Keras converts NumPy arguments before `call` sees them, an int64
+        # position past int32 wrapping on JAX: checked here first.
+        for name in ("query_positions", "key_positions"):
+            given = kwargs.get(name)
+            if isinstance(given, (np.ndarray, list, tuple)):
+                given = np.asarray(given)
+                if given.dtype.kind in "iu" and given.size:
+                    _check_int32(given, name)
+        return super().__call__(*args, **kwargs)
 
     def _positions(self, positions, inputs, name, start_index=0):
         """`positions` as int32 `(batch or 1, length[, num_axes])`, or the default.
