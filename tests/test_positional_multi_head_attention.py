@@ -1858,17 +1858,26 @@ def test_on_jax_attention_writes_no_more_logits_than_keras(scheme):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("scheme", ["shaw", "t5"])
 def test_attention_over_blocks_of_queries_equals_float64_reference(
-    scheme, causal, masked
+    scheme, causal, masked, monkeypatch
 ):
-    # Where XLA fuses the attention whole (`_backend.fuses_attention`), T5
-    # and Shaw attend to a few queries at a time (`fused_query_block`):
-    # here 3 blocks of 4, under XLA, masks and the causal mask sliced per
-    # block. Elsewhere the whole attention is checked the same way.
+    # The kernel attends to a few queries at a time where the logits are
+    # large (`_attention_kernel`): here 3 blocks of 4, under XLA, masks and
+    # the causal mask sliced per block.
+    from keras_posenc.layers import _attention_kernel
+
+    for name in (
+        "QUERY_BLOCK",
+        "FUSED_XLA_QUERY_BLOCK",
+        "FUSED_XLA_VALUE_TERM_QUERY_BLOCK",
+        "SMALLEST_QUERY_BLOCK",
+    ):
+        monkeypatch.setattr(_attention_kernel, name, 4)
+    for name in ("LOGITS_ELEMENTS", "BLOCK_ELEMENTS"):
+        monkeypatch.setattr(_attention_kernel, name, 1)
     length = 12
     layer = PositionalMultiHeadAttention(
         HEADS, KEY_DIM, position=SCHEMES[scheme]()
     )
-    layer.position.fused_query_block = 4
     layer(np.zeros((1, 1, FEATURES), "float32"), np.zeros((1, 1, FEATURES), "float32"))
     randomize_weights(layer)
     tokens = random_inputs((BATCH, length, FEATURES))
@@ -1879,13 +1888,13 @@ def test_attention_over_blocks_of_queries_equals_float64_reference(
 
     expected, _ = reference_attention(layer, tokens, tokens, mask=mask, causal=causal)
     assert_close(compiled(call)(tokens), expected)
-    if BACKEND == "jax" and fuses_attention():
+    if BACKEND in ("tensorflow", "jax"):
         # No tensor of all the logits' size: a block's are a third of it.
         hlo = compiled_program.optimized_hlo(call, tokens)
         assert compiled_program.results_of_size(hlo, BATCH * HEADS * length**2) == 0
     # The gradients are those of the whole attention at once.
     blocked = gradients(call, tokens)[0]
-    layer.position.fused_query_block = None
+    monkeypatch.setattr(_attention_kernel, "choose", lambda *a, **k: ("reference", None))
     assert_close(gradients(call, tokens)[0], blocked.astype("float64"))
 
 

@@ -161,9 +161,10 @@ def choose(attention, query, value, context, returns_scores, training):
         )
     )
     if fused:
-        # Blocks where the kernel would take a bias whole, or write the
-        # logits itself (XLA's implementation on JAX), each block's tensors
-        # of at most `BLOCK_ELEMENTS` entries.
+        # Blocks where the kernel would take a bias whole, each block's of
+        # at most `BLOCK_ELEMENTS` entries, or write the logits itself
+        # (XLA's implementation on JAX), each block's of at most
+        # `LOGITS_ELEMENTS`, as the reference's.
         writes_logits = _backend.fused_attention_writes_logits(
             attention.flash_attention
         )
@@ -176,7 +177,8 @@ def choose(attention, query, value, context, returns_scores, training):
             per_query = query.shape[2] * keys  # a bias's entries, shared by the batch
             if writes_logits and query.shape[0] is not None:
                 per_query *= query.shape[0]
-            block = max(SMALLEST_QUERY_BLOCK, BLOCK_ELEMENTS // max(per_query, 1))
+            budget = LOGITS_ELEMENTS if writes_logits else BLOCK_ELEMENTS
+            block = max(SMALLEST_QUERY_BLOCK, budget // max(per_query, 1))
             if queries > block:
                 return "fused_blocks", block
         return "fused", None
