@@ -26,7 +26,6 @@ from keras_posenc import RelativePositionEmbedding
 from keras_posenc import RotaryEmbedding
 from keras_posenc_lab.bench import compiled as compiled_program
 from keras_posenc.ops._backend import dot_product_attention_needs_equal_head_sizes
-from keras_posenc.ops._backend import fuses_attention
 from tests import references
 from tests.backend import BACKEND
 from tests.backend import RUN_TIME_ERRORS
