@@ -19,6 +19,7 @@ from keras_posenc import AttentionContext
 from keras_posenc import AttentionTemperature
 from keras_posenc import PositionalMultiHeadAttention
 from keras_posenc import RotaryEmbedding
+from tests.backend import BACKEND
 from tests.backend import compiled
 from tests.backend import numpy
 
@@ -155,6 +156,8 @@ def test_positions_below_minus_one_fail_or_are_nan(position):
         rf"Received: positions\[2\]={position}",
     ):
         layer(positions)
+    if BACKEND == "torch":
+        return  # `compiled` runs eagerly there: the error above is its answer
     factors = numpy(compiled(layer)(positions))
     np.testing.assert_array_equal(np.isnan(factors), [False, False, True, False])
     np.testing.assert_allclose(factors[[0, 1, 3]], 1.0)
