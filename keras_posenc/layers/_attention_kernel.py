@@ -179,8 +179,12 @@ def choose(attention, query, value, context, returns_scores, training):
                 per_query *= query.shape[0]
             budget = LOGITS_ELEMENTS if writes_logits else BLOCK_ELEMENTS
             block = max(SMALLEST_QUERY_BLOCK, budget // max(per_query, 1))
-            if position is not None and position.query_block is not None:
-                # A scheme's own block bounds tensors wider than the bias
+            if (
+                writes_logits
+                and position is not None
+                and position.query_block is not None
+            ):
+                # A scheme's own block bounds its tensors beside the logits
                 # (FIRE's pieces, Transformer-XL's relative logits).
                 block = min(block, position.query_block)
             if queries > block:
