@@ -266,7 +266,19 @@ def attend(attention, query, key, value, attention_mask, context, training, retu
                 False,
             )[0]
 
-    return by_blocks(attention, block, one_block, query, attention_mask, context), None
+    return (
+        by_blocks(
+            attention,
+            block,
+            one_block,
+            query,
+            value.shape,
+            value.dtype,
+            attention_mask,
+            context,
+        ),
+        None,
+    )
 
 
 def fused(attention, query, key, value, attention_mask, context, first_query):
@@ -348,13 +360,17 @@ def bias_of(position, query, key, context, first_query):
     return position.logits_bias(query, key, context)
 
 
-def by_blocks(attention, size, one_block, query, attention_mask, context):
+def by_blocks(
+    attention, size, one_block, query, value_shape, value_dtype, attention_mask, context
+):
     """`one_block` over blocks of `size` queries, one after another.
 
-    The blocks go through `keras.ops.map`, a loop that every backend
-    differentiates (a loop writing each block into one tensor has no
-    gradient on TensorFlow); the queries past the last whole block go
-    last, as a block of their own. A block's context keeps `consecutive`
+    Where the backend differentiates a write into a slice (JAX, PyTorch)
+    and the output has the queries' shape, each block's output is written
+    where its queries were, in the one tensor the loop carries; else (on
+    TensorFlow, whose slice update has no gradient) the blocks go through
+    `keras.ops.map` and are joined. The queries past the last whole block
+    go last, as a block of their own. A block's context keeps `consecutive`
     only for a scheme whose `query_block` is the size: such a scheme reads
     a block's consecutive positions from its first one on.
 
@@ -365,6 +381,8 @@ def by_blocks(attention, size, one_block, query, attention_mask, context):
             the block's output, `(batch, size, heads, value_dim)`; `start`
             is the block's first query.
         query: tensor of shape `(batch, query, heads, key_dim)`.
+        value_shape: the values' shape, `(batch, key, heads, value_dim)`.
+        value_dtype: the values' dtype, the output's.
         attention_mask: as `attend` takes it.
         context: the call's `AttentionContext`.
 
@@ -379,9 +397,9 @@ def by_blocks(attention, size, one_block, query, attention_mask, context):
     position_rows = keras.ops.shape(query_positions)[0]
     mask_rows = attention_mask is not None and attention_mask.shape[-2] == queries
 
-    def run(start, length):
+    def run(start, length, queries_tensor):
         rows = keras.ops.slice(
-            query,
+            queries_tensor,
             (0, start, 0, 0),
             (keras.ops.shape(query)[0], length) + tuple(query.shape[2:]),
         )  # (batch, length, heads, key_dim)
@@ -404,8 +422,28 @@ def by_blocks(attention, size, one_block, query, attention_mask, context):
         return one_block(rows, mask, block_context, start)  # (batch, length, heads, dim)
 
     whole = queries // size
+    if _backend.differentiates_update_slices() and (
+        tuple(value_shape[2:]) == tuple(query.shape[2:]) and value_dtype == query.dtype
+    ):
+        # Each block's output written where its queries were, in the one
+        # tensor the loop carries and reads them from: no second buffer of
+        # the output's size.
+        def write(start, length, state):
+            return keras.ops.slice_update(
+                state,
+                (0, start, 0, 0),
+                keras.ops.cast(run(start, length, state), state.dtype),
+            )
+
+        output = keras.ops.fori_loop(
+            0, whole, lambda index, state: write(index * size, size, state), query
+        )
+        if queries % size:
+            output = write(whole * size, queries % size, output)
+        return output
     blocks = keras.ops.map(
-        lambda index: run(index * size, size), keras.ops.arange(whole, dtype="int32")
+        lambda index: run(index * size, size, query),
+        keras.ops.arange(whole, dtype="int32"),
     )  # (blocks, batch, size, heads, value_dim)
     batch_size = keras.ops.shape(query)[0]
     output = keras.ops.reshape(
@@ -413,7 +451,7 @@ def by_blocks(attention, size, one_block, query, attention_mask, context):
         (batch_size, whole * size) + tuple(blocks.shape[3:]),
     )  # (batch, whole * size, heads, value_dim)
     if queries % size:
-        tail = run(whole * size, queries % size)  # (batch, tail, heads, value_dim)
+        tail = run(whole * size, queries % size, query)  # (batch, tail, heads, value_dim)
         output = keras.ops.concatenate([output, keras.ops.cast(tail, output.dtype)], axis=1)
     return output
 

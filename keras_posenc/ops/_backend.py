@@ -512,3 +512,13 @@ def spread_diagonals(vectors, queries, keys):
         + (queries - 1)
     )  # (query, key): where `key - query` sits in the vector
     return keras.ops.take(vectors, rows, axis=-1)
+
+
+def differentiates_update_slices():
+    """Whether a gradient flows through `keras.ops.slice_update`.
+
+    On TensorFlow it is `XlaDynamicUpdateSlice`, which has no gradient
+    registered; JAX's `dynamic_update_slice` and PyTorch's copy into a
+    slice have one.
+    """
+    return backend() != "tensorflow"
