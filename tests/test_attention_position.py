@@ -240,3 +240,36 @@ def test_contributions_are_the_hooks_a_scheme_overrides():
         "logits_bias",
         "value_term",
     }
+
+
+class _WrongQueries(AttentionPosition):
+    def transform_query_key(self, query, key, context):
+        return query[:, :, :, :2], key
+
+
+class _WrongBias(AttentionPosition):
+    def logits_bias(self, query, key, context):
+        return keras.ops.zeros((3, 3))
+
+
+class _IntegerBias(AttentionPosition):
+    def logits_bias(self, query, key, context):
+        return keras.ops.zeros((1, 1, 5, 5), dtype="int32")
+
+
+@pytest.mark.parametrize(
+    "scheme, message",
+    [
+        (_WrongQueries, r"_WrongQueries.transform_query_key must return the query in its shape, \(2, 5, 2, 4\)"),
+        (_WrongBias, r"_WrongBias.logits_bias must return None or a float tensor broadcastable to \(batch, heads, query, key\), here \(2, 2, 5, 5\).*shape \(3, 3\)"),
+        (_IntegerBias, r"_IntegerBias.logits_bias .*dtype int32"),
+    ],
+    ids=["queries-of-another-shape", "bias-of-another-shape", "integer-bias"],
+)
+def test_a_scheme_hook_of_the_wrong_shape_is_named(scheme, message):
+    attention = keras_posenc.PositionalMultiHeadAttention(
+        num_heads=2, key_dim=4, position=scheme()
+    )
+    tokens = np.ones((2, 5, 8), "float32")
+    with pytest.raises(ValueError, match=message):
+        attention(tokens, tokens)

@@ -70,6 +70,58 @@ class Attention:
     scores_dtype: str
 
 
+def _shape_text(shape):
+    return "(" + ", ".join("None" if size is None else str(size) for size in shape) + ")"
+
+
+def transformed(position, query, key, context):
+    """`position.transform_query_key`, checked: a `ValueError` naming the hook.
+
+    A scheme of the user's that returns tensors of other shapes would
+    otherwise fail deep in the kernel with the backend's own message.
+    """
+    outputs = position.transform_query_key(query, key, context)
+    if not (isinstance(outputs, (tuple, list)) and len(outputs) == 2):
+        raise ValueError(
+            f"{type(position).__name__}.transform_query_key must return a "
+            "tuple (query, key) of the shapes it was given. Received: "
+            f"{type(outputs).__name__}"
+        )
+    for name, given, returned in zip(("query", "key"), (query, key), outputs):
+        if tuple(returned.shape) != tuple(given.shape):
+            raise ValueError(
+                f"{type(position).__name__}.transform_query_key must return "
+                f"the {name} in its shape, {_shape_text(given.shape)}. "
+                f"Received: {name} of shape {_shape_text(returned.shape)}"
+            )
+    return outputs
+
+
+def checked_bias(position, bias, query, key):
+    """A scheme's bias, or a `ValueError` naming its hook where it cannot fit.
+
+    It must broadcast to `(batch, heads, query, key)`: four axes, each of
+    the logits' size or 1 where known.
+    """
+    if bias is None:
+        return None
+    expected = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+    shape = tuple(bias.shape)
+    fits = len(shape) == 4 and all(
+        size is None or wanted is None or size in (wanted, 1)
+        for size, wanted in zip(shape, expected)
+    )
+    dtype = keras.backend.standardize_dtype(bias.dtype)
+    if not fits or not dtype.startswith(("float", "bfloat")):
+        raise ValueError(
+            f"{type(position).__name__}.logits_bias must return None or a "
+            "float tensor broadcastable to (batch, heads, query, key), here "
+            f"{_shape_text(expected)}. Received: a tensor of shape "
+            f"{_shape_text(shape)} and dtype {dtype}"
+        )
+    return bias
+
+
 def mask_of(attention, attention_mask, context):
     """Keras' mask, the cache's, the causal one and the sliding window.
 
@@ -357,7 +409,7 @@ def bias_of(position, query, key, context, first_query):
                 )  # (1, heads, query, key)
         if bias is not None:
             return bias
-    return position.logits_bias(query, key, context)
+    return checked_bias(position, position.logits_bias(query, key, context), query, key)
 
 
 def by_blocks(
@@ -560,7 +612,9 @@ def reference(
     )  # (batch, heads, query, key)
     bias = None
     if position is not None and factors is None:
-        bias = position.logits_bias(query, key, context)
+        bias = checked_bias(
+            position, position.logits_bias(query, key, context), query, key
+        )
         if bias is not None and maxima is None:
             logits = logits + bias
     # The softmax, normalized after the product with the values: with

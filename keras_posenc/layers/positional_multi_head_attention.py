@@ -827,7 +827,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         cache = call.cache
         if cache is None:
             if position is not None:
-                query, key = position.transform_query_key(query, key, context)
+                query, key = _attention_kernel.transformed(
+                    position, query, key, context
+                )
         else:
             query, key, value, cache = self._update_cache(
                 query, key, value, cache, context
@@ -881,8 +883,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 ops.position_ids(keras.ops.shape(key)[1], index),
                 axis=1,
             )  # the slots' positions, (batch or 1, new[, num_axes])
-            query, key = self.position.transform_query_key(
-                query, key, context.replace(key_positions=written)
+            query, key = _attention_kernel.transformed(
+                self.position, query, key, context.replace(key_positions=written)
             )
         updates = keras.ops.stack([key, value], axis=1)  # (batch, 2, new, heads, dim)
         cache = keras.ops.slice_update(cache, [0, 0, index, 0, 0], updates)
