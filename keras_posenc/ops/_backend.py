@@ -339,9 +339,7 @@ def take_rows_per_query(values, rows):
         keras.ops.arange(batch_size * queries, dtype="int32") * count,
         (batch_size, queries, 1),
     )  # (batch, query, 1): where each pair's rows start, flattened
-    taken = keras.ops.take(
-        keras.ops.reshape(values, (-1, features)), starts + rows, axis=0
-    )
+    taken = take_in_range(keras.ops.reshape(values, (-1, features)), starts + rows)
     # Shaped again: Keras' JAX `take` of no indices drops their axes.
     return keras.ops.reshape(
         taken, (batch_size, queries, keras.ops.shape(rows)[2], features)
