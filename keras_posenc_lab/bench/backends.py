@@ -5,12 +5,14 @@ One self-attention call `layer(x, x)` per scheme, on the backend that
 
 - PyTorch: x-transformers' `Attention(flash=True)` (it calls torch's
   `scaled_dot_product_attention`) with the same scheme: plain, RoPE,
-  ALiBi, T5 and xPos (causal, as xPos needs); KERPLE and FIRE, which
-  x-transformers lacks, against its ALiBi. Targets: RoPE, ALiBi, T5 and
-  xPos at most 1.10 times; KERPLE and FIRE at most 1.15 times its ALiBi.
+  ALiBi, T5 and xPos (causal, as xPos needs), and CoPE (64 positions,
+  causal, on x-transformers' attention that writes the logits, which
+  CoPE reads); KERPLE and FIRE, which x-transformers lacks, against its
+  ALiBi. Targets: RoPE, ALiBi, T5 and xPos at most 1.10 times; KERPLE
+  and FIRE at most 1.15 times its ALiBi; CoPE at most 1.6 times its CoPE.
   Keras' own `MultiHeadAttention` is timed beside them.
-- JAX: Keras' own `MultiHeadAttention` on JAX, and a hand-written
-  `jax.nn.dot_product_attention` with the same bias, both under `jax.jit`.
+- JAX: Keras' own `MultiHeadAttention` on JAX, under `jax.jit` as the
+  candidates.
 
 Each candidate holds its own random weights; the shapes are the same:
 `(batch, length, 512)` float32 inputs, 8 heads of 64. Time: all candidates
@@ -49,6 +51,8 @@ import keras_posenc
 
 HEADS = 8
 HEAD_DIM = 64
+# CoPE's positions, as the language task's (its training length).
+COPE_POSITIONS = 64
 WIDTH = HEADS * HEAD_DIM
 # The schemes, and whether each is called with the causal mask.
 SCHEMES = {
@@ -59,6 +63,7 @@ SCHEMES = {
     "xpos": True,
     "kerple": False,
     "fire": False,
+    "cope": True,
 }
 # Per scheme: the baseline it is judged against on PyTorch, and the target.
 TORCH_TARGETS = {
@@ -68,6 +73,7 @@ TORCH_TARGETS = {
     "xpos": ("xpos", 1.10),
     "kerple": ("alibi", 1.15),
     "fire": ("alibi", 1.15),
+    "cope": ("cope", 1.6),
 }
 
 
@@ -81,6 +87,7 @@ def position_of(name):
         "xpos": lambda: keras_posenc.XPosEmbedding(),
         "kerple": lambda: keras_posenc.KerpleBias(HEADS),
         "fire": lambda: keras_posenc.FireBias(HEADS),
+        "cope": lambda: keras_posenc.ContextualPosition(COPE_POSITIONS),
     }[name]()
 
 
@@ -124,9 +131,14 @@ def torch_candidates(flash):
     keras_plain = plain_keras_layer()
     candidates["keras MultiHeadAttention"] = (lambda x: keras_plain(x, x), False)
 
-    def x_transformers(causal, **arguments):
+    def x_transformers(causal, flash=True, options=None, **arguments):
         attention = Attention(
-            dim=WIDTH, heads=HEADS, dim_head=HEAD_DIM, flash=True, causal=causal
+            dim=WIDTH,
+            heads=HEADS,
+            dim_head=HEAD_DIM,
+            flash=flash,
+            causal=causal,
+            **(options or {}),
         ).to(device).eval()
         return lambda x: attention(x, **{k: v(x) for k, v in arguments.items()})
 
@@ -143,6 +155,10 @@ def torch_candidates(flash):
         "t5": x_transformers(False, rel_pos=lambda x: t5),
         "xpos": x_transformers(
             True, rotary_pos_emb=lambda x: xpos.forward_from_seq_len(x.shape[1])
+        ),
+        # CoPE reads the logits: x-transformers computes them itself there.
+        "cope": x_transformers(
+            True, flash=False, options=dict(use_cope=True, cope_max_pos=COPE_POSITIONS)
         ),
     }
     for name, function in references.items():
