@@ -13,8 +13,8 @@ the backend, the device and what the scheme contributes
   linear in length, on TensorFlow and on JAX's CPU.
 - `"fused"`: the backend's fused attention (PyTorch's SDPA, JAX's
   `dot_product_attention`, flash where asked), for a scheme that changes
-  the queries and keys only, and for a bias where the queries are few (a
-  cached token) or their number unknown until run.
+  the queries and keys only, and with a scheme's bias where that bias (or
+  on JAX the logits, which its kernel writes) is small enough whole.
 - `"fused_blocks"`: the fused attention over blocks of queries, each with
   its block's bias, so that no bias of the logits' size is ever whole.
 """
@@ -36,9 +36,10 @@ QUERY_BLOCK = 512
 # 128 MiB in float32 (batch 4, 8 heads, 1024 queries and keys), and in blocks
 # of at most that many, and of at least `QUERY_BLOCK` queries, beyond.
 LOGITS_ELEMENTS = 2**25
-# On the fused path, a block's bias (or its logits, where the kernel writes
-# them) holds at most this many entries, 32 MiB in float32: at 8192 keys and
-# 8 heads, blocks of 128 queries; at 1024 keys, blocks of 1024.
+# On the fused path, a block's bias holds at most this many entries, 32 MiB
+# in float32: at 8192 keys and 8 heads, blocks of 128 queries; at 1024 keys,
+# blocks of 1024. Where the kernel writes the logits (JAX's), they are
+# bounded as the reference's, by `LOGITS_ELEMENTS`.
 BLOCK_ELEMENTS = 2**23
 SMALLEST_QUERY_BLOCK = 16
 # Where XLA runs the logits, softmax and product with the values as one
@@ -262,7 +263,9 @@ def choose(attention, query, value, context, returns_scores, training):
     return "reference", None
 
 
-def attend(attention, query, key, value, attention_mask, context, training, returns_scores):
+def attend(
+    attention, query, key, value, attention_mask, context, training, returns_scores
+):
     """The attention of the scaled, transformed heads, by the path `choose` picks.
 
     Args:
