@@ -5,12 +5,15 @@ transformers reads it, and turned into the arguments of a layer's
 constructor; the layer's own classmethod (`RotaryEmbedding.from_hf_config`)
 builds the layer from them; `position_arguments_per_layer` reads the
 position of each layer of a model that mixes layers with RoPE and without,
-which `PositionalMultiHeadAttention.positions_from_hf_config` builds.
-Nothing here computes with tensors.
+and `positions_per_layer` builds them, through Keras' registry of the
+package's layers (this module imports none). Nothing here computes with
+tensors.
 """
 
 import numbers
 import warnings
+
+import keras
 
 from keras_posenc import ops
 
@@ -290,8 +293,8 @@ def position_arguments_per_layer(config):
     `layer_types` (a model with one RoPE per layer type, Gemma 3, gets each
     layer's). Llama 4 and Cohere rotate adjacent features `(2i, 2i + 1)`
     together (`pairing="interleaved"`), for weights as their checkpoints
-    hold them. `PositionalMultiHeadAttention.positions_from_hf_config`
-    builds the layers from these arguments.
+    hold them. `positions_per_layer` builds the layers from these
+    arguments.
 
     Only the positions are read; the attention's other per-layer settings
     are left to the caller: Llama 4's chunked attention on its RoPE layers
@@ -375,6 +378,45 @@ def position_arguments_per_layer(config):
         else:
             positions.append(None)
     return positions
+
+
+def positions_per_layer(config):
+    """One `position` per attention layer of a Hugging Face model's config.
+
+    For a model that mixes layers with RoPE and layers without (Llama 4,
+    SmolLM3, Cohere2): the pattern is read as transformers reads it
+    (`position_arguments_per_layer` says how), and each layer's position is
+    built: a `RotaryEmbedding`, an `AttentionTemperature` (Llama 4's layers
+    without RoPE) or None (no positions). Any other model gets a
+    `RotaryEmbedding` on every layer.
+
+    Args:
+        config: dict. The parsed `config.json`.
+
+    Returns:
+        A list of `num_hidden_layers` positions, one per layer, in order,
+        each for `PositionalMultiHeadAttention(position=...)`.
+
+    Example:
+
+    >>> smollm3 = {
+    ...     "model_type": "smollm3", "num_hidden_layers": 4, "head_dim": 64,
+    ...     "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
+    ... }
+    >>> positions = positions_per_layer(smollm3)
+    >>> [type(position).__name__ for position in positions]
+    ['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding', 'NoneType']
+    >>> from keras_posenc import PositionalMultiHeadAttention
+    >>> attention = PositionalMultiHeadAttention(2, 64, position=positions[0])
+    """
+    return [
+        None
+        if entry is None
+        else keras.saving.get_registered_object(f"keras_posenc>{entry[0]}")(
+            **entry[1]
+        )
+        for entry in position_arguments_per_layer(config)
+    ]
 
 
 def _temperature_tuning(config, name):

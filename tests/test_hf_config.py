@@ -367,7 +367,18 @@ COHERE2 = {
 }
 
 
-positions_per_layer = PositionalMultiHeadAttention.positions_from_hf_config
+positions_per_layer = hf_config.positions_per_layer
+
+
+def test_the_attentions_old_name_warns_and_gives_the_same_layers():
+    with pytest.warns(DeprecationWarning, match="hf_config.positions_per_layer"):
+        old = PositionalMultiHeadAttention.positions_from_hf_config(LLAMA4_SCOUT)
+    new = positions_per_layer(LLAMA4_SCOUT)
+    assert [type(p) for p in old] == [type(p) for p in new]
+    def arguments(position):
+        return {k: v for k, v in position.get_config().items() if k != "name"}
+
+    assert [arguments(p) for p in old] == [arguments(p) for p in new]
 
 
 def test_position_arguments_per_layer_are_the_layers_constructor_arguments():

@@ -1940,3 +1940,52 @@ def test_int64_positions_past_int32_raise_value_error_naming_them(scheme):
     positions = np.arange(LENGTH, dtype="int64") + 2**31 - 3
     with pytest.raises(ValueError, match=r"`key_positions` must fit in int32.*key_positions\[3\]=2147483648"):
         layer(tokens, tokens, query_positions=np.arange(LENGTH), key_positions=positions)
+
+
+@pytest.mark.parametrize("scheme", ["rotary", "alibi", "shaw"])
+def test_input_masks_combine_with_a_mask_per_head(scheme):
+    # The padding the tokens carry, (batch, query, 1) and (batch, 1, key),
+    # with an attention mask of rank 4: each head its own mask.
+    layer = attention(scheme)
+    ids = np.array([[3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 0, 0, 0]])
+    padding = ids != 0  # (batch, seq)
+    tokens = padded_tokens(ids)
+    per_head = keras_mask((BATCH, HEADS, LENGTH, LENGTH))
+    output = layer(tokens, tokens, attention_mask=per_head)
+    mask = per_head & padding[:, None, :, None] & padding[:, None, None, :]
+    expected, _ = reference_attention(layer, numpy(tokens), numpy(tokens), mask=mask)
+    assert_close(numpy(output)[padding], expected[padding])
+    np.testing.assert_array_equal(keras_mask_of(output), padding)
+
+
+def test_masked_inputs_raise_no_warning_of_a_lost_mask(recwarn):
+    # Keras' order: the masks come off the inputs before the projections,
+    # which would warn that they destroy them.
+    layer = attention("rotary")
+    tokens = padded_tokens(np.array([[3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 0, 0, 0]]))
+    layer(tokens, tokens)
+    assert not [w for w in recwarn if "destroy the mask" in str(w.message)]
+
+
+# Keras' gate on the output, from Keras 3.15 on.
+@pytest.mark.newest
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_gate_equals_keras_with_a_rotation_by_zero(causal):
+    # At position 0 for every query and key RoPE turns nothing: the layer's
+    # own call must then equal Keras' own gated attention, same weights.
+    keras.utils.set_random_seed(3)
+    ours = PositionalMultiHeadAttention(
+        HEADS, KEY_DIM, position=RotaryEmbedding(), use_gate=True
+    )
+    theirs = keras.layers.MultiHeadAttention(HEADS, KEY_DIM, use_gate=True)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    zeros = np.zeros((LENGTH,), "int32")
+    ours(tokens, tokens, query_positions=zeros, key_positions=zeros)
+    theirs(tokens, tokens)
+    randomize_weights(ours)
+    theirs.set_weights(ours.get_weights())
+    mask = np.tril(np.ones((LENGTH, LENGTH), bool)) if causal else None
+    assert_close(
+        ours(tokens, tokens, query_positions=zeros, key_positions=zeros, attention_mask=mask),
+        numpy(theirs(tokens, tokens, use_causal_mask=causal)).astype("float64"),
+    )

@@ -158,9 +158,9 @@ def test_converts_from_the_exported_saved_model(tmp_path):
 def test_keras_causal_mask_on_unknown_length_needs_tensorflow_ops():
     # Keras' own MultiHeadAttention, with the causal mask its only mask,
     # hands it to the backend's causal kernel, which slices with a
-    # TensorFlow op that TFLite lacks. Keras skips that kernel for a subclass
-    # that overrides `_compute_attention`, as this package's layer does,
-    # with or without a position (MODELS above).
+    # TensorFlow op that TFLite lacks. This package's layer hands Keras the
+    # causal mask as a mask without a position, and compares positions with
+    # one (MODELS above).
     inputs = keras.Input(shape=(None, FEATURES))
     attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)
     model = keras.Model(inputs, attention(inputs, inputs, use_causal_mask=True))

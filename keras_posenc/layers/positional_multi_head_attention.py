@@ -1,9 +1,7 @@
-import dataclasses
 import functools
 import math
 import numbers
 import warnings
-from typing import Any
 
 import keras
 import numpy as np
@@ -13,29 +11,26 @@ from keras_posenc import ops
 from keras_posenc.layers import _attention_kernel
 from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
-from keras_posenc.layers.attention_temperature import AttentionTemperature
-from keras_posenc.layers.rotary_embedding import RotaryEmbedding
 from keras_posenc.ops import _backend
 
-# The private parts of `keras.layers.MultiHeadAttention` this layer uses, all
-# read here and nowhere else, with the Keras versions that have them (every
-# release from 3.8 to 3.15 was read for this list):
+# The private parts of Keras this layer uses, all read here and nowhere else,
+# with the Keras versions that have them (every release from 3.8 to 3.15 was
+# read for this list). The layer overrides `call` whole, as keras-hub's
+# `CachedMultiHeadAttention` does, with Keras' own sublayers:
 #
-# - `_compute_attention(query, key, value, attention_mask, training, ...)`:
-#   the hook Keras provides for subclasses, called by Keras' `call` with the
-#   projected heads (3.8 on; 3.9 and later add `return_attention_scores`,
-#   which the override passes on to Keras' own untouched).
+# - `_query_dense`, `_key_dense`, `_value_dense`, `_output_dense`: the
+#   projections, which a scheme may also apply to a table of its own
+#   (`AttentionContext.project_query`) (3.8 on).
+# - `_gate_dense`, with `_use_gate`: the output's gate (3.15 on; earlier
+#   versions have none).
 # - `_dropout_layer`: the dropout on the attention weights (3.8 on).
 # - `_flash_attention`: whether flash attention is on (3.8 on).
 # - `_sliding_window`: the sliding window's size (3.15 on; earlier versions
 #   have none).
-# - `_query_dense`, `_key_dense`: the projections, which a scheme may apply
-#   to a table of its own (`AttentionContext.project_query`) (3.8 on).
-# - `_compute_attention_mask(query, value, query_mask=, value_mask=,
-#   key_mask=, attention_mask=, use_causal_mask=)`: called by Keras' `call`
-#   with the masks (3.8 on), overridden to carry this call's state.
+# - `keras.src.backend.get_keras_mask` and `set_keras_mask`: the mask a
+#   tensor carries, as Keras' own `call` reads and moves it (3.8 on).
 #
-# Everything else comes from Keras' public properties and its own `call`.
+# With neither a position nor positions nor a cache, the call is Keras' own.
 
 
 def _flash_attention(layer):
@@ -60,21 +55,61 @@ def _key_projection(layer):
     return layer._key_dense
 
 
-@dataclasses.dataclass(frozen=True)
-class _Call:
-    """One call's state on its way through Keras' `call`, by its arguments.
+def _value_projection(layer):
+    """The value projection, `(batch, length, features)` to `(..., heads, value_dim)`."""
+    return layer._value_dense
 
-    `call` passes it as Keras' `attention_mask`; `_compute_attention_mask`
-    returns it with `mask` combined from the inputs' masks, and
-    `_compute_attention` takes it and returns it as the scores, with
-    `scores` and the updated `cache`. Nothing is kept on the layer.
+
+def _output_projection(layer):
+    """The output projection, `(batch, length, heads, value_dim)` to the output."""
+    return layer._output_dense
+
+
+def _gate_projection(layer):
+    """The output's gate, `(batch, length, features)` to `(..., heads, value_dim)`, or None."""
+    return layer._gate_dense if getattr(layer, "_use_gate", False) else None
+
+
+def _keras_mask(tensor):
+    return keras.src.backend.get_keras_mask(tensor)
+
+
+def _set_keras_mask(tensor, mask):
+    keras.src.backend.set_keras_mask(tensor, mask)
+
+
+def _with_causal_mask(attention_mask, query, value):
+    """`attention_mask` and Keras' causal mask, query `i` to keys `j <= i`."""
+    ones = keras.ops.ones(
+        (1, keras.ops.shape(query)[1], keras.ops.shape(value)[1]), dtype="int32"
+    )
+    # Keras' own construction, which TFLite's built-in ops convert.
+    causal = keras.ops.greater_equal(
+        keras.ops.cumsum(ones, axis=-2), keras.ops.cumsum(ones, axis=-1)
+    )  # (1, query, key)
+    if attention_mask is None:
+        return causal
+    return keras.ops.logical_and(keras.ops.cast(attention_mask, "bool"), causal)
+
+
+def _combined_mask(attention_mask, value_mask, key_mask, queries_mask):
+    """The inputs' masks and `attention_mask`, combined as Keras combines them.
+
+    Returns:
+        None without any mask; else a boolean tensor of shape `(batch,
+        query, key)`, or `(batch, heads | 1, query, key)` for an
+        `attention_mask` of that rank.
     """
-
-    mask: Any = None
-    context: AttentionContext = None
-    cache: Any = None
-    returns_scores: bool = False
-    scores: Any = None
+    heads = attention_mask is not None and len(attention_mask.shape) == 4
+    masks = [] if attention_mask is None else [keras.ops.cast(attention_mask, "bool")]
+    if queries_mask is not None:
+        masks.append(keras.ops.cast(queries_mask, "bool")[:, :, None])  # (b, q, 1)
+    for mask in (value_mask, key_mask):
+        if mask is not None:
+            masks.append(keras.ops.cast(mask, "bool")[:, None, :])  # (b, 1, k)
+    if heads:
+        masks = masks[:1] + [mask[:, None] for mask in masks[1:]]
+    return functools.reduce(keras.ops.logical_and, masks) if masks else None
 
 
 def _fused_attention_fails(layer):
@@ -203,10 +238,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     cannot raise (XLA drops the check, a JAX trace has none), and there the
     outputs are NaN, as is the cache but for the slots written.
 
-    Keras' own `call` does the projections, masks, dropout and output; the
-    layer puts the position's contributions in `_compute_attention`, the
-    method Keras provides for subclasses, so it follows Keras from 3.8 on.
-    The attention itself runs on the backend's own kernel where the scheme
+    With a position, positions or a cache, the layer's `call` is its own,
+    as keras-hub's `CachedMultiHeadAttention`'s is: Keras' projections,
+    masks, dropout and output around this package's attention kernel, each
+    call's state in its own arguments. Without, it is Keras' `call`. The
+    attention itself runs on the backend's own kernel where the scheme
     allows: a scheme that changes the queries and keys only (RoPE, xPos,
     `AttentionTemperature`) on PyTorch's `scaled_dot_product_attention` or
     JAX's `dot_product_attention` on GPUs and TPUs, where
@@ -479,6 +515,13 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             and key_positions is None
             and cache is None
         ):
+            if use_causal_mask:
+                # Handed to Keras as a mask: with the causal mask its only
+                # mask, Keras 3.15 takes the backend's causal kernel, whose
+                # slice TFLite's built-in ops lack.
+                arguments["attention_mask"] = _with_causal_mask(
+                    arguments["attention_mask"], query, value
+                )
             if not return_attention_scores and _fused_attention_fails(self):
                 # Keras' path that returns the scores computes the same
                 # attention without `dot_product_attention`. Its softmax
@@ -488,13 +531,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     warnings.filterwarnings(
                         "ignore", "You are using a softmax over axis", UserWarning
                     )
-                    output, _ = super().call(
-                        query, value, use_causal_mask=use_causal_mask, **arguments
-                    )
+                    output, _ = super().call(query, value, **arguments)
                 return output
-            return super().call(
-                query, value, use_causal_mask=use_causal_mask, **arguments
-            )
+            return super().call(query, value, **arguments)
         self._check_causal(use_causal_mask)
         start_index = 0
         if cache is not None:
@@ -534,24 +573,15 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 and _on_a_line(self.position)
             ),
         )
-        # This call's context goes through Keras' `call` as its
-        # `attention_mask`, to `_compute_attention_mask` and then to
-        # `_compute_attention`, which return it with the updated cache as
-        # the "scores" (`_Call`): Keras hands both over untouched. Keras'
-        # causal mask compares indices; this layer's compares positions.
-        arguments["attention_mask"] = _Call(
-            mask=attention_mask,
-            context=context,
-            cache=cache,
-            returns_scores=bool(return_attention_scores),
+        mask = _combined_mask(attention_mask, value_mask, key_mask, _keras_mask(query))
+        output, scores, cache = self._attend(
+            query, keys, value, mask, context, cache, training, return_attention_scores
         )
-        arguments["return_attention_scores"] = True
-        output, outcome = super().call(query, value, use_causal_mask=False, **arguments)
         outputs = (output,)
         if return_attention_scores:
-            outputs += (outcome.scores,)
+            outputs += (scores,)
         if cache is not None:
-            outputs += (outcome.cache,)
+            outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def _with_query_mask(self, attention_mask, query_mask, query, keys, cache):
@@ -765,66 +795,37 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         return cache, query, cache_update_index
 
-    def _compute_attention_mask(
-        self,
-        query,
-        value,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
+    def _attend(
+        self, query, keys, value, mask, context, cache, training, returns_scores
     ):
-        """Keras' mask of the inputs' masks and `attention_mask`, in a `_Call`.
+        """Keras' order around the kernel: projections, attention, output.
 
-        Keras' `call` asks for its mask here. With neither a position nor
-        positions this is Keras' own; else `attention_mask` is this call's
-        `_Call`, returned with its `mask` combined as Keras combines the
-        masks of the inputs with `attention_mask`: the causal mask and the
-        sliding window compare positions, in `_attention_mask`.
+        Args:
+            query: tensor of shape `(batch, query, features)`.
+            keys: tensor of shape `(batch, key, features)`.
+            value: tensor of shape `(batch, key, features)`.
+            mask: None, or the masks combined, `(batch, query, key)` or
+                `(batch, heads | 1, query, key)`.
+            context: the call's `AttentionContext`.
+            cache: None, or the checked cache.
+            training: bool or None.
+            returns_scores: bool.
+
+        Returns:
+            `(output, scores, cache)`: the output, `(batch, query,
+            features)`; the weights, `(batch, heads, query, key)`, or None
+            unless `returns_scores`; the updated cache, or None.
         """
-        if not isinstance(attention_mask, _Call):
-            return super()._compute_attention_mask(
-                query,
-                value,
-                query_mask=query_mask,
-                value_mask=value_mask,
-                key_mask=key_mask,
-                attention_mask=attention_mask,
-                use_causal_mask=use_causal_mask,
-            )
-        masks = []
-        if query_mask is not None:
-            masks.append(keras.ops.cast(query_mask, "bool")[:, :, None])  # (b, t, 1)
-        for mask in (value_mask, key_mask):
-            if mask is not None:
-                masks.append(keras.ops.cast(mask, "bool")[:, None, :])  # (b, 1, s)
-        if attention_mask.mask is not None:
-            masks.append(keras.ops.cast(attention_mask.mask, "bool"))
-        combined = functools.reduce(keras.ops.logical_and, masks) if masks else None
-        return dataclasses.replace(attention_mask, mask=combined)
-
-    def _compute_attention(
-        self, query, key, value, attention_mask=None, training=None, *args, **kwargs
-    ):
-        """Attention with the position's contributions; float32 softmax.
-
-        Keras' `call` hands over the projected heads, `query` of shape
-        `(batch, query, heads, key_dim)` and `key` and `value` of shape
-        `(batch, key, heads, dim)`, and, as `attention_mask`, this call's
-        `_Call` (from `_compute_attention_mask`). Returns the output and,
-        as the scores Keras hands back, the `_Call` with the weights and
-        the updated cache. With neither a position nor positions, this is
-        Keras' own attention.
-        """
-        if not isinstance(attention_mask, _Call):
-            return super()._compute_attention(
-                query, key, value, attention_mask, training, *args, **kwargs
-            )
-        call = attention_mask
-        context = call.context
+        queries_mask = _keras_mask(query)
+        # Keras' order: the projections would drop the inputs' masks with
+        # a warning; the output takes the queries' mask back.
+        for tensor in (query, keys, value):
+            _set_keras_mask(tensor, None)
+        gate = _gate_projection(self)(query) if _gate_projection(self) else None
+        query = _query_projection(self)(query)  # (batch, query, heads, key_dim)
+        key = _key_projection(self)(keys)  # (batch, key, heads, key_dim)
+        value = _value_projection(self)(value)  # (batch, key, heads, value_dim)
         position = self.position
-        cache = call.cache
         if cache is None:
             if position is not None:
                 query, key = _attention_kernel.transformed(
@@ -852,14 +853,17 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             query,
             key,
             value,
-            call.mask,
+            mask,
             context,
             training,
-            call.returns_scores,
-        )
-        return output, dataclasses.replace(
-            call, mask=None, scores=weights, cache=cache
-        )
+            bool(returns_scores),
+        )  # (batch, query, heads, value_dim)
+        if gate is not None:
+            output = keras.ops.multiply(output, gate)
+        output = _output_projection(self)(output)
+        if queries_mask is not None:
+            _set_keras_mask(output, queries_mask)
+        return output, weights, cache
 
     def _update_cache(self, query, key, value, cache, context):
         """Write the new keys and values in the cache, to attend over all of it.
@@ -964,38 +968,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     @staticmethod
     def positions_from_hf_config(config):
-        """One `position` per attention layer of a Hugging Face model's config.
-
-        For a model that mixes layers with RoPE and layers without (Llama 4,
-        SmolLM3, Cohere2): the pattern is read as transformers reads it
-        (`keras_posenc.hf_config.position_arguments_per_layer` says how),
-        and each layer's position is built: a `RotaryEmbedding`, an
-        `AttentionTemperature` (Llama 4's layers without RoPE) or None (no
-        positions). Any other model gets a `RotaryEmbedding` on every layer.
-
-        Args:
-            config: dict. The parsed `config.json`.
-
-        Returns:
-            A list of `num_hidden_layers` positions, one per layer, in
-            order, each for `PositionalMultiHeadAttention(position=...)`.
-
-        Example:
-
-        >>> smollm3 = {
-        ...     "model_type": "smollm3", "num_hidden_layers": 4, "head_dim": 64,
-        ...     "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
-        ... }
-        >>> positions = PositionalMultiHeadAttention.positions_from_hf_config(smollm3)
-        >>> [type(position).__name__ for position in positions]
-        ['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding', 'NoneType']
-        >>> attention = PositionalMultiHeadAttention(2, 64, position=positions[0])
-        """
-        schemes = {
-            "RotaryEmbedding": RotaryEmbedding,
-            "AttentionTemperature": AttentionTemperature,
-        }
-        return [
-            None if entry is None else schemes[entry[0]](**entry[1])
-            for entry in hf_config.position_arguments_per_layer(config)
-        ]
+        """Deprecated: `keras_posenc.hf_config.positions_per_layer(config)`."""
+        warnings.warn(
+            "`PositionalMultiHeadAttention.positions_from_hf_config` moved: "
+            "use `keras_posenc.hf_config.positions_per_layer(config)`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return hf_config.positions_per_layer(config)
