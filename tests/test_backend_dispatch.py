@@ -83,6 +83,32 @@ def test_take_rows_per_query_reads_each_querys_own_rows(queries, keys):
     np.testing.assert_array_equal(numpy(found), expected)
 
 
+def test_count_below_counts_the_thresholds_below_each_entry():
+    rng = np.random.default_rng(1)
+    thresholds = rng.normal(size=(9,)).astype("float32")
+    x = np.concatenate([rng.normal(size=(2, 3, 4)), np.full((2, 3, 1), thresholds[0])], -1)
+    x = x.astype("float32")
+    found = _backend.count_below(keras.ops.convert_to_tensor(thresholds), keras.ops.convert_to_tensor(x))
+    expected = (thresholds < x[..., None]).sum(-1)  # a tie is not below
+    np.testing.assert_array_equal(numpy(found), expected)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_piecewise_linear_reads_each_heads_line_at_each_entry(batch):
+    rng = np.random.default_rng(2)
+    slopes, intercepts = rng.normal(size=(2, 3, 6)).astype("float32")  # (heads, intervals)
+    interval = rng.integers(0, 6, size=(batch, 4, 5)).astype("int32")
+    x = rng.normal(size=(batch, 4, 5)).astype("float32")
+    found = _backend.piecewise_linear(*map(keras.ops.convert_to_tensor, (slopes, intercepts, interval, x)))
+    heads = np.arange(3)[None, :, None, None]
+    expected = (
+        slopes.astype("float64")[heads, interval[:, None]] * x[:, None]
+        + intercepts[heads, interval[:, None]]
+    )  # (batch, heads, query, key)
+    assert tuple(found.shape) == (batch, 3, 4, 5)
+    np.testing.assert_allclose(numpy(found), expected, rtol=0, atol=1e-6)
+
+
 def test_dot_product_attention_needs_equal_head_sizes_on_jax_alone():
     assert _backend.dot_product_attention_needs_equal_head_sizes() == (BACKEND == "jax")
 

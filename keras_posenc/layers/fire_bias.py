@@ -264,16 +264,7 @@ class FireBias(HeadBias):
         interval = _backend.count_below(
             breakpoints, interpolated
         )  # (batch or 1, query, key): the breakpoints below each x
-        index = interval[:, None] + (self.mlp_width + 1) * keras.ops.arange(
-            self.num_heads, dtype="int32"
-        )[:, None, None]  # (batch or 1, heads, query, key)
-        # Indices in range: on TensorFlow a gather without the negative
-        # indices' mapping.
-        slope = _backend.take_in_range(keras.ops.reshape(slopes, (-1,)), index)
-        intercept = _backend.take_in_range(
-            keras.ops.reshape(intercepts, (-1,)), index
-        )
-        return slope * interpolated[:, None] + intercept
+        return _backend.piecewise_linear(slopes, intercepts, interval, interpolated)
 
     def get_config(self):
         config = super().get_config()

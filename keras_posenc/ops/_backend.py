@@ -281,8 +281,8 @@ def computes_tables_apart():
     XLA's CPU backend on JAX fuses a cheap-looking element-wise op into
     each reader and computes it again there: RoPE's cosines and sines of
     the angles, read by a rotation over the batch and the heads, are then
-    computed once per query and key feature, 32 times over at batch 4 and
-    8 heads (12 ms of a 170 ms attention at 1024 keys). There such tables
+    computed once per query and key feature, batch times heads over.
+    There such tables
     are made tensors of their own (`computed_apart`). TensorFlow folds
     them into constants at the default positions.
     """
@@ -315,9 +315,9 @@ def take_rows_per_query(values, rows):
     """Each `(batch, query)`'s rows `rows[b, q]` of its own `values[b, q]`.
 
     On TensorFlow one `tf.gather` with two batch dimensions, which XLA
-    fuses into its consumer reading contiguous rows (Shaw's attention times
-    1.29x plain attention so, 1.37x as a gather of a flattened table with
-    computed indices); elsewhere that flattened gather.
+    fuses into its consumer reading contiguous rows, faster than a gather
+    of a flattened table with computed indices; elsewhere that flattened
+    gather.
 
     Args:
         values: tensor of shape `(batch, query, rows, features)`.
@@ -520,3 +520,38 @@ def differentiates_update_slices():
     slice have one.
     """
     return backend() != "tensorflow"
+
+
+def piecewise_linear(slopes, intercepts, interval, x):
+    """Per head, the line of each entry's interval at that entry.
+
+    On TensorFlow, whose XLA fuses a gather per head into the product, a
+    gather from each head's table; elsewhere one gather of rows that hold
+    every head's slope and intercept, then the heads moved first, which
+    eager PyTorch and XLA on JAX read faster than one value per head.
+
+    Args:
+        slopes: float tensor of shape `(heads, intervals)`.
+        intercepts: float tensor of shape `(heads, intervals)`.
+        interval: integer tensor of shape `(batch, query, key)`, every entry
+            in `[0, intervals)`.
+        x: float tensor of shape `(batch, query, key)`.
+
+    Returns:
+        `slopes[h, interval] * x + intercepts[h, interval]`, of shape
+        `(batch, heads, query, key)`.
+    """
+    heads, intervals = slopes.shape
+    if backend() == "tensorflow":
+        index = interval[:, None] + intervals * keras.ops.arange(
+            heads, dtype="int32"
+        )[:, None, None]  # (batch, heads, query, key)
+        slope = take_in_range(keras.ops.reshape(slopes, (-1,)), index)
+        intercept = take_in_range(keras.ops.reshape(intercepts, (-1,)), index)
+        return slope * x[:, None] + intercept
+    rows = keras.ops.concatenate(
+        [keras.ops.transpose(slopes), keras.ops.transpose(intercepts)], axis=1
+    )  # (intervals, 2 heads)
+    line = take_in_range(rows, interval)  # (batch, query, key, 2 heads)
+    values = line[..., :heads] * x[..., None] + line[..., heads:]
+    return keras.ops.transpose(values, (0, 3, 1, 2))
