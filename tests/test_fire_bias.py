@@ -60,6 +60,29 @@ def test_any_positions_match_the_formula(bidirectional):
         )
 
 
+@pytest.mark.parametrize("first", [0, 7, 30])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_a_block_of_consecutive_positions_matches_the_formula(bidirectional, first):
+    # A block of queries from `first` on against keys from 0, as the
+    # attention's blocks hand it: the numerator read once per distance.
+    layer = randomized(FireBias(3, mlp_width=8, bidirectional=bidirectional))
+    query_positions = np.arange(first, first + 5, dtype="int32")[None]
+    key_positions = np.arange(40, dtype="int32")[None]
+    context = AttentionContext(
+        query_positions=keras.ops.convert_to_tensor(query_positions),
+        key_positions=keras.ops.convert_to_tensor(key_positions),
+        consecutive=True,
+    )
+    bias = numpy(layer.logits_bias(None, None, context))
+    assert bias.shape == (1, 3, 5, 40)
+    np.testing.assert_allclose(
+        bias[0],
+        fire_reference(layer, query_positions[0], key_positions[0]),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
 def test_the_default_parametrization_is_the_appendix_codes():
     layer = FireBias(4)
     layer.build()

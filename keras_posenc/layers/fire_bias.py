@@ -184,27 +184,42 @@ class FireBias(HeadBias):
         self.built = True
 
     def logits_bias(self, query, key, context):
-        relative = ops.relative_position(
-            context.query_positions, context.key_positions
-        )  # (batch or 1, query, key): j - i
         query_positions = ops.read_positions(
             context.query_positions, name="query_positions", integer=True
         )  # ([batch,] query)
         if len(query_positions.shape) == 1:
             query_positions = query_positions[None]  # (1, query)
-        distance = key_distance(relative, self.bidirectional)
         c = keras.ops.cast(self.c, "float32")
+
+        def psi(x):
+            # log(|c x| + 1), Eq. (6) with the appendix's absolute value.
+            return keras.ops.log1p(keras.ops.abs(c * keras.ops.cast(x, "float32")))
+
+        queries = query_positions.shape[1]
+        keys = context.key_positions.shape[-1]
+        if context.consecutive and queries and keys:
+            # At consecutive positions (keys from 0) the numerator is one
+            # value per relative position, spread over the diagonals.
+            first = keras.ops.cast(query_positions[0, 0], "int32")
+            relative = keras.ops.arange(queries + keys - 1, dtype="int32") - (
+                first + queries - 1
+            )  # (query + key - 1,): key - query, the first query's row last
+            numerator = _backend.spread_diagonals(
+                psi(key_distance(relative, self.bidirectional)), queries, keys
+            )[None]  # (1, query, key)
+        else:
+            relative = ops.relative_position(
+                context.query_positions, context.key_positions
+            )  # (batch or 1, query, key): j - i
+            numerator = psi(key_distance(relative, self.bidirectional))
         threshold = keras.ops.abs(
             keras.ops.cast(self.threshold_multiplier, "float32") * self.init_threshold
         )
         normalizer = keras.ops.maximum(
             keras.ops.cast(query_positions, "float32"), threshold
         )[:, :, None]  # (batch or 1, query, 1): max(i, L)
-        # psi(x) = log(|c x| + 1), Eq. (6) with the appendix's absolute value.
-        interpolated = keras.ops.log1p(
-            keras.ops.abs(c * keras.ops.cast(distance, "float32"))
-        ) / (
-            keras.ops.log1p(keras.ops.abs(c * normalizer)) + self.eps
+        interpolated = numerator / (
+            psi(normalizer) + self.eps
         )  # (batch or 1, query, key), in [0, 1] for keys up to the query
         return self._evaluate(interpolated)
 

@@ -528,7 +528,8 @@ def piecewise_linear(slopes, intercepts, interval, x):
     On TensorFlow, whose XLA fuses a gather per head into the product, a
     gather from each head's table; elsewhere one gather of rows that hold
     every head's slope and intercept, then the heads moved first, which
-    eager PyTorch and XLA on JAX read faster than one value per head.
+    eager PyTorch and XLA on JAX read faster than one value per head (on
+    PyTorch the line and the move in one pass).
 
     Args:
         slopes: float tensor of shape `(heads, intervals)`.
@@ -542,6 +543,40 @@ def piecewise_linear(slopes, intercepts, interval, x):
         `(batch, heads, query, key)`.
     """
     heads, intervals = slopes.shape
+    symbolic = any(
+        isinstance(t, keras.KerasTensor) for t in (slopes, intercepts, interval, x)
+    )
+    if backend() == "torch" and not symbolic:
+        import torch
+
+        # A head at a time, each reading its own small tables with the one
+        # index: the reads stay in the cache, the writes are contiguous.
+        def line(h, index, at):
+            return torch.index_select(intercepts[h], 0, index), torch.index_select(
+                slopes[h], 0, index
+            ), at
+
+        if torch.is_grad_enabled() and any(
+            t.requires_grad for t in (slopes, intercepts, x)
+        ):
+            index, at = interval.reshape(-1), x.reshape(-1)
+            return torch.stack(
+                [
+                    torch.addcmul(*line(h, index, at)).reshape(interval.shape)
+                    for h in range(heads)
+                ],
+                1,
+            )  # (batch, heads, query, key)
+        out = torch.empty(
+            (interval.shape[0], heads) + tuple(interval.shape[1:]),
+            dtype=x.dtype,
+            device=x.device,
+        )
+        for b in range(interval.shape[0]):
+            index, at = interval[b].reshape(-1), x[b].reshape(-1)
+            for h in range(heads):
+                torch.addcmul(*line(h, index, at), out=out[b, h].view(-1))
+        return out
     if backend() == "tensorflow":
         index = interval[:, None] + intervals * keras.ops.arange(
             heads, dtype="int32"
