@@ -146,16 +146,7 @@ class FireBias(HeadBias):
         self.kernel_initializer = read_initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = read_initializer("bias_initializer", bias_initializer)
 
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        self.build()
-
-    def build(self, input_shape=None):
-        # The weights depend on no input shape; the attention may have built
-        # the layer already.
-        if self.built:
-            return
-
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
         def linear_default(fan_in):
             # PyTorch's nn.Linear: kernel and bias uniform within 1 / sqrt(fan_in).
             limit = 1.0 / math.sqrt(fan_in)
@@ -181,7 +172,6 @@ class FireBias(HeadBias):
         self.threshold_multiplier = weight(
             "threshold_multiplier", (), keras.initializers.Constant(1.0)
         )
-        self.built = True
 
     def logits_bias(self, query, key, context):
         relative = ops.relative_position(

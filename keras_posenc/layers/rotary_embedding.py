@@ -326,23 +326,31 @@ class RotaryEmbedding(AttentionPosition):
         return self.num_axes > 1 or self.learned_frequencies
 
     def build(self, input_shape):
-        _, _, rotated = self._axes(input_shape)
+        # Called on its own: inputs with heads, or one head of `dim` features.
+        self._axes(input_shape)
         if self.learned_frequencies:
             heads = input_shape[2] if len(input_shape) == 4 else 1
-            self._build_frequencies(heads, rotated)
+            self._check_frequencies(heads, input_shape[-1])
+            if self.frequencies is None:
+                self.build_weights(heads, input_shape[-1], input_shape[-1])
 
-    def _build_frequencies(self, heads, rotated):
-        """Make the learned `Theta`, `(heads, rotated / 2, num_axes)`."""
-        shape = (heads, rotated // 2, self.num_axes)
-        if self.frequencies is not None:
-            # One layer may serve several attentions of the same sizes.
-            if tuple(self.frequencies.shape) != shape:
-                raise ValueError(
-                    "This RotaryEmbedding learned frequencies of shape "
-                    f"{tuple(self.frequencies.shape)} (heads, pairs, "
-                    f"num_axes). Received: inputs that need {shape}"
-                )
+    def _check_frequencies(self, heads, features):
+        """Learned already, for other inputs or another attention: a `ValueError`."""
+        if self.frequencies is None:
             return
+        _, _, rotated = self._axes((None, None, heads, features))
+        shape = (heads, rotated // 2, self.num_axes)
+        if tuple(self.frequencies.shape) != shape:
+            raise ValueError(
+                "This RotaryEmbedding learned frequencies of shape "
+                f"{tuple(self.frequencies.shape)} (heads, pairs, "
+                f"num_axes). Received: inputs that need {shape}"
+            )
+
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
+        if not self.learned_frequencies:
+            return
+        _, _, rotated = self._axes((None, None, num_heads, key_dim))
 
         def axial(shape, dtype=None):
             # Tiled, not broadcast: PyTorch assigns no view of shared memory.
@@ -351,7 +359,7 @@ class RotaryEmbedding(AttentionPosition):
 
         self.frequencies = self.add_weight(
             name="frequencies",
-            shape=shape,
+            shape=(num_heads, rotated // 2, self.num_axes),
             initializer=axial,
             # Float32, and read so: angles at grid coordinates in the
             # thousands, even inside a mixed precision attention.
@@ -369,18 +377,13 @@ class RotaryEmbedding(AttentionPosition):
             self.max_wavelength,
         )
 
-    def get_build_config(self):
-        if self.frequencies is not None:
-            return {"frequencies_shape": list(self.frequencies.shape)}
-        return super().get_build_config()
-
     def build_from_config(self, config):
-        if "frequencies_shape" in config:
+        if config and "frequencies_shape" in config:
+            # Older files: the learned frequencies' shape, that of inputs
+            # of `heads` heads of `2 pairs` features.
             heads, pairs, _ = config["frequencies_shape"]
-            self._build_frequencies(heads, 2 * pairs)
-            self.built = True
-        else:
-            super().build_from_config(config)
+            config = {"input_shape": (None, None, heads, 2 * pairs)}
+        super().build_from_config(config)
 
     def _positions(self, inputs, sequence_axis, start_index, positions, grid_shape):
         """The positions of the tokens after the prefix, as `read_positions` gives."""
@@ -587,13 +590,9 @@ class RotaryEmbedding(AttentionPosition):
                 f"sequence_axis={self.sequence_axis}, "
                 f"feature_axis={self.feature_axis}"
             )
-
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        if self.learned_frequencies:
-            _, _, rotated = self._axes((None, None, num_heads, key_dim))
-            self._build_frequencies(num_heads, rotated)
-        self.built = True
+        # One layer may serve several attentions, or calls on its own, of
+        # the sizes its frequencies were learned for.
+        self._check_frequencies(num_heads, key_dim)
 
     def transform_query_key(self, query, key, context):
         query_positions = context.query_positions
