@@ -397,9 +397,8 @@ def test_every_scheme_builds_the_one_way(name):
     scheme_class = getattr(keras_posenc, name)
     for method in ("build_for_attention", "get_build_config"):
         assert getattr(scheme_class, method) is getattr(AttentionPosition, method)
-    # RotaryEmbedding alone also reads its older files' build config;
-    # XPosEmbedding inherits it.
-    if name not in ("RotaryEmbedding", "XPosEmbedding"):
+    # RotaryEmbedding alone also reads its older files' build config.
+    if name != "RotaryEmbedding":
         assert scheme_class.build_from_config is AttentionPosition.build_from_config
 
 

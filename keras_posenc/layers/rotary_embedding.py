@@ -211,27 +211,10 @@ class RotaryEmbedding(AttentionPosition):
         super().__init__(autocast=False, **kwargs)
         ops.check_max_wavelength(max_wavelength)
         ops.check_pairing(pairing)
-        ops.check_positive_int("rotary_dim", rotary_dim, allow_none=True)
-        if rotary_dim is not None and rotary_dim % 2:
-            raise ValueError(
-                "`rotary_dim` must be even: features are rotated in pairs. "
-                f"Received: rotary_dim={rotary_dim}"
-            )
+        ops.check_rotary_dim(rotary_dim)
         scaling = rope_scaling.read_legacy_type(scaling)
         rope_scaling.check_scaling(scaling, rotary_dim)
-        for name, axis in (
-            ("sequence_axis", sequence_axis),
-            ("feature_axis", feature_axis),
-        ):
-            if isinstance(axis, bool) or not isinstance(axis, int):
-                raise ValueError(
-                    f"`{name}` must be an integer. Received: {name}={axis!r}"
-                )
-        if sequence_axis == feature_axis:
-            raise ValueError(
-                "`sequence_axis` and `feature_axis` must differ. Received: "
-                f"sequence_axis={sequence_axis}, feature_axis={feature_axis}"
-            )
+        ops.check_sequence_and_feature_axes(sequence_axis, feature_axis)
         _check_grid_arguments(
             num_axes,
             axis_layout,
@@ -264,45 +247,9 @@ class RotaryEmbedding(AttentionPosition):
         features.
         """
         rank = len(input_shape)
-        axes = []
-        for name, axis in (
-            ("sequence_axis", self.sequence_axis),
-            ("feature_axis", self.feature_axis),
-        ):
-            if not -rank <= axis < rank:
-                raise ValueError(
-                    f"`{name}` is out of range for inputs of rank {rank}. "
-                    f"Received: {name}={axis}, inputs of shape "
-                    f"{tuple(input_shape)}"
-                )
-            axes.append(axis % rank)
-        sequence_axis, feature_axis = axes
-        if sequence_axis == feature_axis:
-            raise ValueError(
-                "`sequence_axis` and `feature_axis` name the same axis of "
-                f"inputs of shape {tuple(input_shape)}. Received: "
-                f"sequence_axis={self.sequence_axis}, "
-                f"feature_axis={self.feature_axis}"
-            )
-        features = input_shape[feature_axis]
-        if features is None:
-            raise ValueError(
-                "RotaryEmbedding needs the feature dimension of its inputs to "
-                f"be known. Received inputs of shape {tuple(input_shape)}"
-            )
-        rotated = features if self.rotary_dim is None else self.rotary_dim
-        if rotated % 2:
-            raise ValueError(
-                "RotaryEmbedding rotates features in pairs, so the feature "
-                "dimension must be even (or set an even `rotary_dim`). "
-                f"Received inputs of shape {tuple(input_shape)}"
-            )
-        if rotated > features:
-            raise ValueError(
-                "`rotary_dim` must not exceed the feature dimension of the "
-                f"inputs. Received: rotary_dim={self.rotary_dim}, inputs of "
-                f"shape {tuple(input_shape)}"
-            )
+        sequence_axis, feature_axis, rotated = ops.rotary_axes(
+            input_shape, self.sequence_axis, self.feature_axis, self.rotary_dim
+        )
         rope_scaling.check_scaling(self.scaling, rotated)
         if self._on_grid:
             # Whether the sections fit the pairs, known from the width only.
@@ -456,7 +403,7 @@ class RotaryEmbedding(AttentionPosition):
             sequence_axis,
             rotated,
             positions,
-            self._length(positions),
+            rope_scaling.current_length(self.scaling, positions),
             start_index if consecutive else None,
         )
         if feature_axis != last:
@@ -482,19 +429,6 @@ class RotaryEmbedding(AttentionPosition):
                 ),
             ],
             axis=sequence_axis,
-        )
-
-    def _length(self, *positions):
-        """The current length for the schedule: the largest position + 1."""
-        if not rope_scaling.depends_on_length(self.scaling):
-            return None
-        return (
-            keras.ops.max(
-                keras.ops.stack(
-                    [keras.ops.max(keras.ops.cast(p, "float32")) for p in positions]
-                )
-            )
-            + 1.0
         )
 
     def _rotate(
@@ -598,7 +532,9 @@ class RotaryEmbedding(AttentionPosition):
         query_positions = context.query_positions
         key_positions = context.key_positions
         # One schedule for both, at the length of all positions together.
-        length = self._length(query_positions, key_positions)
+        length = rope_scaling.current_length(
+            self.scaling, query_positions, key_positions
+        )
         rotated = self._axes(query.shape)[2]
         return (
             self._rotate_after_prefix(query, 1, rotated, query_positions, length),
