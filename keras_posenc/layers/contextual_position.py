@@ -5,10 +5,10 @@ from keras_posenc.layers._schemes import read_embeddings_initializer
 from keras_posenc.layers.attention_position import AttentionPosition
 
 
-# Keys summed at a time by a product with a triangle of ones: as many
-# multiplications per gate as the logits' product has per logit with
-# key_dim 64, which XLA's CPU does several times faster than its
-# cumulative sum (a reduce-window) over the keys.
+# Keys summed at a time by a product with a triangle of ones, as many
+# multiplications per gate as the logits' product has per logit at key_dim
+# 64: XLA's CPU computes such a product faster than its cumulative sum (a
+# reduce-window) over the keys.
 CUMSUM_BLOCK = 64
 
 

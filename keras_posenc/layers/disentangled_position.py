@@ -186,13 +186,9 @@ class DisentangledPosition(AttentionPosition):
         - [He et al., 2023](https://arxiv.org/abs/2111.09543)
     """
 
-    # The attention takes 256 queries at a time (`FastPaths.query_block`),
-    # so that the c2p term's per-query table is a block's, `(batch, 256,
-    # 2 span, heads)`: all at once, with DeBERTa-v3's 512 rows, it is a
-    # quarter of the logits' size in float32, and at length 2048 the call
-    # took 1.54x plain attention's memory (0.47x by blocks). The p2c
-    # table, of the keys only, is computed once: XLA hoists it out of
-    # the loop over blocks.
+    # The c2p term's per-query table a block's, `(batch, 256, 2 span,
+    # heads)`, not one as large as the logits; XLA hoists the p2c table,
+    # of the keys, out of the loop over blocks.
     query_block = 256
     # The table is `(2 span, features)`, the own projections `(features,
     # heads, key_dim)`.

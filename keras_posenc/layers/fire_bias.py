@@ -114,8 +114,7 @@ class FireBias(HeadBias):
     """
 
     # The bias's intermediate tensors are a block's, `(block, key)` per
-    # head: at 2048 queries and keys, 210 MiB at the peak where plain
-    # attention takes 560. Blocks of 128 or 64 queries time slower.
+    # head, below the logits' size; smaller blocks take longer.
     query_block = 256
 
     def __init__(

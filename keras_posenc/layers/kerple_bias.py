@@ -183,9 +183,9 @@ class KerpleBias(HeadBias):
             # Inside attention, the distances of each batch element: the
             # bias then has the logits' own shape, and XLA computes it
             # inside their sum, where a bias shared by the batch (its
-            # logarithms too dear to repeat, by XLA's measure) is written
-            # once and the sum beside the logits: 2.1x plain attention's
-            # memory at 2048.
+            # logarithms too dear to repeat, by XLA's measure) would be
+            # written once and the sum beside the logits, twice their
+            # memory.
             relative = keras.ops.broadcast_to(
                 relative, (keras.ops.shape(query)[0],) + tuple(keras.ops.shape(relative)[1:])
             )  # (batch, query, key)

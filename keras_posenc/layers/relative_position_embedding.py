@@ -16,9 +16,8 @@ def _block_size(keys):
     of `2k - 1` entries per query, the sums of the blocks of keys before a
     key, and the entries of its block: the largest divisor of `keys` up to
     `keys / 16` and 64, if at least 8. Longer blocks leave fewer sums and
-    more entries to read: at 2048 keys, blocks of 64 took 1.07x the peak
-    memory of plain attention, blocks of 32 and 16 1.14x and 1.15x, in
-    about the same time. None for a length unknown when traced, under 128,
+    more entries to read, and took less memory in about the same time.
+    None for a length unknown when traced, under 128,
     or without such a divisor (a prime, say): the segment sum then serves,
     whose copy of the weights is small where the keys are few.
     """

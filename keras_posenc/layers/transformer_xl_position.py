@@ -140,8 +140,8 @@ class TransformerXLPosition(AttentionPosition):
     """
 
     # The relative logits of a block of queries, `(batch, heads, block,
-    # block + key)`, in place of `(batch, heads, query, query + key)`: at
-    # 2048 queries and keys, a tenth of the logits' size.
+    # block + key)`, not twice the logits' size, `(batch, heads, query,
+    # query + key)`.
     query_block = 256
 
     def __init__(

@@ -281,10 +281,10 @@ def computes_tables_apart():
     XLA's CPU backend on JAX fuses a cheap-looking element-wise op into
     each reader and computes it again there: RoPE's cosines and sines of
     the angles, read by a rotation over the batch and the heads, are then
-    computed once per query and key feature, 32 times over at batch 4 and
-    8 heads (12 ms of a 170 ms attention at 1024 keys). There such tables
-    are made tensors of their own (`computed_apart`). TensorFlow folds
-    them into constants at the default positions.
+    computed once per query and key feature, once for each batch entry
+    and head. There such tables are made tensors of their own
+    (`computed_apart`). TensorFlow folds them into constants at the
+    default positions.
     """
     return _jax_on_the_cpu()
 
@@ -315,9 +315,9 @@ def take_rows_per_query(values, rows):
     """Each `(batch, query)`'s rows `rows[b, q]` of its own `values[b, q]`.
 
     On TensorFlow one `tf.gather` with two batch dimensions, which XLA
-    fuses into its consumer reading contiguous rows (Shaw's attention times
-    1.29x plain attention so, 1.37x as a gather of a flattened table with
-    computed indices); elsewhere that flattened gather.
+    fuses into its consumer reading contiguous rows, faster than a gather
+    of a flattened table with computed indices; elsewhere that flattened
+    gather.
 
     Args:
         values: tensor of shape `(batch, query, rows, features)`.
