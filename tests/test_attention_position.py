@@ -415,6 +415,37 @@ def test_every_scheme_is_built_again_from_its_build_config(name):
     ]
 
 
+@pytest.mark.parametrize("size", ["num_heads", "key_dim", "value_dim", "features"])
+@pytest.mark.parametrize("name", PUBLIC_SCHEMES)
+def test_a_shared_scheme_serves_the_sizes_its_weights_fit(name, size):
+    # The reference: a scheme built afresh for the other sizes, whose
+    # weights either have the shared scheme's shapes or not.
+    sizes = {"num_heads": 2, "key_dim": 4, "value_dim": 4, "features": 8}
+    other = {**sizes, size: 2 * sizes[size]}
+
+    def built(sizes):
+        scheme = getattr(keras_posenc, name)(**SCHEME_ARGUMENTS[name])
+        scheme.build_for_attention(**sizes)
+        return scheme
+
+    def shapes(scheme):
+        return [tuple(weight.shape) for weight in scheme.weights]
+
+    shared = built(sizes)
+    weights = list(shared.weights)
+    try:
+        fresh = built(other)
+    except ValueError:
+        fresh = None  # no such scheme serves those sizes at all
+    if fresh is not None and shapes(fresh) == shapes(shared):
+        shared.build_for_attention(**other)
+        assert shared.weights == weights
+    else:
+        with pytest.raises(ValueError):
+            shared.build_for_attention(**other)
+    assert shared.attention_sizes == sizes
+
+
 OLD_FILE = os.path.join(os.path.dirname(__file__), "fixtures", "before_one_build_path")
 OLD_INPUTS = ("embeddings", "heads", "positions", "grid", "adjacency")
 

@@ -190,10 +190,6 @@ class DisentangledPosition(AttentionPosition):
     # heads)`, not one as large as the logits; XLA hoists the p2c table,
     # of the keys, out of the loop over blocks.
     query_block = 256
-    # The table is `(2 span, features)`, the own projections `(features,
-    # heads, key_dim)`.
-    weight_sizes = ("num_heads", "key_dim", "value_dim", "features")
-
     def __init__(
         self,
         max_relative_positions=512,
@@ -258,6 +254,14 @@ class DisentangledPosition(AttentionPosition):
         self.bias_initializer = read_initializer("bias_initializer", bias_initializer)
         # HF's `pos_ebd_size`: the table has 2 * span rows.
         self.span = position_buckets if position_buckets > 0 else max_relative_positions
+
+    @property
+    def weight_sizes(self):
+        # The table is `(2 span, features)`, the own projections `(features,
+        # heads, key_dim)`.
+        if self.share_att_key:
+            return ("features",)
+        return ("num_heads", "key_dim", "features")
 
     def build_weights(self, num_heads, key_dim, value_dim, features=None):
         if features is None:

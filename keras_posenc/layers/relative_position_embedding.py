@@ -247,7 +247,7 @@ class RelativePositionEmbedding(AttentionPosition):
     """
 
     # The tables are `(2k + 1, key_dim)` and `(2k + 1, value_dim)`.
-    weight_sizes = ("num_heads", "key_dim", "value_dim")
+    weight_sizes = ("key_dim", "value_dim")
 
     def __init__(
         self, max_relative_position, embeddings_initializer="uniform", **kwargs
