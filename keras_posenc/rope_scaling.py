@@ -623,6 +623,37 @@ def depends_on_length(scaling):
     return scaling is not None and _rope_type(scaling) in _LENGTH_DEPENDENT
 
 
+def current_length(scaling, *positions):
+    """The length a schedule that depends on it reads, or None.
+
+    The largest of `positions` plus one, float32, for a `"dynamic"` or
+    `"longrope"` schedule; None for the others, which read none.
+
+    Args:
+        scaling: None or a schedule's dict, as `rope_parameters` takes it.
+        *positions: tensors of positions, of any shapes.
+
+    Returns:
+        None, or a float32 scalar tensor.
+
+    Example:
+
+    >>> length = current_length({"rope_type": "dynamic", "factor": 2.0}, np.arange(5))
+    >>> float(keras.ops.convert_to_numpy(length)), current_length(None, np.arange(5))
+    (5.0, None)
+    """
+    if not depends_on_length(scaling):
+        return None
+    return (
+        keras.ops.max(
+            keras.ops.stack(
+                [keras.ops.max(keras.ops.cast(p, "float32")) for p in positions]
+            )
+        )
+        + 1.0
+    )
+
+
 @renamed_arguments({"sequence_length": "length"})
 def rope_parameters(scaling, dim, max_wavelength, length=None):
     """The frequencies and attention factor of a Hugging Face style schedule.

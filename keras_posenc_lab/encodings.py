@@ -56,8 +56,8 @@ class Encoding:
 # The language task: a causal language model over a sequence. A new
 # encoding goes last: an entry's place seeds its model's training data
 # (`language._training_stream`), so that adding one changes no other row.
-# `make demo` trains all but the `full_only` ones within its 10 minutes
-# (all fourteen took 12 on 2 cores); `keras-posenc demo --full` trains all.
+# `make demo` trains all but the `full_only` ones, within its 10 minutes;
+# `keras-posenc demo --full` trains all.
 LANGUAGE = {
     "none": Encoding("none"),
     "sinusoidal": Encoding(

@@ -17,15 +17,14 @@ def set_threads(configs):
     Before TensorFlow is imported; values the user set are kept.
     """
     # One op at a time: the demo's small models have ops too small to
-    # share the cores between them, and on 2 cores two at once train
-    # 1.6x slower.
+    # share the cores between them, and two at once train slower.
     os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
     if _alongside(configs):
         # One thread per op as well when the tasks run in two processes
-        # side by side (the second process inherits it): with two each,
-        # the processes' four threads contend for 2 cores, and both
-        # processes end 1.3x later. One thread also leaves no scheduling
-        # to change the order of sums, so a run repeats to the last digit.
+        # side by side (the second process inherits it): with more, their
+        # threads contend for the cores, and both processes end later. One
+        # thread also leaves no scheduling to change the order of sums, so
+        # a run repeats to the last digit.
         os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 
@@ -113,8 +112,8 @@ def _run_alongside(configs, side_argv, out_dir):
 
     The other tasks (vision, graph) run one after the other in a second
     process, `python -m keras_posenc_lab` with `side_argv`: each task's small
-    models leave a core idle, and on 2 cores the two processes at once take
-    0.7x the time of one after the other. Its output is kept and printed
+    models leave a core idle, so the two processes at once take less time
+    than one after the other. Its output is kept and printed
     after the language task's, so that neither is cut into the other. The
     language task times its models' training after the second process is
     done, so that the timing has the machine to itself.

@@ -359,8 +359,8 @@ def _train(encoding, config, data, out_dir, label, seed):
     """Train, save, reload and check one model; return the reloaded one."""
     train_images, train_labels, test_images, _ = data
     # The same order for every encoding at a seed: the rows of one seed
-    # differ by their encodings, not by the digits they saw first (at 300
-    # steps the order alone moves an accuracy by 0.1).
+    # differ by their encodings, not by the digits they saw first, whose
+    # order alone moves an accuracy.
     rng = np.random.default_rng(seed)
     count = config.steps * config.batch_size
     passes = -(-count // len(train_images))

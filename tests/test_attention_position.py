@@ -3,8 +3,14 @@
 `Probe` uses every hook: it scales the keys by their positions, reads the
 keys in its bias (a content bias `u . k_j`, as Transformer-XL's), adds a
 term to the values and divides the logits by more than `sqrt(key_dim)`.
-Its attention is compared with float64 NumPy of the same formulas.
+Its attention is compared with float64 NumPy of the same formulas. It
+builds as schemes were written before the build path was one, overriding
+`build_for_attention`; `Decay` builds the one way, by `build_weights`.
 """
+
+import json
+import os
+import zipfile
 
 import numpy as np
 import pytest
@@ -273,3 +279,213 @@ def test_a_scheme_hook_of_the_wrong_shape_is_named(scheme, message):
     tokens = np.ones((2, 5, 8), "float32")
     with pytest.raises(ValueError, match=message):
         attention(tokens, tokens)
+
+
+@keras.saving.register_keras_serializable(package="test_protocol")
+class Decay(AttentionPosition):
+    """A bias `-rate_h |j - i|`, its rates made by `build_weights`."""
+
+    weight_sizes = ("num_heads",)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.builds = []
+
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
+        self.builds.append((num_heads, key_dim, value_dim, features))
+        self.rate = self.add_weight(name="rate", shape=(num_heads,), initializer="ones")
+
+    def logits_bias(self, query, key, context):
+        distance = keras.ops.abs(
+            context.key_positions[:, None, :] - context.query_positions[:, :, None]
+        )  # (batch or 1, query, key)
+        return -self.rate[:, None, None] * keras.ops.cast(distance, "float32")[:, None]
+
+
+def test_build_for_attention_checks_records_and_builds_once():
+    decay = Decay()
+    assert decay.attention_sizes is None and decay.get_build_config() is None
+    tokens = np.ones((1, 3, FEATURES), "float32")
+    first = PositionalMultiHeadAttention(num_heads=HEADS, key_dim=KEY_DIM, position=decay)
+    first(tokens, tokens)
+    sizes = {"num_heads": HEADS, "key_dim": KEY_DIM, "value_dim": KEY_DIM, "features": FEATURES}
+    assert decay.attention_sizes == sizes
+    assert decay.get_build_config() == sizes
+    assert decay.builds == [(HEADS, KEY_DIM, KEY_DIM, FEATURES)]
+    (rate,) = decay.weights
+    # Shared by an attention of other head sizes: the rates do not read them.
+    second = PositionalMultiHeadAttention(
+        num_heads=HEADS, key_dim=2 * KEY_DIM, value_dim=3, position=decay
+    )
+    second(tokens, tokens)
+    assert decay.builds == [(HEADS, KEY_DIM, KEY_DIM, FEATURES)]
+    assert decay.weights == [rate]
+    assert decay.attention_sizes == sizes
+    # The rates are one per head: another number of heads cannot share them.
+    third = PositionalMultiHeadAttention(num_heads=HEADS + 1, key_dim=KEY_DIM, position=decay)
+    with pytest.raises(
+        ValueError,
+        match=r"Decay was built for attention with \(num_heads\)=\(2,\).*Received: \(num_heads\)=\(3,\)",
+    ):
+        third(tokens, tokens)
+
+
+@pytest.mark.parametrize(
+    "sizes, name",
+    [((0, 4, 4, 8), "num_heads"), ((2, 4.0, 4, 8), "key_dim"), ((2, 4, 4, 2.5), "features")],
+)
+def test_bad_sizes_build_nothing_and_are_named(sizes, name):
+    decay = Decay()
+    with pytest.raises(ValueError, match=f"`{name}` must be a positive integer.*{name}="):
+        decay.build_for_attention(*sizes)
+    assert not decay.built and decay.builds == [] and decay.attention_sizes is None
+
+
+def test_a_scheme_sized_by_the_attention_refuses_a_build_on_its_own():
+    with pytest.raises(ValueError, match=r"Decay sizes its weights by the attention's num_heads.*build_for_attention.*\(None, 5\)"):
+        Decay().build((None, 5))
+    # Without `weight_sizes` a scheme builds on its own as any Keras layer.
+    scheme = AttentionPosition()
+    scheme.build((None, 5))
+    assert scheme.built and scheme.attention_sizes is None
+
+
+def test_a_scheme_built_for_an_attention_loads_its_sizes_back():
+    decay = Decay(name="decay")
+    decay.build_for_attention(HEADS, KEY_DIM, 3, FEATURES)
+    config = keras.saving.serialize_keras_object(decay)
+    assert config["build_config"] == {
+        "num_heads": HEADS, "key_dim": KEY_DIM, "value_dim": 3, "features": FEATURES
+    }
+    restored = keras.saving.deserialize_keras_object(config)
+    assert restored.attention_sizes == decay.attention_sizes
+    assert restored.builds == [(HEADS, KEY_DIM, 3, FEATURES)]
+    assert [tuple(weight.shape) for weight in restored.weights] == [(HEADS,)]
+
+
+# Each public scheme's required arguments, at two heads where it has heads.
+SCHEME_ARGUMENTS = {
+    "RotaryEmbedding": {"learned_frequencies": True, "rotary_dim": 2},
+    "XPosEmbedding": {},
+    "AttentionTemperature": {},
+    "AlibiBias": {"num_heads": 2},
+    "RelativePositionBias": {"num_heads": 2, "num_buckets": 8, "max_distance": 16},
+    "KerpleBias": {"num_heads": 2},
+    "FireBias": {"num_heads": 2, "mlp_width": 4},
+    "GridRelativePositionBias": {"num_heads": 2, "grid_shape": (2, 3), "num_prefix_tokens": 1},
+    "ShortestPathBias": {"num_heads": 2, "max_hops": 3},
+    "RelativePositionEmbedding": {"max_relative_position": 3},
+    "TransformerXLPosition": {},
+    "DisentangledPosition": {"max_relative_positions": 16, "position_buckets": 8, "share_att_key": False},
+    "ContextualPosition": {"max_positions": 8},
+}
+PUBLIC_SCHEMES = sorted(
+    name
+    for name in keras_posenc.layers.__all__
+    if isinstance(getattr(keras_posenc, name), type)
+    and issubclass(getattr(keras_posenc, name), AttentionPosition)
+    and getattr(keras_posenc, name) is not AttentionPosition
+)
+
+
+def test_every_public_scheme_is_listed_here():
+    assert sorted(SCHEME_ARGUMENTS) == PUBLIC_SCHEMES
+
+
+@pytest.mark.parametrize("name", PUBLIC_SCHEMES)
+def test_every_scheme_builds_the_one_way(name):
+    scheme_class = getattr(keras_posenc, name)
+    for method in ("build_for_attention", "get_build_config"):
+        assert getattr(scheme_class, method) is getattr(AttentionPosition, method)
+    # RotaryEmbedding alone also reads its older files' build config.
+    if name != "RotaryEmbedding":
+        assert scheme_class.build_from_config is AttentionPosition.build_from_config
+
+
+@pytest.mark.parametrize("name", PUBLIC_SCHEMES)
+def test_every_scheme_is_built_again_from_its_build_config(name):
+    scheme = getattr(keras_posenc, name)(**SCHEME_ARGUMENTS[name])
+    scheme.build_for_attention(2, 4, 4, 8)
+    config = keras.saving.serialize_keras_object(scheme)
+    assert config["build_config"] == {"num_heads": 2, "key_dim": 4, "value_dim": 4, "features": 8}
+    restored = keras.saving.deserialize_keras_object(config)
+    assert restored.built and restored.attention_sizes == scheme.attention_sizes
+    assert [(weight.name, tuple(weight.shape)) for weight in restored.weights] == [
+        (weight.name, tuple(weight.shape)) for weight in scheme.weights
+    ]
+
+
+@pytest.mark.parametrize("size", ["num_heads", "key_dim", "value_dim", "features"])
+@pytest.mark.parametrize("name", PUBLIC_SCHEMES)
+def test_a_shared_scheme_serves_the_sizes_its_weights_fit(name, size):
+    # The reference: a scheme built afresh for the other sizes, whose
+    # weights either have the shared scheme's shapes or not.
+    sizes = {"num_heads": 2, "key_dim": 4, "value_dim": 4, "features": 8}
+    other = {**sizes, size: 2 * sizes[size]}
+
+    def built(sizes):
+        scheme = getattr(keras_posenc, name)(**SCHEME_ARGUMENTS[name])
+        scheme.build_for_attention(**sizes)
+        return scheme
+
+    def shapes(scheme):
+        return [tuple(weight.shape) for weight in scheme.weights]
+
+    shared = built(sizes)
+    weights = list(shared.weights)
+    try:
+        fresh = built(other)
+    except ValueError:
+        fresh = None  # no such scheme serves those sizes at all
+    if fresh is not None and shapes(fresh) == shapes(shared):
+        shared.build_for_attention(**other)
+        assert shared.weights == weights
+    else:
+        with pytest.raises(ValueError):
+            shared.build_for_attention(**other)
+    assert shared.attention_sizes == sizes
+
+
+OLD_FILE = os.path.join(os.path.dirname(__file__), "fixtures", "before_one_build_path")
+OLD_INPUTS = ("embeddings", "heads", "positions", "grid", "adjacency")
+
+
+def test_files_saved_before_the_one_build_path_load():
+    # `fixtures/generate_before_one_build_path.py` wrote them: each scheme
+    # on its own and inside attention, in the build configs of then.
+    with zipfile.ZipFile(f"{OLD_FILE}.keras") as archive:
+        layers = json.loads(archive.read("config.json"))["config"]["layers"]
+    build_configs = {
+        layer["config"]["name"]: (
+            layer["config"]["position"] if "position" in layer["config"] else layer
+        ).get("build_config")
+        for layer in layers
+    }
+    assert build_configs["rope_learned"] == {"frequencies_shape": [2, 2, 1]}
+    assert build_configs["rope_learned_one_head"] == {"frequencies_shape": [1, 4, 1]}
+    assert build_configs["shaw"] == {"num_heads": 2, "key_dim": 4, "value_dim": 4}
+    assert build_configs["t5"] == {"input_shape": [None, 6]}
+    assert build_configs["attention_cope"] == {"key_dim": 4}
+    assert build_configs["attention_txl"] == {"num_heads": 2, "key_dim": 4, "features": 8}
+    assert build_configs["attention_shared_first"] == {"shapes_dict": {}}
+    with np.load(f"{OLD_FILE}.npz") as arrays:
+        saved = {name: arrays[name] for name in arrays.files}
+    model = keras.saving.load_model(f"{OLD_FILE}.keras", safe_mode=True)
+    assert [weight.path for weight in model.weights] == list(saved["paths"])
+    outputs = model.predict([saved[f"inputs/{name}"] for name in OLD_INPUTS], verbose=0)
+    assert sorted(outputs) == sorted(name[len("outputs/"):] for name in saved if name.startswith("outputs/"))
+    for name, output in outputs.items():
+        np.testing.assert_allclose(output, saved[f"outputs/{name}"], rtol=1e-5, atol=1e-5, err_msg=name)
+    assert model.get_layer("attention_shared_first").position is model.get_layer("attention_shared_second").position
+    # A scheme of an attention, deserialized with its old build config,
+    # has the weights that the attention built.
+    for layer in layers:
+        position = layer["config"].get("position")
+        if position is None:
+            continue
+        rebuilt = keras.saving.deserialize_keras_object(position)
+        assert rebuilt.built
+        built = model.get_layer(layer["config"]["name"]).position
+        assert [tuple(weight.shape) for weight in rebuilt.weights] == [
+            tuple(weight.shape) for weight in built.weights
+        ]

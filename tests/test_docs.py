@@ -37,6 +37,7 @@ PUBLIC_LAYERS = [
 PUBLIC_FUNCTIONS = [
     keras_posenc.AttentionPosition.check_attention,
     keras_posenc.AttentionPosition.build_for_attention,
+    keras_posenc.AttentionPosition.build_weights,
     keras_posenc.AttentionPosition.logits_scale,
     keras_posenc.AttentionPosition.transform_query_key,
     keras_posenc.AttentionPosition.logits_bias,

@@ -1,3 +1,5 @@
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -206,6 +208,41 @@ def test_position_ids():
 )
 def test_bad_arguments_raise_value_error_naming_them(call, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        call()
+
+
+@pytest.mark.parametrize(
+    "shape, sequence_axis, feature_axis, rotary_dim, expected",
+    [
+        ((2, 5, 4, 16), 1, -1, None, (1, 3, 16)),
+        ((2, 5, 4, 16), -3, 3, 8, (1, 3, 8)),
+        ((2, 16, 5), 2, 1, 16, (2, 1, 16)),
+    ],
+)
+def test_rotary_axes_are_non_negative_with_the_rotated_features(
+    shape, sequence_axis, feature_axis, rotary_dim, expected
+):
+    assert ops.rotary_axes(shape, sequence_axis, feature_axis, rotary_dim) == expected
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: ops.rotary_axes((2, 5, 8), 3, -1), "`sequence_axis` is out of range for inputs of rank 3. Received: sequence_axis=3"),
+        (lambda: ops.rotary_axes((2, 5, 8), 1, -4), "`feature_axis` is out of range for inputs of rank 3. Received: feature_axis=-4"),
+        (lambda: ops.rotary_axes((2, 5, 8), 2, -1), "name the same axis of inputs of shape (2, 5, 8). Received: sequence_axis=2, feature_axis=-1"),
+        (lambda: ops.rotary_axes((2, 5, None), 1, -1), "feature dimension of its inputs to be known. Received inputs of shape (2, 5, None)"),
+        (lambda: ops.rotary_axes((2, 5, 7), 1, -1), "in pairs, so the feature dimension must be even (or set an even `rotary_dim`). Received inputs of shape (2, 5, 7)"),
+        (lambda: ops.rotary_axes((2, 5, 8), 1, -1, 10), "`rotary_dim` must not exceed the feature dimension of the inputs. Received: rotary_dim=10"),
+        (lambda: ops.check_rotary_dim(5), "`rotary_dim` must be even: features are rotated in pairs. Received: rotary_dim=5"),
+        (lambda: ops.check_rotary_dim(0), "`rotary_dim` must be a positive integer or None. Received: rotary_dim=0"),
+        (lambda: ops.check_sequence_and_feature_axes(1.0, -1), "`sequence_axis` must be an integer. Received: sequence_axis=1.0"),
+        (lambda: ops.check_sequence_and_feature_axes(1, True), "`feature_axis` must be an integer. Received: feature_axis=True"),
+        (lambda: ops.check_sequence_and_feature_axes(2, 2), "must differ. Received: sequence_axis=2, feature_axis=2"),
+    ],
+)
+def test_bad_rotation_arguments_raise_value_error_naming_them(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         call()
 
 

@@ -487,6 +487,26 @@ def test_su_is_longrope(length):
     )
 
 
+@pytest.mark.parametrize(
+    "scaling",
+    [{"rope_type": "dynamic", "factor": 2.0}, longrope_scaling(96, factor=32.0)],
+    ids=["dynamic", "longrope"],
+)
+def test_current_length_is_the_largest_position_plus_one(scaling):
+    queries = np.array([[3, 9, 4]])
+    keys = np.array([[-2, 0, 7], [11, 1, 5]])  # 11 the largest of all
+    length = rope_scaling.current_length(scaling, queries, keys)
+    assert keras.backend.standardize_dtype(length.dtype) == "float32"
+    assert float(numpy(length)) == 12.0
+
+
+@pytest.mark.parametrize(
+    "scaling", [None, {"rope_type": "linear", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}]
+)
+def test_schedules_of_no_length_have_no_current_length(scaling):
+    assert rope_scaling.current_length(scaling, np.arange(5)) is None
+
+
 def test_proportional_through_rope_parameters():
     scaling = {"rope_type": "proportional", "partial_rotary_factor": 0.25}
     rope_scaling.check_scaling(scaling, 512)

@@ -17,6 +17,7 @@ import pytest
 
 from keras_posenc import AttentionContext
 from keras_posenc import PositionalMultiHeadAttention
+from keras_posenc import RotaryEmbedding
 from keras_posenc import XPosEmbedding
 from tests.backend import XLA
 from tests.backend import numpy
@@ -126,6 +127,45 @@ def test_logits_equal_float64_formula(pairing, rotary_dim):
         query, key, query_positions, key_positions, 6.0, 50.0, pairing, rotary_dim
     )
     np.testing.assert_allclose(head_logits(*map(numpy, turned)), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4},
+    ],
+    ids=["default", "linear", "dynamic", "yarn"],
+)
+@pytest.mark.parametrize("pairing", ["half", "interleaved"])
+def test_without_its_decay_the_rotation_is_ropes(scaling, pairing):
+    # A scale base so long that every scale is 1: xPos is then the rotation
+    # of RotaryEmbedding, whose ops it composes, with the same frequencies.
+    arguments = {"max_wavelength": 100.0, "pairing": pairing, "rotary_dim": 6, "scaling": scaling}
+    xpos = XPosEmbedding(scale_base=1e30, **arguments)
+    rope = RotaryEmbedding(**arguments)
+    query, key = random_tokens((2, 5, 3, 8)), random_tokens((2, 5, 3, 8), seed=2)
+    positions = np.arange(3, 8)  # past the dynamic schedule's trained 4
+    turned_query, turned_key = xpos(query, key, query_positions=positions, key_positions=positions)
+    for turned, inputs in ((turned_query, query), (turned_key, key)):
+        np.testing.assert_allclose(
+            numpy(turned), numpy(rope(inputs, positions=positions)), rtol=1e-6, atol=1e-6
+        )
+
+
+def test_xpos_is_composed_over_the_rotation_not_a_rotary_embedding():
+    xpos = XPosEmbedding()
+    assert not isinstance(xpos, RotaryEmbedding)
+    assert xpos.contributions == {"transform_query_key"}
+    assert (xpos.num_axes, xpos.num_prefix_tokens) == (1, 0)
+
+
+def test_inside_attention_the_heads_must_be_the_sequence_and_feature_axes():
+    xpos = XPosEmbedding(sequence_axis=2)
+    with pytest.raises(ValueError, match="XPosEmbedding rotates projected heads.*sequence_axis=2, feature_axis=-1"):
+        PositionalMultiHeadAttention(num_heads=2, key_dim=8, position=xpos)
 
 
 def test_logits_decay_with_distance_by_zeta():

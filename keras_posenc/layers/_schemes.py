@@ -64,11 +64,19 @@ class HeadBias(AttentionPosition):
 
     Subclasses set `num_heads` and implement `logits_bias`; called on their
     own, `layer(query_positions, key_positions)` returns that bias, with
-    rows and columns for the `num_prefix_tokens` first.
+    rows and columns for the `num_prefix_tokens` first. Their weights are
+    sized by their constructor's arguments alone: `build_weights` makes
+    them for an attention or for a call on their own, whichever comes
+    first.
     """
 
     def check_attention(self, num_heads, key_dim, value_dim):
         self._check_num_heads(num_heads)
+
+    def build(self, query_positions_shape=None, key_positions_shape=None):
+        # Built already, for an attention, or by an earlier `build()`.
+        if not self.built:
+            self.build_weights(self.num_heads, None, None)
 
     def call(self, query_positions, key_positions):
         return self.logits_bias(

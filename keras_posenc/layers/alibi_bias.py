@@ -183,9 +183,8 @@ class AlibiBias(HeadBias):
         # nearest the query: either way at most the smaller of the two
         # ends plus m (B - 1), the most it varies there, and no less than
         # its largest value. The ends are read from the bias itself, not
-        # computed from the positions: TensorFlow folds a small tensor
-        # made of constants into a constant of the compiled program (2 MiB
-        # at 2048 queries and keys), while from a slice of the whole bias
+        # computed from the positions, which TensorFlow would fold into a
+        # constant of the compiled program: from a slice of the whole bias
         # XLA computes those entries alone, as it runs.
         slopes = self._slopes()
         block = _maxima_block_size(

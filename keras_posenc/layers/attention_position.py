@@ -19,6 +19,11 @@ causal, the cache offset, and the attention's own projections. A scheme
 implements only the hooks that define it; see the "Write your own scheme"
 page of the documentation for a complete one.
 
+A scheme is built one way: the attention's build calls the base's
+`build_for_attention` with its sizes, which checks them (`check_attention`),
+records them (`attention_sizes`, the scheme's build config in a `.keras`
+file) and makes the weights by `build_weights`, once.
+
 What a scheme overrides is what it contributes (`contributions`), and the
 attention's kernel picks its path from that: a scheme that changes the
 queries and keys only runs on the backend's fused attention (PyTorch's
@@ -37,6 +42,9 @@ from typing import Any, Callable, Optional
 import keras
 
 from keras_posenc import ops
+
+# The attention's sizes that `build_for_attention` records.
+SIZES = ("num_heads", "key_dim", "value_dim", "features")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +116,13 @@ class AttentionPosition(keras.layers.Layer):
     Subclass it and override the hooks that define your scheme; the others
     contribute nothing. The attention calls, in order:
 
-    1. `build_for_attention(num_heads, key_dim, value_dim, features)` once,
-       when it builds: check the sizes (`check_attention`) and make the
-       scheme's weights.
+    1. `build_for_attention(num_heads, key_dim, value_dim, features)` when
+       it builds. This base class's checks the sizes (`check_attention`),
+       records them (`attention_sizes`) and, the first time, calls
+       `build_weights` with them, where a scheme makes its weights. A
+       scheme shared by several attentions is built once; set
+       `weight_sizes` to the sizes its weights are made for, which the
+       later attentions must then have too.
     2. `transform_query_key(query, key, context)` on the projected heads.
     3. `logits_scale(key_dim)`: the queries are multiplied by it.
     4. `logits_bias(query, key, context)`: added to `q . k` (the queries
@@ -129,15 +141,18 @@ class AttentionPosition(keras.layers.Layer):
     Save what the constructor takes in `get_config`, as every Keras layer
     does, and register the class
     (`keras.saving.register_keras_serializable`): an attention holding the
-    scheme then saves to `.keras` and loads back.
+    scheme then saves to `.keras` and loads back. The sizes recorded when
+    it was built are its build config, so a scheme saved on its own is
+    built again for them when it loads. A scheme written before the build
+    path was one, that overrides `build_for_attention` itself, still works.
 
     Example, a learned bias per head that decays with distance:
 
     >>> from keras_posenc import PositionalMultiHeadAttention
     >>> class DistanceDecay(AttentionPosition):
-    ...     def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
+    ...     weight_sizes = ("num_heads",)
+    ...     def build_weights(self, num_heads, key_dim, value_dim, features=None):
     ...         self.rate = self.add_weight(shape=(num_heads,), initializer="ones")
-    ...         self.built = True
     ...     def logits_bias(self, query, key, context):
     ...         distance = keras.ops.abs(
     ...             context.key_positions[:, None, :] - context.query_positions[:, :, None]
@@ -149,6 +164,8 @@ class AttentionPosition(keras.layers.Layer):
     >>> tokens = np.ones((1, 5, 8), "float32")
     >>> tuple(attention(tokens, tokens).shape)
     (1, 5, 8)
+    >>> attention.position.attention_sizes
+    {'num_heads': 2, 'key_dim': 4, 'value_dim': 4, 'features': 8}
     """
 
     num_axes = 1
@@ -159,6 +176,13 @@ class AttentionPosition(keras.layers.Layer):
     # context with `consecutive` kept, its positions running on from the
     # block's first query.
     query_block = None
+    # Optional: the sizes of the attention, among "num_heads", "key_dim",
+    # "value_dim" and "features", that `build_weights` makes the weights
+    # for. A later attention sharing the scheme must agree on them, and a
+    # scheme with any has no weights before an attention's sizes.
+    weight_sizes = ()
+    # The attention's sizes once built for one, in `SIZES` order.
+    _attention_sizes = None
 
     @property
     def contributions(self):
@@ -212,8 +236,27 @@ class AttentionPosition(keras.layers.Layer):
                 f"num_heads={num_heads}"
             )
 
+    @property
+    def attention_sizes(self):
+        """The sizes of the attention this scheme was built for, or None.
+
+        A dict of `"num_heads"`, `"key_dim"`, `"value_dim"` and
+        `"features"` (None where the build had none), as the first
+        `build_for_attention` received them; None before it.
+        """
+        if self._attention_sizes is None:
+            return None
+        return dict(zip(SIZES, self._attention_sizes))
+
     def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        """Check the sizes, then create the weights they call for.
+        """Check the sizes, record them and make the weights, once.
+
+        The attention's one way to build its scheme: `check_attention`
+        first, then, the first time, `build_weights` with these sizes,
+        which `attention_sizes` then holds. Built already, for another
+        attention, the scheme keeps its weights, and the sizes named in
+        `weight_sizes` must equal those it was built for. Override
+        `build_weights`, not this.
 
         Args:
             num_heads: int. The attention's number of heads.
@@ -224,7 +267,71 @@ class AttentionPosition(keras.layers.Layer):
                 projections read. Defaults to `None`.
         """
         self.check_attention(num_heads, key_dim, value_dim)
+        ops.check_positive_int("features", features, allow_none=True)
+        sizes = (num_heads, key_dim, value_dim, features)
+        if self._attention_sizes is None:
+            # A scheme built by a call on its own has its weights already.
+            if not self.built:
+                self.build_weights(num_heads, key_dim, value_dim, features)
+            self._attention_sizes = sizes
+        else:
+            names = self.weight_sizes
+            built_for = tuple(self.attention_sizes[name] for name in names)
+            received = tuple(dict(zip(SIZES, sizes))[name] for name in names)
+            if received != built_for:
+                raise ValueError(
+                    f"This {type(self).__name__} was built for attention with "
+                    f"({', '.join(names)})={built_for}, the sizes of its "
+                    f"weights. Received: ({', '.join(names)})={received}"
+                )
         self.built = True
+
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
+        """Make the scheme's weights for an attention of these sizes.
+
+        Called once, by `build_for_attention` after `check_attention` (or
+        by the `build` of a scheme whose weights need no attention, when
+        it is called on its own first): `self.add_weight(...)` here, as a
+        Keras layer does in `build`. Makes none by default.
+
+        Args:
+            num_heads: int. The attention's number of heads.
+            key_dim: int. The size of each head's queries and keys.
+            value_dim: int. The size of each head's values.
+            features: int or None. The size of the attention's query
+                inputs, None where the build had none. Defaults to `None`.
+        """
+
+    def build(self, input_shape=None):
+        # A call on its own: the weights of `weight_sizes` need an attention's.
+        if self.weight_sizes and self._attention_sizes is None:
+            raise ValueError(
+                f"{type(self).__name__} sizes its weights by the attention's "
+                f"{', '.join(self.weight_sizes)}: pass it to "
+                "PositionalMultiHeadAttention as `position`, or call "
+                "`build_for_attention(num_heads, key_dim, value_dim, "
+                "features)` before calling it on its own. Received: a build "
+                f"for inputs of shape {input_shape}"
+            )
+
+    def get_build_config(self):
+        if self._attention_sizes is not None:
+            return self.attention_sizes
+        return super().get_build_config()
+
+    def build_from_config(self, config):
+        if config and "key_dim" in config:
+            # Older files hold only the sizes the weights read: one head
+            # and `value_dim=key_dim` stand for the others.
+            key_dim = config["key_dim"]
+            self.build_for_attention(
+                config.get("num_heads", 1),
+                key_dim,
+                config.get("value_dim", key_dim),
+                config.get("features"),
+            )
+        else:
+            super().build_from_config(config)
 
     def logits_scale(self, key_dim):
         """The factor the queries are multiplied by: `1 / sqrt(key_dim)`.

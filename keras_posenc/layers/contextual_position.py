@@ -5,10 +5,10 @@ from keras_posenc.layers._schemes import read_embeddings_initializer
 from keras_posenc.layers.attention_position import AttentionPosition
 
 
-# Keys summed at a time by a product with a triangle of ones: as many
-# multiplications per gate as the logits' product has per logit with
-# key_dim 64, which XLA's CPU does several times faster than its
-# cumulative sum (a reduce-window) over the keys.
+# Keys summed at a time by a product with a triangle of ones, as many
+# multiplications per gate as the logits' product has per logit at key_dim
+# 64: XLA's CPU computes such a product faster than its cumulative sum (a
+# reduce-window) over the keys.
 CUMSUM_BLOCK = 64
 
 
@@ -156,6 +156,8 @@ class ContextualPosition(AttentionPosition):
     # The gates, their counts and the interpolation of a block of queries,
     # `(batch, heads, 256, key)` each.
     query_block = 256
+    # The table is `(max_positions, key_dim)`.
+    weight_sizes = ("key_dim",)
 
     def __init__(self, max_positions, embeddings_initializer="zeros", **kwargs):
         super().__init__(**kwargs)
@@ -164,18 +166,8 @@ class ContextualPosition(AttentionPosition):
         self.embeddings_initializer = read_embeddings_initializer(
             embeddings_initializer
         )
-        self._key_dim = None
 
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        if self._key_dim is not None:
-            # One layer may serve several attentions of the same key_dim.
-            if key_dim != self._key_dim:
-                raise ValueError(
-                    "This ContextualPosition was built for attention with "
-                    f"key_dim={self._key_dim}. Received: key_dim={key_dim}"
-                )
-            return
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
         # Read in float32 even inside a mixed precision attention.
         self.embeddings = self.add_weight(
             name="embeddings",
@@ -183,26 +175,6 @@ class ContextualPosition(AttentionPosition):
             initializer=self.embeddings_initializer,
             autocast=False,
         )
-        self._key_dim = key_dim
-        self.built = True
-
-    def build(self, input_shape=None):
-        raise ValueError(
-            "ContextualPosition sizes its table by the attention's key_dim: "
-            "pass it to PositionalMultiHeadAttention as `position`, or call "
-            "`build_for_attention(num_heads, key_dim, value_dim)`. Received: "
-            f"a build for inputs of shape {input_shape}"
-        )
-
-    def get_build_config(self):
-        if self._key_dim is None:
-            return None
-        return {"key_dim": self._key_dim}
-
-    def build_from_config(self, config):
-        if config:
-            key_dim = config["key_dim"]
-            self.build_for_attention(1, key_dim, key_dim)
 
     def _counted(self, context):
         """Which keys each query counts: `(batch or 1, 1, query, key)`, bool.
@@ -248,7 +220,7 @@ class ContextualPosition(AttentionPosition):
         table = keras.ops.einsum(
             "btnd,pd->bntp",
             keras.ops.cast(query, "float32"),  # times logits_scale
-            self.embeddings / self.logits_scale(self._key_dim),
+            self.embeddings / self.logits_scale(self.attention_sizes["key_dim"]),
         )  # (batch, heads, query, max_positions)
         steps = keras.ops.concatenate(
             [table[..., 1:] - table[..., :-1], keras.ops.zeros_like(table[..., :1])],

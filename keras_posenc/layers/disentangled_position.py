@@ -186,15 +186,10 @@ class DisentangledPosition(AttentionPosition):
         - [He et al., 2023](https://arxiv.org/abs/2111.09543)
     """
 
-    # The attention takes 256 queries at a time (`FastPaths.query_block`),
-    # so that the c2p term's per-query table is a block's, `(batch, 256,
-    # 2 span, heads)`: all at once, with DeBERTa-v3's 512 rows, it is a
-    # quarter of the logits' size in float32, and at length 2048 the call
-    # took 1.54x plain attention's memory (0.47x by blocks). The p2c
-    # table, of the keys only, is computed once: XLA hoists it out of
-    # the loop over blocks.
+    # The c2p term's per-query table a block's, `(batch, 256, 2 span,
+    # heads)`, not one as large as the logits; XLA hoists the p2c table,
+    # of the keys, out of the loop over blocks.
     query_block = 256
-
     def __init__(
         self,
         max_relative_positions=512,
@@ -259,28 +254,22 @@ class DisentangledPosition(AttentionPosition):
         self.bias_initializer = read_initializer("bias_initializer", bias_initializer)
         # HF's `pos_ebd_size`: the table has 2 * span rows.
         self.span = position_buckets if position_buckets > 0 else max_relative_positions
-        # (num_heads, key_dim, value_dim, features) once the weights are made.
-        self._attention_sizes = None
 
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
+    @property
+    def weight_sizes(self):
+        # The table is `(2 span, features)`, the own projections `(features,
+        # heads, key_dim)`.
+        if self.share_att_key:
+            return ("features",)
+        return ("num_heads", "key_dim", "features")
+
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
         if features is None:
             raise ValueError(
                 "DisentangledPosition sizes its table by the attention's "
                 "query features: `build_for_attention` needs `features`. "
                 "Received: features=None"
             )
-        ops.check_positive_int("features", features)
-        sizes = (num_heads, key_dim, value_dim, features)
-        if self._attention_sizes is not None:
-            # One layer may serve several attentions of the same sizes.
-            if sizes != self._attention_sizes:
-                raise ValueError(
-                    "This DisentangledPosition was built for attention with "
-                    "(num_heads, key_dim, value_dim, features)="
-                    f"{self._attention_sizes}. Received: {sizes}"
-                )
-            return
         # Read in float32 even inside a mixed precision attention.
         self.embeddings = self.add_weight(
             name="embeddings",
@@ -319,27 +308,6 @@ class DisentangledPosition(AttentionPosition):
                 )
                 setattr(self, f"pos_{role}_kernel", kernel)
                 setattr(self, f"pos_{role}_bias", bias)
-        self._attention_sizes = sizes
-        self.built = True
-
-    def build(self, input_shape=None):
-        raise ValueError(
-            "DisentangledPosition sizes its table by the attention: pass it "
-            "to PositionalMultiHeadAttention as `position`, or call "
-            "`build_for_attention(num_heads, key_dim, value_dim, features)`. "
-            f"Received: a build for inputs of shape {input_shape}"
-        )
-
-    def get_build_config(self):
-        if self._attention_sizes is None:
-            return None
-        return dict(
-            zip(("num_heads", "key_dim", "value_dim", "features"), self._attention_sizes)
-        )
-
-    def build_from_config(self, config):
-        if config:
-            self.build_for_attention(**config)
 
     def logits_scale(self, key_dim):
         # Eq. 4's sqrt(3d) with both terms; HF's `scale_factor`.
@@ -436,7 +404,7 @@ class DisentangledPosition(AttentionPosition):
             # k_j . P_q[r], read at the same row: HF's p2c index, `-(key -
             # query)`, is the c2p one, the buckets being odd.
             pos_query = self._projected(table, "query", context) * self.logits_scale(
-                self._attention_sizes[1]
+                self.attention_sizes["key_dim"]
             )  # (2 span, heads, key_dim)
             bias = bias + _read_by_key(
                 # The table first: XLA's product then writes the keys last.

@@ -114,8 +114,7 @@ class FireBias(HeadBias):
     """
 
     # The bias's intermediate tensors are a block's, `(block, key)` per
-    # head: at 2048 queries and keys, 210 MiB at the peak where plain
-    # attention takes 560. Blocks of 128 or 64 queries time slower.
+    # head, below the logits' size; smaller blocks take longer.
     query_block = 256
 
     def __init__(
@@ -146,16 +145,7 @@ class FireBias(HeadBias):
         self.kernel_initializer = read_initializer("kernel_initializer", kernel_initializer)
         self.bias_initializer = read_initializer("bias_initializer", bias_initializer)
 
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        self.build()
-
-    def build(self, input_shape=None):
-        # The weights depend on no input shape; the attention may have built
-        # the layer already.
-        if self.built:
-            return
-
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
         def linear_default(fan_in):
             # PyTorch's nn.Linear: kernel and bias uniform within 1 / sqrt(fan_in).
             limit = 1.0 / math.sqrt(fan_in)
@@ -181,7 +171,6 @@ class FireBias(HeadBias):
         self.threshold_multiplier = weight(
             "threshold_multiplier", (), keras.initializers.Constant(1.0)
         )
-        self.built = True
 
     def logits_bias(self, query, key, context):
         query_positions = ops.read_positions(

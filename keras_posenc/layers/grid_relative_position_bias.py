@@ -134,15 +134,7 @@ class GridRelativePositionBias(HeadBias):
         """The table's rows for relative positions on the grid."""
         return math.prod(2 * size - 1 for size in self.grid_shape)
 
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        self.build()
-
-    def build(self, query_positions_shape=None, key_positions_shape=None):
-        # The table depends on no input shape; the attention may have built
-        # the layer already.
-        if self.built:
-            return
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
         prefix_entries = _PREFIX_ENTRIES if self.num_prefix_tokens else 0
         self.embeddings = self.add_weight(
             name="embeddings",
@@ -171,9 +163,9 @@ class GridRelativePositionBias(HeadBias):
         # Inside attention, one row of indices per batch element (as T5's
         # bias): the gather then makes the bias of the logits' own shape,
         # which XLA computes inside the addition to the logits, reading
-        # contiguous rows of heads. A bias shared by the batch is written
-        # once and added twice, and its sum with the logits written again
-        # for the softmax's maximum (1.197x the time of plain attention).
+        # contiguous rows of heads. A bias shared by the batch would be
+        # written once and added twice, and its sum with the logits
+        # written again for the softmax's maximum.
         if query is not None:
             rows = keras.ops.broadcast_to(
                 rows, (keras.ops.shape(query)[0],) + tuple(keras.ops.shape(rows)[1:])

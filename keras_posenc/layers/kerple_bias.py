@@ -153,15 +153,7 @@ class KerpleBias(HeadBias):
         self.r1_initializer = read_initializer("r1_initializer", r1_initializer)
         self.r2_initializer = read_initializer("r2_initializer", r2_initializer)
 
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        self.build()
-
-    def build(self, input_shape=None):
-        # The coefficients depend on no input shape; the attention may have
-        # built the layer already.
-        if self.built:
-            return
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
         # The repository's: `torch.rand(heads) * scale`, r1 scaled by 2 in
         # the log form, r2 (the power) in the power form.
         r1_scale, r2_scale = (2.0, 1.0) if self.form == "log" else (1.0, 2.0)
@@ -182,7 +174,6 @@ class KerpleBias(HeadBias):
             constraint=_ClampedCoefficients(SMALLEST, largest),
             autocast=False,
         )
-        self.built = True
 
     def logits_bias(self, query, key, context):
         relative = ops.relative_position(
@@ -192,9 +183,9 @@ class KerpleBias(HeadBias):
             # Inside attention, the distances of each batch element: the
             # bias then has the logits' own shape, and XLA computes it
             # inside their sum, where a bias shared by the batch (its
-            # logarithms too dear to repeat, by XLA's measure) is written
-            # once and the sum beside the logits: 2.1x plain attention's
-            # memory at 2048.
+            # logarithms too dear to repeat, by XLA's measure) would be
+            # written once and the sum beside the logits, twice their
+            # memory.
             relative = keras.ops.broadcast_to(
                 relative, (keras.ops.shape(query)[0],) + tuple(keras.ops.shape(relative)[1:])
             )  # (batch, query, key)

@@ -99,15 +99,7 @@ class RelativePositionBias(HeadBias):
         self.bidirectional = bidirectional
         self.embeddings_initializer = initializer
 
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        self.build()
-
-    def build(self, input_shape=None):
-        # The table depends on no input shape; the attention may have built
-        # the layer already.
-        if self.built:
-            return
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
         self.embeddings = self.add_weight(
             name="embeddings",
             shape=(self.num_buckets, self.num_heads),

@@ -16,9 +16,8 @@ def _block_size(keys):
     of `2k - 1` entries per query, the sums of the blocks of keys before a
     key, and the entries of its block: the largest divisor of `keys` up to
     `keys / 16` and 64, if at least 8. Longer blocks leave fewer sums and
-    more entries to read: at 2048 keys, blocks of 64 took 1.07x the peak
-    memory of plain attention, blocks of 32 and 16 1.14x and 1.15x, in
-    about the same time. None for a length unknown when traced, under 128,
+    more entries to read, and took less memory in about the same time.
+    None for a length unknown when traced, under 128,
     or without such a divisor (a prime, say): the segment sum then serves,
     whose copy of the weights is small where the keys are few.
     """
@@ -247,6 +246,9 @@ class RelativePositionEmbedding(AttentionPosition):
         - [Shaw et al., 2018](https://arxiv.org/abs/1803.02155)
     """
 
+    # The tables are `(2k + 1, key_dim)` and `(2k + 1, value_dim)`.
+    weight_sizes = ("key_dim", "value_dim")
+
     def __init__(
         self, max_relative_position, embeddings_initializer="uniform", **kwargs
     ):
@@ -255,21 +257,8 @@ class RelativePositionEmbedding(AttentionPosition):
         initializer = read_embeddings_initializer(embeddings_initializer)
         self.max_relative_position = max_relative_position
         self.embeddings_initializer = initializer
-        # (num_heads, key_dim, value_dim) once the tables are made.
-        self._attention_sizes = None
 
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        sizes = (num_heads, key_dim, value_dim)
-        if self._attention_sizes is not None:
-            # One layer may serve several attentions of the same sizes.
-            if sizes != self._attention_sizes:
-                raise ValueError(
-                    "This RelativePositionEmbedding was built for attention "
-                    "with (num_heads, key_dim, value_dim)="
-                    f"{self._attention_sizes}. Received: {sizes}"
-                )
-            return
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
         rows = 2 * self.max_relative_position + 1
         self.key_embeddings = self.add_weight(
             name="key_embeddings",
@@ -284,26 +273,6 @@ class RelativePositionEmbedding(AttentionPosition):
             initializer=self.embeddings_initializer,
             autocast=False,
         )
-        self._attention_sizes = sizes
-        self.built = True
-
-    def build(self, input_shape):
-        raise ValueError(
-            "RelativePositionEmbedding sizes its tables by the attention's "
-            "key_dim and value_dim: pass it to PositionalMultiHeadAttention "
-            "as `position`, or call `build_for_attention(num_heads, key_dim, "
-            "value_dim)` before calling it on its own. Received: a call on "
-            f"queries of shape {input_shape} before either"
-        )
-
-    def get_build_config(self):
-        if self._attention_sizes is None:
-            return None
-        return dict(zip(("num_heads", "key_dim", "value_dim"), self._attention_sizes))
-
-    def build_from_config(self, config):
-        if config:
-            self.build_for_attention(**config)
 
     def _table_rows(self, query_positions, key_positions, batch_size):
         """The table row of every query and key: `clip(j - i, -k, k) + k`.
@@ -396,7 +365,7 @@ class RelativePositionEmbedding(AttentionPosition):
         )  # (batch, query, 2k + 1, heads)
 
     def call(self, query, query_positions, key_positions):
-        key_dim = self._attention_sizes[1]
+        key_dim = self.attention_sizes["key_dim"]
         if len(query.shape) != 4 or query.shape[-1] != key_dim:
             raise ValueError(
                 "RelativePositionEmbedding takes queries of shape (batch, "

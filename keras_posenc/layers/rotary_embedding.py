@@ -211,27 +211,10 @@ class RotaryEmbedding(AttentionPosition):
         super().__init__(autocast=False, **kwargs)
         ops.check_max_wavelength(max_wavelength)
         ops.check_pairing(pairing)
-        ops.check_positive_int("rotary_dim", rotary_dim, allow_none=True)
-        if rotary_dim is not None and rotary_dim % 2:
-            raise ValueError(
-                "`rotary_dim` must be even: features are rotated in pairs. "
-                f"Received: rotary_dim={rotary_dim}"
-            )
+        ops.check_rotary_dim(rotary_dim)
         scaling = rope_scaling.read_legacy_type(scaling)
         rope_scaling.check_scaling(scaling, rotary_dim)
-        for name, axis in (
-            ("sequence_axis", sequence_axis),
-            ("feature_axis", feature_axis),
-        ):
-            if isinstance(axis, bool) or not isinstance(axis, int):
-                raise ValueError(
-                    f"`{name}` must be an integer. Received: {name}={axis!r}"
-                )
-        if sequence_axis == feature_axis:
-            raise ValueError(
-                "`sequence_axis` and `feature_axis` must differ. Received: "
-                f"sequence_axis={sequence_axis}, feature_axis={feature_axis}"
-            )
+        ops.check_sequence_and_feature_axes(sequence_axis, feature_axis)
         _check_grid_arguments(
             num_axes,
             axis_layout,
@@ -264,45 +247,9 @@ class RotaryEmbedding(AttentionPosition):
         features.
         """
         rank = len(input_shape)
-        axes = []
-        for name, axis in (
-            ("sequence_axis", self.sequence_axis),
-            ("feature_axis", self.feature_axis),
-        ):
-            if not -rank <= axis < rank:
-                raise ValueError(
-                    f"`{name}` is out of range for inputs of rank {rank}. "
-                    f"Received: {name}={axis}, inputs of shape "
-                    f"{tuple(input_shape)}"
-                )
-            axes.append(axis % rank)
-        sequence_axis, feature_axis = axes
-        if sequence_axis == feature_axis:
-            raise ValueError(
-                "`sequence_axis` and `feature_axis` name the same axis of "
-                f"inputs of shape {tuple(input_shape)}. Received: "
-                f"sequence_axis={self.sequence_axis}, "
-                f"feature_axis={self.feature_axis}"
-            )
-        features = input_shape[feature_axis]
-        if features is None:
-            raise ValueError(
-                "RotaryEmbedding needs the feature dimension of its inputs to "
-                f"be known. Received inputs of shape {tuple(input_shape)}"
-            )
-        rotated = features if self.rotary_dim is None else self.rotary_dim
-        if rotated % 2:
-            raise ValueError(
-                "RotaryEmbedding rotates features in pairs, so the feature "
-                "dimension must be even (or set an even `rotary_dim`). "
-                f"Received inputs of shape {tuple(input_shape)}"
-            )
-        if rotated > features:
-            raise ValueError(
-                "`rotary_dim` must not exceed the feature dimension of the "
-                f"inputs. Received: rotary_dim={self.rotary_dim}, inputs of "
-                f"shape {tuple(input_shape)}"
-            )
+        sequence_axis, feature_axis, rotated = ops.rotary_axes(
+            input_shape, self.sequence_axis, self.feature_axis, self.rotary_dim
+        )
         rope_scaling.check_scaling(self.scaling, rotated)
         if self._on_grid:
             # Whether the sections fit the pairs, known from the width only.
@@ -326,23 +273,31 @@ class RotaryEmbedding(AttentionPosition):
         return self.num_axes > 1 or self.learned_frequencies
 
     def build(self, input_shape):
-        _, _, rotated = self._axes(input_shape)
+        # Called on its own: inputs with heads, or one head of `dim` features.
+        self._axes(input_shape)
         if self.learned_frequencies:
             heads = input_shape[2] if len(input_shape) == 4 else 1
-            self._build_frequencies(heads, rotated)
+            self._check_frequencies(heads, input_shape[-1])
+            if self.frequencies is None:
+                self.build_weights(heads, input_shape[-1], input_shape[-1])
 
-    def _build_frequencies(self, heads, rotated):
-        """Make the learned `Theta`, `(heads, rotated / 2, num_axes)`."""
-        shape = (heads, rotated // 2, self.num_axes)
-        if self.frequencies is not None:
-            # One layer may serve several attentions of the same sizes.
-            if tuple(self.frequencies.shape) != shape:
-                raise ValueError(
-                    "This RotaryEmbedding learned frequencies of shape "
-                    f"{tuple(self.frequencies.shape)} (heads, pairs, "
-                    f"num_axes). Received: inputs that need {shape}"
-                )
+    def _check_frequencies(self, heads, features):
+        """Learned already, for other inputs or another attention: a `ValueError`."""
+        if self.frequencies is None:
             return
+        _, _, rotated = self._axes((None, None, heads, features))
+        shape = (heads, rotated // 2, self.num_axes)
+        if tuple(self.frequencies.shape) != shape:
+            raise ValueError(
+                "This RotaryEmbedding learned frequencies of shape "
+                f"{tuple(self.frequencies.shape)} (heads, pairs, "
+                f"num_axes). Received: inputs that need {shape}"
+            )
+
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
+        if not self.learned_frequencies:
+            return
+        _, _, rotated = self._axes((None, None, num_heads, key_dim))
 
         def axial(shape, dtype=None):
             # Tiled, not broadcast: PyTorch assigns no view of shared memory.
@@ -351,7 +306,7 @@ class RotaryEmbedding(AttentionPosition):
 
         self.frequencies = self.add_weight(
             name="frequencies",
-            shape=shape,
+            shape=(num_heads, rotated // 2, self.num_axes),
             initializer=axial,
             # Float32, and read so: angles at grid coordinates in the
             # thousands, even inside a mixed precision attention.
@@ -369,18 +324,13 @@ class RotaryEmbedding(AttentionPosition):
             self.max_wavelength,
         )
 
-    def get_build_config(self):
-        if self.frequencies is not None:
-            return {"frequencies_shape": list(self.frequencies.shape)}
-        return super().get_build_config()
-
     def build_from_config(self, config):
-        if "frequencies_shape" in config:
+        if config and "frequencies_shape" in config:
+            # Older files: the learned frequencies' shape, that of inputs
+            # of `heads` heads of `2 pairs` features.
             heads, pairs, _ = config["frequencies_shape"]
-            self._build_frequencies(heads, 2 * pairs)
-            self.built = True
-        else:
-            super().build_from_config(config)
+            config = {"input_shape": (None, None, heads, 2 * pairs)}
+        super().build_from_config(config)
 
     def _positions(self, inputs, sequence_axis, start_index, positions, grid_shape):
         """The positions of the tokens after the prefix, as `read_positions` gives."""
@@ -453,7 +403,7 @@ class RotaryEmbedding(AttentionPosition):
             sequence_axis,
             rotated,
             positions,
-            self._length(positions),
+            rope_scaling.current_length(self.scaling, positions),
             start_index if consecutive else None,
         )
         if feature_axis != last:
@@ -479,19 +429,6 @@ class RotaryEmbedding(AttentionPosition):
                 ),
             ],
             axis=sequence_axis,
-        )
-
-    def _length(self, *positions):
-        """The current length for the schedule: the largest position + 1."""
-        if not rope_scaling.depends_on_length(self.scaling):
-            return None
-        return (
-            keras.ops.max(
-                keras.ops.stack(
-                    [keras.ops.max(keras.ops.cast(p, "float32")) for p in positions]
-                )
-            )
-            + 1.0
         )
 
     def _rotate(
@@ -587,19 +524,17 @@ class RotaryEmbedding(AttentionPosition):
                 f"sequence_axis={self.sequence_axis}, "
                 f"feature_axis={self.feature_axis}"
             )
-
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        if self.learned_frequencies:
-            _, _, rotated = self._axes((None, None, num_heads, key_dim))
-            self._build_frequencies(num_heads, rotated)
-        self.built = True
+        # One layer may serve several attentions, or calls on its own, of
+        # the sizes its frequencies were learned for.
+        self._check_frequencies(num_heads, key_dim)
 
     def transform_query_key(self, query, key, context):
         query_positions = context.query_positions
         key_positions = context.key_positions
         # One schedule for both, at the length of all positions together.
-        length = self._length(query_positions, key_positions)
+        length = rope_scaling.current_length(
+            self.scaling, query_positions, key_positions
+        )
         rotated = self._axes(query.shape)[2]
         return (
             self._rotate_after_prefix(query, 1, rotated, query_positions, length),

@@ -88,17 +88,13 @@ class ShortestPathBias(HeadBias):
         self.max_hops = max_hops
         self.embeddings_initializer = initializer
 
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        self.build()
-
     def build(self, input_shape=None):
-        # The table depends on no input shape; the attention may have built
-        # the layer already.
-        if self.built:
-            return
+        # Called on its own, on an adjacency.
         if input_shape is not None:
             ops.check_adjacency_shape(input_shape)
+        super().build()
+
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
         self.embeddings = self.add_weight(
             name="embeddings",
             shape=(self.max_hops + 2, self.num_heads),

@@ -140,8 +140,8 @@ class TransformerXLPosition(AttentionPosition):
     """
 
     # The relative logits of a block of queries, `(batch, heads, block,
-    # block + key)`, in place of `(batch, heads, query, query + key)`: at
-    # 2048 queries and keys, a tenth of the logits' size.
+    # block + key)`, not twice the logits' size, `(batch, heads, query,
+    # query + key)`.
     query_block = 256
 
     def __init__(
@@ -187,12 +187,15 @@ class TransformerXLPosition(AttentionPosition):
         self.bias_initializer = read_initializer("bias_initializer", bias_initializer)
         if shift == "legacy":
             self.query_block = None
-        self._key_dim = None
 
-    def build_for_attention(self, num_heads, key_dim, value_dim, features=None):
-        self.check_attention(num_heads, key_dim, value_dim)
-        if self.built:
-            return
+    @property
+    def weight_sizes(self):
+        # `position_kernel` is `(embedding_dim or features, heads, key_dim)`.
+        if self.embedding_dim is None:
+            return ("num_heads", "key_dim", "features")
+        return ("num_heads", "key_dim")
+
+    def build_weights(self, num_heads, key_dim, value_dim, features=None):
         dim = self.embedding_dim if self.embedding_dim is not None else features
         if dim is None:
             raise ValueError(
@@ -202,7 +205,6 @@ class TransformerXLPosition(AttentionPosition):
             )
         _check_even(dim, "embedding_dim" if self.embedding_dim else "features")
         self._dim = int(dim)
-        self._key_dim = key_dim
         self.position_kernel = self.add_weight(
             name="position_kernel",
             shape=(self._dim, num_heads, key_dim),
@@ -221,30 +223,6 @@ class TransformerXLPosition(AttentionPosition):
             initializer=self.bias_initializer,
             autocast=False,
         )
-        self.built = True
-
-    def build(self, input_shape=None):
-        if not self.built:
-            raise ValueError(
-                "TransformerXLPosition makes its weights for an attention: pass "
-                "it to PositionalMultiHeadAttention as `position`."
-            )
-
-    def get_build_config(self):
-        if not self.built:
-            return None
-        heads, key_dim = self.content_bias.shape
-        return {
-            "num_heads": int(heads),
-            "key_dim": int(key_dim),
-            "features": self._dim,
-        }
-
-    def build_from_config(self, config):
-        if config:
-            self.build_for_attention(
-                config["num_heads"], config["key_dim"], None, config["features"]
-            )
 
     def _projected(self, positions):
         """`W_R R_d` for relative positions `d`, `(positions, heads, key_dim)`."""
@@ -259,7 +237,7 @@ class TransformerXLPosition(AttentionPosition):
         if 0 in (query.shape[1], key.shape[1]):
             # No logits: the attention's output is empty, or its bias alone.
             return None
-        scale = 1.0 / math.sqrt(self._key_dim)
+        scale = 1.0 / math.sqrt(self.attention_sizes["key_dim"])
         query = keras.ops.cast(query, "float32")  # already times `scale`
         key = keras.ops.cast(key, "float32")
         content = scale * keras.ops.einsum(

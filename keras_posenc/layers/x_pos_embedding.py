@@ -1,3 +1,4 @@
+import copy
 import math
 import numbers
 
@@ -5,7 +6,7 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc import rope_scaling
-from keras_posenc.layers.rotary_embedding import RotaryEmbedding
+from keras_posenc.layers.attention_position import AttentionPosition
 
 # The positions a layer serves: within this many `scale_base` of its
 # `scale_center`. There the largest scale, `(7 / 2) ** 64`, about 7e34, and
@@ -16,7 +17,7 @@ SCALE_RANGE = 64
 # `(7 / 2) ** 7`, about 6400.
 FLOAT16_SCALE_RANGE = 7
 # The grid arguments of `RotaryEmbedding` and their one-axis values, which
-# alone xPos takes.
+# alone xPos takes (left out of its config, as a 1-D `RotaryEmbedding`'s).
 ONE_AXIS = {
     "num_axes": 1,
     "axis_layout": "blocks",
@@ -27,7 +28,7 @@ ONE_AXIS = {
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
-class XPosEmbedding(RotaryEmbedding):
+class XPosEmbedding(AttentionPosition):
     """xPos: rotary embedding with a decay per pair, for causal attention.
 
     xPos (Sun et al. 2022) is RoPE whose query at position `n` is also
@@ -57,10 +58,11 @@ class XPosEmbedding(RotaryEmbedding):
     default `scale_base=512` and `scale_center=0`, positions `-32768` to
     `32768`; set `scale_center` to the middle of the positions you serve.
 
-    Features pair as in `RotaryEmbedding`: `pairing="interleaved"` matches
-    rotary-embedding-torch (`use_xpos=True`) and torchscale's xPos, whose
-    checkpoints pair `2i` with `2i + 1`; the default, `"half"`, the rest of
-    this package. Only the first `rotary_dim` features are rotated and
+    The rotation is RoPE's, made by the same ops as `RotaryEmbedding`'s,
+    with its frequencies and scalings. Features pair as there:
+    `pairing="interleaved"` matches rotary-embedding-torch (`use_xpos=True`)
+    and torchscale's xPos, whose checkpoints pair `2i` with `2i + 1`; the
+    default, `"half"`, the rest of this package. Only the first `rotary_dim` features are rotated and
     scaled, `d` being `rotary_dim`, as rotary-embedding-torch's `dim`.
     Angles, scales and the rotation are float32 whatever the dtype policy,
     cast to the compute dtype at the end.
@@ -169,17 +171,60 @@ class XPosEmbedding(RotaryEmbedding):
                 "`scale_center` must be an integer position. Received: "
                 f"scale_center={scale_center!r}"
             )
-        super().__init__(
-            max_wavelength=max_wavelength,
-            pairing=pairing,
-            rotary_dim=rotary_dim,
-            scaling=scaling,
-            sequence_axis=sequence_axis,
-            feature_axis=feature_axis,
-            **kwargs,
-        )
+        ops.check_max_wavelength(max_wavelength)
+        ops.check_pairing(pairing)
+        ops.check_rotary_dim(rotary_dim)
+        scaling = rope_scaling.read_legacy_type(scaling)
+        rope_scaling.check_scaling(scaling, rotary_dim)
+        ops.check_sequence_and_feature_axes(sequence_axis, feature_axis)
+        # Float positions are call arguments that Keras would otherwise
+        # round to the compute dtype (bfloat16) before angles are formed;
+        # the layer casts inputs and outputs itself.
+        super().__init__(autocast=False, **kwargs)
         self.scale_base = float(scale_base)
         self.scale_center = int(scale_center)
+        self.max_wavelength = float(max_wavelength)
+        self.pairing = pairing
+        self.rotary_dim = rotary_dim
+        self.scaling = copy.deepcopy(scaling)
+        self.sequence_axis = sequence_axis
+        self.feature_axis = feature_axis
+        self.supports_masking = True
+
+    def _axes(self, input_shape):
+        """`(sequence_axis, feature_axis, rotated)` for inputs of this shape."""
+        axes = ops.rotary_axes(
+            input_shape, self.sequence_axis, self.feature_axis, self.rotary_dim
+        )
+        rope_scaling.check_scaling(self.scaling, axes[2])
+        return axes
+
+    def _positions(self, inputs, sequence_axis, start_index, positions):
+        """Positions as `ops.read_positions` reads them, else `start_index + 0, 1, ...`."""
+        length = inputs.shape[sequence_axis]
+        if positions is not None:
+            # Per-batch positions need a batch axis before the sequence axis.
+            return ops.read_positions(
+                positions,
+                1,
+                length=length,
+                batch_size=inputs.shape[0],
+                per_batch=sequence_axis > 0,
+            )
+        if length is None:
+            length = keras.ops.shape(inputs)[sequence_axis]
+        return ops.position_ids(length, start_index)
+
+    def check_attention(self, num_heads, key_dim, value_dim):
+        sequence_axis, feature_axis, _ = self._axes((None, None, num_heads, key_dim))
+        if (sequence_axis, feature_axis) != (1, 3):
+            raise ValueError(
+                "Inside attention, XPosEmbedding rotates projected heads of "
+                "shape (batch, sequence, heads, key_dim), so it needs "
+                "sequence_axis=1 and feature_axis=-1. Received: "
+                f"sequence_axis={self.sequence_axis}, "
+                f"feature_axis={self.feature_axis}"
+            )
 
     def build(self, query_shape, key_shape):
         _, feature_axis, _ = self._axes(query_shape)
@@ -198,7 +243,7 @@ class XPosEmbedding(RotaryEmbedding):
             query, key = (keras.ops.moveaxis(x, feature_axis, last) for x in (query, key))
             if sequence_axis > feature_axis:
                 sequence_axis -= 1
-        key_positions = self._positions(key, sequence_axis, 0, key_positions, None)
+        key_positions = self._positions(key, sequence_axis, 0, key_positions)
         start = 0
         if query_positions is None:
             # The queries at the keys' last positions, as after a cache.
@@ -219,10 +264,10 @@ class XPosEmbedding(RotaryEmbedding):
                 start = keras.ops.shape(key)[sequence_axis] - keras.ops.shape(
                     query
                 )[sequence_axis]
-        query_positions = self._positions(
-            query, sequence_axis, start, query_positions, None
+        query_positions = self._positions(query, sequence_axis, start, query_positions)
+        length = rope_scaling.current_length(
+            self.scaling, query_positions, key_positions
         )
-        length = self._length(query_positions, key_positions)
         outputs = (
             self._scaled_rotation(query, sequence_axis, rotated, query_positions, length, 1.0),
             self._scaled_rotation(key, sequence_axis, rotated, key_positions, length, -1.0),
@@ -243,7 +288,9 @@ class XPosEmbedding(RotaryEmbedding):
                 "its query and would amplify keys after it: call the attention "
                 "with use_causal_mask=True. Received: use_causal_mask=False"
             )
-        length = self._length(context.query_positions, context.key_positions)
+        length = rope_scaling.current_length(
+            self.scaling, context.query_positions, context.key_positions
+        )
         rotated = self._axes(query.shape)[2]
         return (
             self._scaled_rotation(query, 1, rotated, context.query_positions, length, 1.0),
@@ -304,6 +351,15 @@ class XPosEmbedding(RotaryEmbedding):
     def get_config(self):
         config = super().get_config()
         config.update(
-            {"scale_base": self.scale_base, "scale_center": self.scale_center}
+            {
+                "max_wavelength": self.max_wavelength,
+                "pairing": self.pairing,
+                "rotary_dim": self.rotary_dim,
+                "scaling": copy.deepcopy(self.scaling),
+                "sequence_axis": self.sequence_axis,
+                "feature_axis": self.feature_axis,
+                "scale_base": self.scale_base,
+                "scale_center": self.scale_center,
+            }
         )
         return config

@@ -281,10 +281,10 @@ def computes_tables_apart():
     XLA's CPU backend on JAX fuses a cheap-looking element-wise op into
     each reader and computes it again there: RoPE's cosines and sines of
     the angles, read by a rotation over the batch and the heads, are then
-    computed once per query and key feature, batch times heads over.
-    There such tables
-    are made tensors of their own (`computed_apart`). TensorFlow folds
-    them into constants at the default positions.
+    computed once per query and key feature, once for each batch entry
+    and head. There such tables are made tensors of their own
+    (`computed_apart`). TensorFlow folds them into constants at the
+    default positions.
     """
     return _jax_on_the_cpu()
 

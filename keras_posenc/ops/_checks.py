@@ -23,6 +23,95 @@ def check_pairing(pairing):
         )
 
 
+def check_rotary_dim(rotary_dim):
+    """Raise a `ValueError` unless `rotary_dim` is None or a positive even int."""
+    check_positive_int("rotary_dim", rotary_dim, allow_none=True)
+    if rotary_dim is not None and rotary_dim % 2:
+        raise ValueError(
+            "`rotary_dim` must be even: features are rotated in pairs. "
+            f"Received: rotary_dim={rotary_dim}"
+        )
+
+
+def check_sequence_and_feature_axes(sequence_axis, feature_axis):
+    """Raise a `ValueError` unless the two axes are two different ints."""
+    for name, axis in (
+        ("sequence_axis", sequence_axis),
+        ("feature_axis", feature_axis),
+    ):
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise ValueError(
+                f"`{name}` must be an integer. Received: {name}={axis!r}"
+            )
+    if sequence_axis == feature_axis:
+        raise ValueError(
+            "`sequence_axis` and `feature_axis` must differ. Received: "
+            f"sequence_axis={sequence_axis}, feature_axis={feature_axis}"
+        )
+
+
+def rotary_axes(input_shape, sequence_axis, feature_axis, rotary_dim=None):
+    """Where a rotation reads inputs of `input_shape`, or a `ValueError`.
+
+    The rotation turns the first `rotary_dim` features (all of them for
+    None) in pairs, by the positions along `sequence_axis`.
+
+    Args:
+        input_shape: tuple. The inputs' shape.
+        sequence_axis: int. The axis of positions, negative from the end.
+        feature_axis: int. The axis of features, likewise.
+        rotary_dim: int or None. The rotated features. Defaults to `None`.
+
+    Returns:
+        A tuple `(sequence_axis, feature_axis, rotated)`: both axes
+        non-negative, and the number of rotated features.
+
+    Example:
+
+    >>> rotary_axes((2, 5, 4, 16), 1, -1, rotary_dim=8)
+    (1, 3, 8)
+    """
+    rank = len(input_shape)
+    axes = []
+    for name, axis in (
+        ("sequence_axis", sequence_axis),
+        ("feature_axis", feature_axis),
+    ):
+        if not -rank <= axis < rank:
+            raise ValueError(
+                f"`{name}` is out of range for inputs of rank {rank}. "
+                f"Received: {name}={axis}, inputs of shape "
+                f"{tuple(input_shape)}"
+            )
+        axes.append(axis % rank)
+    if axes[0] == axes[1]:
+        raise ValueError(
+            "`sequence_axis` and `feature_axis` name the same axis of "
+            f"inputs of shape {tuple(input_shape)}. Received: "
+            f"sequence_axis={sequence_axis}, feature_axis={feature_axis}"
+        )
+    features = input_shape[axes[1]]
+    if features is None:
+        raise ValueError(
+            "A rotation needs the feature dimension of its inputs to be "
+            f"known. Received inputs of shape {tuple(input_shape)}"
+        )
+    rotated = features if rotary_dim is None else rotary_dim
+    if rotated % 2:
+        raise ValueError(
+            "Features are rotated in pairs, so the feature dimension must be "
+            "even (or set an even `rotary_dim`). Received inputs of shape "
+            f"{tuple(input_shape)}"
+        )
+    if rotated > features:
+        raise ValueError(
+            "`rotary_dim` must not exceed the feature dimension of the "
+            f"inputs. Received: rotary_dim={rotary_dim}, inputs of shape "
+            f"{tuple(input_shape)}"
+        )
+    return axes[0], axes[1], rotated
+
+
 def check_number_above_one(name, value):
     """Raise a `ValueError` naming `name` unless `value` is a finite number above 1."""
     if (
