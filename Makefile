@@ -3,7 +3,7 @@
 # range in setup.cfg's install_requires, and runs the tests there.
 # `make test-jax` and `make test-jax-oldest` run the tests on Keras' JAX
 # backend, at the ceiling and the floor of the jax extra's range, and
-# `make test-torch` a short list on PyTorch; each in a venv of its own,
+# `make test-torch` the attention, its schemes and the ops on PyTorch; each in a venv of its own,
 # with the extra of its backend (the layers themselves need Keras alone).
 PYTHON ?= python3
 VENV := .venv
@@ -115,7 +115,14 @@ test-torch: $(TORCH)/.installed
 	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) \
 		tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py \
 		tests/test_positional_multi_head_attention.py tests/test_attention_kernel.py \
-		tests/test_bench_backends.py
+		tests/test_bench_backends.py tests/test_attention_position.py \
+		tests/test_rotary_embedding.py tests/test_rotary_grid.py tests/test_xpos_embedding.py \
+		tests/test_attention_temperature.py tests/test_alibi_bias.py \
+		tests/test_relative_position_bias.py tests/test_relative_position_embedding.py \
+		tests/test_kerple_bias.py tests/test_fire_bias.py tests/test_contextual_position.py \
+		tests/test_disentangled_position.py tests/test_transformer_xl_position.py \
+		tests/test_grid_attention.py tests/test_shortest_path_bias.py tests/test_hf_config.py \
+		tests/test_ops.py
 
 # Every page of the built site in headless Chromium, offline; needs
 # Debian's chromium (apt-get install chromium).

@@ -168,6 +168,40 @@ def test_every_path_at_positions_given_per_batch(scheme, path, force_path):
     assert_close(output, expected)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
+@pytest.mark.parametrize("default", [False, True], ids=["given", "default"])
+def test_every_path_gives_nan_to_the_queries_that_read_a_position_out_of_range(
+    masked, default, path, force_path
+):
+    # xPos's queries and keys past its range are NaN: a query there, and
+    # every query that attends to such a key, gives NaN; the others not.
+    # Its range: within 64 * scale_base of the centre. Positions 0 .. 10
+    # from a centre at -58, or 58 .. 68 from 0: from the eighth on, out.
+    limit = 64
+    center = -(limit - 6) if default else 0
+    layer = built(
+        lambda: keras_posenc.XPosEmbedding(scale_base=1.0, scale_center=center)
+    )
+    tokens, mask = tokens_and_mask(masked)
+    positions = np.arange(LENGTH) + (0 if default else limit - 6)
+    given = {} if default else {"query_positions": positions, "key_positions": positions}
+    force_path(path)
+    output = numpy(
+        layer(tokens, tokens, attention_mask=mask, use_causal_mask=True, **given)
+    )  # (batch, query, features)
+    out = np.abs(positions - center) > limit  # (key,)
+    attends = np.tril(np.ones((LENGTH, LENGTH), bool))[None]
+    if mask is not None:
+        attends = attends & mask
+    reads_out = np.broadcast_to(
+        (attends & out[None, None]).any(-1) | out[None], (BATCH, LENGTH)
+    )  # (batch, query)
+    assert reads_out.any() and not reads_out.all()
+    np.testing.assert_array_equal(np.isnan(output).all(-1), reads_out)
+    np.testing.assert_array_equal(np.isnan(output).any(-1), reads_out)
+
+
 @pytest.mark.parametrize("path", ("reference",) + FUSED_PATHS[:1])
 @pytest.mark.parametrize("scheme", ["rotary", "alibi", "xpos", "kerple"])
 def test_cached_decoding_on_every_path_equals_one_causal_pass(

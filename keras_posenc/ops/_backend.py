@@ -380,7 +380,7 @@ def fused_attention(
     The queries come multiplied by the logits' scale already. Where `mask`
     leaves a query no key, its output is zero, as the attention's
     reference kernel gives (the fused kernels would give NaN or the mean
-    of the values).
+    of the values); a query holding NaN gives NaN, as there.
 
     Args:
         query: tensor of shape `(batch, query, heads, key_dim)`, scaled.
@@ -422,6 +422,19 @@ def fused_attention(
 
         attend = dict(attn_mask=bias if mask is None else mask, is_causal=is_causal)
         query_, key_, value_ = map(heads_first, (query, key, value))
+        # With a mask or a bias, SDPA passes a key's NaN on to every query,
+        # those that mask the key too: such a key is read as zeros, and NaN
+        # given to the queries that attend to it, as the reference kernel
+        # gives it.
+        reads_nan = None
+        if attend["attn_mask"] is not None:
+            nan_keys = torch.isnan(key_).any(-1)  # (batch, heads, key)
+            if nan_keys.any():
+                key_ = torch.where(nan_keys[..., None], 0.0, key_)
+                attended = (
+                    mask if mask is not None else bias > float("-inf")
+                )  # (batch | 1, heads | 1, query, key)
+                reads_nan = (attended & nan_keys[:, :, None]).any(-1, keepdim=True)
         if flash_attention:
             with torch.nn.attention.sdpa_kernel(
                 [torch.nn.attention.SDPBackend.FLASH_ATTENTION]
@@ -433,7 +446,13 @@ def fused_attention(
             output = torch.nn.functional.scaled_dot_product_attention(
                 query_, key_, value_, scale=1.0, **attend
             )
-        output = heads_first(output)  # (batch, query, heads, value_dim)
+        if reads_nan is not None:
+            output = torch.where(reads_nan, float("nan"), output)
+        # SDPA's kernels give a query holding NaN (xPos's sign of a position
+        # out of its range) an output of zeros: its NaN is passed on here.
+        output = heads_first(output) + torch.sum(
+            query * 0, dim=-1, keepdim=True
+        ).to(output.dtype)  # (batch, query, heads, value_dim)
     else:
         import jax
 
