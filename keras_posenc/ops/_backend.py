@@ -422,14 +422,17 @@ def fused_attention(
 
         attend = dict(attn_mask=bias if mask is None else mask, is_causal=is_causal)
         query_, key_, value_ = map(heads_first, (query, key, value))
-        # With a mask or a bias, SDPA passes a key's NaN on to every query,
-        # those that mask the key too: such a key is read as zeros, and NaN
-        # given to the queries that attend to it, as the reference kernel
-        # gives it.
-        reads_nan = None
-        if attend["attn_mask"] is not None:
+        # SDPA gives a query holding NaN (xPos's sign of a position out of
+        # its range) an output of zeros, and with a mask or a bias passes a
+        # key's NaN on to every query, those that mask the key too. Where a
+        # sum shows a NaN (one pass each, no copy), the queries' NaN is
+        # passed on, and a NaN key read as zeros with NaN given to the
+        # queries that attend to it, as the reference kernel gives them.
+        nan_queries = reads_nan = None
+        if torch.isnan(torch.sum(query_) + torch.sum(key_)):
+            nan_queries = torch.isnan(query_).any(-1, keepdim=True)  # (b, h, t, 1)
             nan_keys = torch.isnan(key_).any(-1)  # (batch, heads, key)
-            if nan_keys.any():
+            if attend["attn_mask"] is not None and nan_keys.any():
                 key_ = torch.where(nan_keys[..., None], 0.0, key_)
                 attended = (
                     mask if mask is not None else bias > float("-inf")
@@ -446,13 +449,10 @@ def fused_attention(
             output = torch.nn.functional.scaled_dot_product_attention(
                 query_, key_, value_, scale=1.0, **attend
             )
-        if reads_nan is not None:
-            output = torch.where(reads_nan, float("nan"), output)
-        # SDPA's kernels give a query holding NaN (xPos's sign of a position
-        # out of its range) an output of zeros: its NaN is passed on here.
-        output = heads_first(output) + torch.sum(
-            query * 0, dim=-1, keepdim=True
-        ).to(output.dtype)  # (batch, query, heads, value_dim)
+        for nan in (nan_queries, reads_nan):
+            if nan is not None:
+                output = torch.where(nan, float("nan"), output)
+        output = heads_first(output)  # (batch, query, heads, value_dim)
     else:
         import jax
 
