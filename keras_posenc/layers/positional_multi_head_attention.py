@@ -27,8 +27,6 @@ from keras_posenc.ops import _backend
 # - `_flash_attention`: whether flash attention is on (3.8 on).
 # - `_sliding_window`: the sliding window's size (3.15 on; earlier versions
 #   have none).
-# - `keras.src.backend.get_keras_mask` and `set_keras_mask`: the mask a
-#   tensor carries, as Keras' own `call` reads and moves it (3.8 on).
 #
 # With neither a position nor positions nor a cache, the call is Keras' own.
 
@@ -70,14 +68,6 @@ def _gate_projection(layer):
     return layer._gate_dense if getattr(layer, "_use_gate", False) else None
 
 
-def _keras_mask(tensor):
-    return keras.src.backend.get_keras_mask(tensor)
-
-
-def _set_keras_mask(tensor, mask):
-    keras.src.backend.set_keras_mask(tensor, mask)
-
-
 def _with_causal_mask(attention_mask, query, value):
     """`attention_mask` and Keras' causal mask, query `i` to keys `j <= i`."""
     ones = keras.ops.ones(
@@ -92,8 +82,8 @@ def _with_causal_mask(attention_mask, query, value):
     return keras.ops.logical_and(keras.ops.cast(attention_mask, "bool"), causal)
 
 
-def _combined_mask(attention_mask, value_mask, key_mask, queries_mask):
-    """The inputs' masks and `attention_mask`, combined as Keras combines them.
+def _combined_mask(attention_mask, value_mask, key_mask):
+    """The keys' masks and `attention_mask`, combined as Keras combines them.
 
     Returns:
         None without any mask; else a boolean tensor of shape `(batch,
@@ -102,8 +92,6 @@ def _combined_mask(attention_mask, value_mask, key_mask, queries_mask):
     """
     heads = attention_mask is not None and len(attention_mask.shape) == 4
     masks = [] if attention_mask is None else [keras.ops.cast(attention_mask, "bool")]
-    if queries_mask is not None:
-        masks.append(keras.ops.cast(queries_mask, "bool")[:, :, None])  # (b, q, 1)
     for mask in (value_mask, key_mask):
         if mask is not None:
             masks.append(keras.ops.cast(mask, "bool")[:, None, :])  # (b, 1, k)
@@ -573,7 +561,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 and _on_a_line(self.position)
             ),
         )
-        mask = _combined_mask(attention_mask, value_mask, key_mask, _keras_mask(query))
+        # `attention_mask` holds the queries' mask (`_with_query_mask`).
+        mask = _combined_mask(attention_mask, value_mask, key_mask)
         output, scores, cache = self._attend(
             query, keys, value, mask, context, cache, training, return_attention_scores
         )
@@ -816,15 +805,17 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             features)`; the weights, `(batch, heads, query, key)`, or None
             unless `returns_scores`; the updated cache, or None.
         """
-        queries_mask = _keras_mask(query)
-        # Keras' order: the projections would drop the inputs' masks with
-        # a warning; the output takes the queries' mask back.
-        for tensor in (query, keys, value):
-            _set_keras_mask(tensor, None)
-        gate = _gate_projection(self)(query) if _gate_projection(self) else None
-        query = _query_projection(self)(query)  # (batch, query, heads, key_dim)
-        key = _key_projection(self)(keys)  # (batch, key, heads, key_dim)
-        value = _value_projection(self)(value)  # (batch, key, heads, value_dim)
+        with warnings.catch_warnings():
+            # The masks are in `mask`; the projections take none and would
+            # warn that they drop those the inputs carry. Keras' `__call__`
+            # sets the queries' mask on the output.
+            warnings.filterwarnings(
+                "ignore", "Layer .* was passed an input with a mask", UserWarning
+            )
+            gate = _gate_projection(self)(query) if _gate_projection(self) else None
+            query = _query_projection(self)(query)  # (batch, query, heads, key_dim)
+            key = _key_projection(self)(keys)  # (batch, key, heads, key_dim)
+            value = _value_projection(self)(value)  # (batch, key, heads, value_dim)
         position = self.position
         if cache is None:
             if position is not None:
@@ -861,8 +852,6 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if gate is not None:
             output = keras.ops.multiply(output, gate)
         output = _output_projection(self)(output)
-        if queries_mask is not None:
-            _set_keras_mask(output, queries_mask)
         return output, weights, cache
 
     def _update_cache(self, query, key, value, cache, context):
