@@ -545,10 +545,11 @@ def piecewise_linear(slopes, intercepts, interval, x):
     """Per head, the line of each entry's interval at that entry.
 
     On TensorFlow, whose XLA fuses a gather per head into the product, a
-    gather from each head's table; elsewhere one gather of rows that hold
-    every head's slope and intercept, then the heads moved first, which
-    eager PyTorch and XLA on JAX read faster than one value per head (on
-    PyTorch the line and the move in one pass).
+    gather from each head's flattened table; on PyTorch, eager, a head at a
+    time, each head's two small tables read with the one index and the line
+    written in place; on JAX one gather of rows that hold every head's
+    slope and intercept, then the heads moved first, which its XLA reads
+    faster than one value per head.
 
     Args:
         slopes: float tensor of shape `(heads, intervals)`.
