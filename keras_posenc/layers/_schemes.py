@@ -7,6 +7,7 @@ the schemes whose contribution is a bias per head.
 import keras
 
 from keras_posenc import ops
+from keras_posenc import rope_scaling
 from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
 
@@ -16,6 +17,24 @@ from keras_posenc.layers.attention_position import AttentionPosition
 # about 1e-14: far from float32's smallest normal number, exp(-87), so the
 # exponentials that count keep their full precision.
 BIAS_SPREAD = 32.0
+
+
+def read_rotation_arguments(
+    max_wavelength, pairing, rotary_dim, scaling, sequence_axis, feature_axis
+):
+    """The rotation's arguments checked, as RoPE and xPos take them.
+
+    Returns:
+        `scaling`, with Hugging Face's older `"type"` key read as
+        `"rope_type"`.
+    """
+    ops.check_max_wavelength(max_wavelength)
+    ops.check_pairing(pairing)
+    ops.check_rotary_dim(rotary_dim)
+    scaling = rope_scaling.read_legacy_type(scaling)
+    rope_scaling.check_scaling(scaling, rotary_dim)
+    ops.check_sequence_and_feature_axes(sequence_axis, feature_axis)
+    return scaling
 
 
 def largest_divisor(number, smallest, largest):

@@ -7,6 +7,7 @@ from keras_posenc import hf_config
 from keras_posenc import ops
 from keras_posenc import rope_scaling
 from keras_posenc.layers.attention_position import AttentionPosition
+from keras_posenc.layers._schemes import read_rotation_arguments
 from keras_posenc.layers._grid_config import add_grid_arguments
 from keras_posenc.layers._renamed import renamed_arguments
 
@@ -209,12 +210,9 @@ class RotaryEmbedding(AttentionPosition):
         # round to the compute dtype (bfloat16) before angles are formed;
         # the layer casts inputs and outputs itself.
         super().__init__(autocast=False, **kwargs)
-        ops.check_max_wavelength(max_wavelength)
-        ops.check_pairing(pairing)
-        ops.check_rotary_dim(rotary_dim)
-        scaling = rope_scaling.read_legacy_type(scaling)
-        rope_scaling.check_scaling(scaling, rotary_dim)
-        ops.check_sequence_and_feature_axes(sequence_axis, feature_axis)
+        scaling = read_rotation_arguments(
+            max_wavelength, pairing, rotary_dim, scaling, sequence_axis, feature_axis
+        )
         _check_grid_arguments(
             num_axes,
             axis_layout,

@@ -7,6 +7,7 @@ import keras
 from keras_posenc import ops
 from keras_posenc import rope_scaling
 from keras_posenc.layers.attention_position import AttentionPosition
+from keras_posenc.layers._schemes import read_rotation_arguments
 
 # The positions a layer serves: within this many `scale_base` of its
 # `scale_center`. There the largest scale, `(7 / 2) ** 64`, about 7e34, and
@@ -171,12 +172,9 @@ class XPosEmbedding(AttentionPosition):
                 "`scale_center` must be an integer position. Received: "
                 f"scale_center={scale_center!r}"
             )
-        ops.check_max_wavelength(max_wavelength)
-        ops.check_pairing(pairing)
-        ops.check_rotary_dim(rotary_dim)
-        scaling = rope_scaling.read_legacy_type(scaling)
-        rope_scaling.check_scaling(scaling, rotary_dim)
-        ops.check_sequence_and_feature_axes(sequence_axis, feature_axis)
+        scaling = read_rotation_arguments(
+            max_wavelength, pairing, rotary_dim, scaling, sequence_axis, feature_axis
+        )
         # Float positions are call arguments that Keras would otherwise
         # round to the compute dtype (bfloat16) before angles are formed;
         # the layer casts inputs and outputs itself.
