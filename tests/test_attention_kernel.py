@@ -257,6 +257,44 @@ def test_every_path_compiles(path, force_path):
     assert_close(output, expected.astype("float64"))
 
 
+@pytest.mark.parametrize("path", [p for p in PATHS if p.endswith("blocks")])
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "cope"])
+def test_causal_groups_read_the_keys_up_to_their_last_query(
+    scheme, masked, path, force_path, monkeypatch
+):
+    # 19 queries in blocks of 4: four whole blocks and a tail of 3, in
+    # three groups of 4, 4, and 8 + 3 queries, reading 4, 8 and 19 keys.
+    length = 19
+    monkeypatch.setattr(_attention_kernel, "CAUSAL_GROUPS", 3)
+    layer = built({**KNOWN, **OTHERS}[scheme])
+    rng = np.random.default_rng(3)
+    tokens = rng.normal(size=(BATCH, length, FEATURES)).astype("float32")
+    mask = rng.uniform(size=(BATCH, length, length)) < 0.7 if masked else None
+    force_path("reference")
+    expected = numpy(
+        layer(tokens, tokens, attention_mask=mask, use_causal_mask=True)
+    ).astype("float64")
+    force_path(path)
+    keys_read = []
+    for name in ("reference", "fused"):
+        inner = getattr(_attention_kernel, name)
+
+        def spy(attention, query, key, *args, inner=inner):
+            keys_read.append((query.shape[1], key.shape[1]))
+            return inner(attention, query, key, *args)
+
+        monkeypatch.setattr(_attention_kernel, name, spy)
+    output = layer(tokens, tokens, attention_mask=mask, use_causal_mask=True)
+    assert_close(output, expected)
+    # Each block's queries, and the keys it read.
+    assert sorted(set(keys_read)) == [(3, 19), (4, 4), (4, 8), (4, 19)]
+    # Positions given: no group, every key read.
+    keys_read.clear()
+    layer(tokens, tokens, use_causal_mask=True, query_positions=np.arange(length))
+    assert {keys for _, keys in keys_read} == {length}
+
+
 def chosen(monkeypatch):
     """The paths `attend` takes from now on, as a list it appends to."""
     taken = []

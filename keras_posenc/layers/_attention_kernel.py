@@ -48,6 +48,15 @@ SMALLEST_QUERY_BLOCK = 16
 # the block's size times its band, smaller again.
 FUSED_XLA_QUERY_BLOCK = 128
 FUSED_XLA_VALUE_TERM_QUERY_BLOCK = 32
+# Under the causal mask at the default positions, the blocks of queries go
+# in at most this many groups, each reading the keys up to its last query
+# (`causal_groups`): the more groups, the fewer keys read, and the more
+# loops compiled.
+CAUSAL_GROUPS = 4
+# Where the logits would be whole, a causal call still goes by blocks, one
+# group each, if its blocks have at least this many queries: below, the
+# loops cost more than the keys they skip.
+CAUSAL_QUERY_BLOCK = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,6 +269,15 @@ def choose(attention, query, value, context, returns_scores, training):
             block = max(QUERY_BLOCK, LOGITS_ELEMENTS // max(per_query, 1))
     if blockable and queries > block:
         return "reference_blocks", block
+    if (
+        blockable
+        and context.causal
+        and context.consecutive
+        and queries // CAUSAL_GROUPS >= CAUSAL_QUERY_BLOCK
+    ):
+        # The logits would fit whole; in blocks, grouped, the keys after
+        # each group's queries are never read (`causal_groups`).
+        return "reference_blocks", queries // CAUSAL_GROUPS
     return "reference", None
 
 
@@ -295,45 +313,122 @@ def attend(
             attention, query, key, value, attention_mask, context, training,
             returns_scores,
         )
+    groups = causal_groups(query, key, block, context)
+    if len(groups) == 1:
+        return (
+            by_blocks(
+                attention,
+                block,
+                _one_block(path, attention, key, value, context, training, 0),
+                query,
+                value.shape,
+                value.dtype,
+                attention_mask,
+                context,
+            ),
+            None,
+        )
+    outputs = []
+    for start, stop, keys in groups:
+        outputs.append(
+            by_blocks(
+                attention,
+                block,
+                _one_block(
+                    path, attention, key[:, :keys], value[:, :keys], context,
+                    training, start,
+                ),
+                query[:, start:stop],
+                value.shape,
+                value.dtype,
+                _mask_part(attention_mask, query, key, start, stop, keys),
+                context.replace(
+                    query_positions=context.query_positions[:, start:stop],
+                    key_positions=context.key_positions[:, :keys],
+                ),
+            )
+        )
+    return keras.ops.concatenate(outputs, axis=1), None
+
+
+def causal_groups(query, key, block, context):
+    """The queries in groups, each with the keys it may see: `(start, stop, keys)`.
+
+    Under the causal mask at the default positions, query `i` sees keys
+    `0 .. i` alone: a group of queries ending before query `stop` reads
+    the first `stop` keys only, and the softmax of a query is the same
+    without the keys its mask removes. So the blocks of queries go in up
+    to `CAUSAL_GROUPS` groups, each group's blocks reading its keys: about
+    `(groups + 1) / (2 groups)` of the logits are computed, as a flash
+    kernel skips the blocks of keys after its queries. Otherwise one
+    group: every query, every key.
+
+    Args:
+        query: tensor of shape `(batch, query, heads, key_dim)`.
+        key: tensor of shape `(batch, key, heads, key_dim)`.
+        block: int. The queries of a block.
+        context: the call's `AttentionContext`.
+
+    Returns:
+        A list of `(start, stop, keys)`, the groups in order, covering the
+        queries.
+    """
+    queries, keys = query.shape[1], key.shape[1]
+    whole = queries // block
+    if not (context.causal and context.consecutive and keys is not None and whole > 1):
+        return [(0, queries, keys)]
+    groups = min(whole, CAUSAL_GROUPS)
+    bounds = [block * (whole * index // groups) for index in range(groups + 1)]
+    bounds[-1] = queries  # the queries past the last whole block join the last group
+    return [
+        (start, stop, min(keys, stop))
+        for start, stop in zip(bounds[:-1], bounds[1:])
+    ]
+
+
+def _mask_part(attention_mask, query, key, start, stop, keys):
+    """The rows `start:stop` and the first `keys` columns of the mask, where it has them."""
+    if attention_mask is None:
+        return None
+    if attention_mask.shape[-2] == query.shape[1]:
+        attention_mask = attention_mask[..., start:stop, :]
+    if attention_mask.shape[-1] == key.shape[1]:
+        attention_mask = attention_mask[..., :keys]
+    return attention_mask
+
+
+def _one_block(path, attention, key, value, context, training, offset):
+    """The function of a block that `by_blocks` calls, on `path`.
+
+    `offset` is the first query of the group the blocks belong to.
+    """
     if path == "fused_blocks":
 
         def one_block(rows, mask, block_context, start):
-            first = start if context.consecutive else None
+            first = offset + start if context.consecutive else None
             return fused(attention, rows, key, value, mask, block_context, first)
 
-    else:
-        # The keys and values enter the loop laid out as XLA's fused
-        # kernel reads them, `(batch, heads, dim, key)`, and are turned
-        # back inside it, which XLA cancels: else it transposes them
-        # inside the loop, once per block.
-        keys = keras.ops.transpose(key, [0, 2, 3, 1])  # (batch, heads, dim, key)
-        values = keras.ops.transpose(value, [0, 2, 3, 1])
+        return one_block
+    # The keys and values enter the loop laid out as XLA's fused kernel
+    # reads them, `(batch, heads, dim, key)`, and are turned back inside
+    # it, which XLA cancels: else it transposes them inside the loop, once
+    # per block.
+    keys = keras.ops.transpose(key, [0, 2, 3, 1])  # (batch, heads, dim, key)
+    values = keras.ops.transpose(value, [0, 2, 3, 1])
 
-        def one_block(rows, mask, block_context, start):
-            return reference(
-                attention,
-                rows,
-                keras.ops.transpose(keys, [0, 3, 1, 2]),
-                keras.ops.transpose(values, [0, 3, 1, 2]),
-                mask,
-                block_context,
-                training,
-                False,
-            )[0]
-
-    return (
-        by_blocks(
+    def one_block(rows, mask, block_context, start):
+        return reference(
             attention,
-            block,
-            one_block,
-            query,
-            value.shape,
-            value.dtype,
-            attention_mask,
-            context,
-        ),
-        None,
-    )
+            rows,
+            keras.ops.transpose(keys, [0, 3, 1, 2]),
+            keras.ops.transpose(values, [0, 3, 1, 2]),
+            mask,
+            block_context,
+            training,
+            False,
+        )[0]
+
+    return one_block
 
 
 def fused(attention, query, key, value, attention_mask, context, first_query):
