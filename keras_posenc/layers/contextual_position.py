@@ -3,6 +3,7 @@ import keras
 from keras_posenc import ops
 from keras_posenc.layers._schemes import read_embeddings_initializer
 from keras_posenc.layers.attention_position import AttentionPosition
+from keras_posenc.ops import _backend
 
 
 # Keys summed at a time by a product with a triangle of ones, as many
@@ -46,35 +47,6 @@ def _reversed_cumsum(gates):
     return keras.ops.reshape(
         counts, (batch_size, heads, queries, keys + padding)
     )[..., :keys]
-
-
-def _read_rows(per_query, rows):
-    """Each key's row `rows[b, n, i, j]` of its query's table.
-
-    One gather of the flattened tables, where one with batch dimensions
-    (`take_along_axis`) took XLA's CPU several times as long.
-
-    Args:
-        per_query: float32 tensor of shape `(batch, heads, query,
-            max_positions, 2)`.
-        rows: int32 tensor of shape `(batch, heads, query, key)`, entries
-            in `[0, max_positions)`.
-
-    Returns:
-        A float32 tensor of shape `(batch, heads, query, key, 2)`.
-    """
-    batch_size, heads, queries, count = keras.ops.shape(per_query)[:4]
-    keys = keras.ops.shape(rows)[3]
-    starts = keras.ops.reshape(
-        keras.ops.arange(batch_size * heads * queries, dtype="int32") * count,
-        (batch_size, heads, queries, 1),
-    )  # where each query's table starts, flattened
-    taken = keras.ops.take(
-        keras.ops.reshape(per_query, (-1, 2)), starts + rows, axis=0
-    )
-    # Shaped again: Keras' JAX `take` of no indices drops their axes.
-    return keras.ops.reshape(taken, (batch_size, heads, queries, keys, 2))
-
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -211,8 +183,11 @@ class ContextualPosition(AttentionPosition):
             keras.ops.cast(keras.ops.einsum("bsnh,btnh->bnts", key, query), "float32")
         )  # (batch, heads, query, key): sigmoid of the scaled logits
         gates = keras.ops.where(self._counted(context), gates, 0.0)
-        positions = keras.ops.minimum(
-            _reversed_cumsum(gates), float(self.max_positions - 1)
+        # Clamped below at 0 too: the sums by blocks round to a little
+        # under it past the query, where every gate is 0, and row -1 is
+        # no row of the table.
+        positions = keras.ops.clip(
+            _reversed_cumsum(gates), 0.0, float(self.max_positions - 1)
         )  # (batch, heads, query, key): p_ij, clamped
         floor = keras.ops.stop_gradient(keras.ops.floor(positions))
         fraction = positions - floor
@@ -226,8 +201,22 @@ class ContextualPosition(AttentionPosition):
             [table[..., 1:] - table[..., :-1], keras.ops.zeros_like(table[..., :1])],
             axis=-1,
         )  # z_i[p + 1] - z_i[p]; the last row's is never read with a fraction
-        read = _read_rows(
-            keras.ops.stack([table, steps], axis=-1), keras.ops.cast(floor, "int32")
+        batch_size, heads, queries, count = keras.ops.shape(table)
+        keys = keras.ops.shape(floor)[3]
+        # Each query's own table read at its keys' rows, batch and heads
+        # as one axis: on TensorFlow a gather with batch dimensions, which
+        # XLA's CPU reads faster than one of the flattened tables.
+        read = keras.ops.reshape(
+            _backend.take_rows_per_query(
+                keras.ops.reshape(
+                    keras.ops.stack([table, steps], axis=-1),
+                    (batch_size * heads, queries, count, 2),
+                ),
+                keras.ops.reshape(
+                    keras.ops.cast(floor, "int32"), (batch_size * heads, queries, keys)
+                ),
+            ),
+            (batch_size, heads, queries, keys, 2),
         )  # (batch, heads, query, key, 2)
         return read[..., 0] + fraction * read[..., 1]
 
