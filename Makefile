@@ -3,8 +3,9 @@
 # range in setup.cfg's install_requires, and runs the tests there.
 # `make test-jax` and `make test-jax-oldest` run the tests on Keras' JAX
 # backend, at the ceiling and the floor of the jax extra's range, and
-# `make test-torch` the attention, its schemes and the ops on PyTorch; each in a venv of its own,
-# with the extra of its backend (the layers themselves need Keras alone).
+# `make test-torch` the attention, its schemes, the ops and the docs'
+# examples on PyTorch; each in a venv of its own, with the extra of its
+# backend (the layers themselves need Keras alone).
 # `make test-colab` runs the TPU notebook as on Colab's TPU runtime: in a
 # venv of JAX and Keras alone, where its first cell installs the package.
 PYTHON ?= python3
@@ -141,8 +142,8 @@ test-colab: $(COLAB)/.installed
 
 # Every public layer's forward pass, training step and `.keras` round trip,
 # the backend module's answers, files across PyTorch and TensorFlow, the
-# attention and its kernel's paths (PyTorch's SDPA), and the backends'
-# benchmark.
+# attention and its kernel's paths (PyTorch's SDPA), the backends'
+# benchmark, and the examples of README and the docs pages.
 TORCH_VERSION := 2.13.0
 test-torch: $(TORCH)/.installed
 	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) \
@@ -155,7 +156,7 @@ test-torch: $(TORCH)/.installed
 		tests/test_kerple_bias.py tests/test_fire_bias.py tests/test_contextual_position.py \
 		tests/test_disentangled_position.py tests/test_transformer_xl_position.py \
 		tests/test_grid_attention.py tests/test_shortest_path_bias.py tests/test_hf_config.py \
-		tests/test_ops.py
+		tests/test_ops.py tests/test_doc_pages.py
 
 # Every page of the built site in headless Chromium, offline; needs
 # Debian's chromium (apt-get install chromium).
