@@ -3,8 +3,11 @@
 # range in setup.cfg's install_requires, and runs the tests there.
 # `make test-jax` and `make test-jax-oldest` run the tests on Keras' JAX
 # backend, at the ceiling and the floor of the jax extra's range, and
-# `make test-torch` the attention, its schemes and the ops on PyTorch; each in a venv of its own,
-# with the extra of its backend (the layers themselves need Keras alone).
+# `make test-torch` the attention, its schemes, the ops and the docs'
+# examples on PyTorch; each in a venv of its own, with the extra of its
+# backend (the layers themselves need Keras alone).
+# `make test-colab` runs the TPU notebook as on Colab's TPU runtime: in a
+# venv of JAX and Keras alone, where its first cell installs the package.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,11 +17,12 @@ OLDEST_STAMP := $(OLDEST)/.installed
 JAX := .venv-jax
 JAX_OLDEST := .venv-jax-oldest
 TORCH := .venv-torch
+COLAB := .venv-colab
 # The floors of install_requires and of the extra named by $(1), as
 # `name==floor` lines.
 FLOORS = sed -n '/^install_requires =/,/^[^ ]/s/^ *\([A-Za-z0-9_.-]*\)>=\([^,; ]*\).*/\1==\2/p; /^$(1) =/,/^[^ ]/s/^ *\([A-Za-z0-9_.-]*\)>=\([^,; ]*\).*/\1==\2/p' setup.cfg
 
-.PHONY: demo test test-oldest test-jax test-jax-oldest test-torch test-site docs clean
+.PHONY: demo test test-oldest test-jax test-jax-oldest test-colab test-torch test-site docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -106,10 +110,40 @@ test-jax-oldest: $(JAX_OLDEST)/.installed
 	KERAS_BACKEND=jax $(JAX_OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" \
 		$(LAB_TESTS) $(JAX_FLOOR_SKIPS)
 
+# Colab's TPU runtime less the TPU: JAX on the CPU, within the jax extra's
+# range, and Keras, within install_requires' range; no TensorFlow. Then
+# pytest and nbmake, which run the notebook, within the test extra's.
+# The range of $(1) in install_requires or those extras, as `>=floor,<ceiling`.
+RANGE = sed -n '/^\(install_requires\|jax\|test\) =/,/^[^ ]/s/^ *$(1)\(>=[^; ]*\).*/\1/p' setup.cfg
+$(COLAB)/.installed: setup.cfg
+	test -x $(COLAB)/bin/python || $(PYTHON) -m venv $(COLAB)
+	$(COLAB)/bin/python -m pip install --quiet --upgrade pip
+	$(COLAB)/bin/python -m pip install --quiet "jax[cpu]$$($(call RANGE,jax))" \
+		"keras$$($(call RANGE,keras))" "pytest$$($(call RANGE,pytest))" \
+		"nbmake$$($(call RANGE,nbmake))"
+	touch $@
+
+# The TPU notebook as on Colab: its first cell pip-installs this checkout
+# (KERAS_POSENC_SPEC) and nothing else, as pip's log shows, and no
+# TensorFlow is there after; it trains over 8 host devices (about a minute).
+test-colab: $(COLAB)/.installed
+	$(COLAB)/bin/python -m pip uninstall --quiet --yes keras-posenc
+	rm -f $(COLAB)/install-cell.log
+	KERAS_POSENC_SPEC="$(CURDIR)" PIP_LOG="$(CURDIR)/$(COLAB)/install-cell.log" \
+		KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+		$(COLAB)/bin/python -m pytest notebooks/03_tpu_training.ipynb
+	grep -E "(Installing collected packages|Successfully installed).*keras-posenc" \
+		$(COLAB)/install-cell.log
+	! grep -iE "(Installing collected packages|Successfully installed).*tensorflow" \
+		$(COLAB)/install-cell.log
+	cd $(COLAB) && KERAS_BACKEND=jax bin/python -c 'import importlib.util, keras_posenc; \
+		assert importlib.util.find_spec("tensorflow") is None, "TensorFlow was installed"; \
+		print("keras-posenc", keras_posenc.__version__, "in", keras_posenc.__file__, "and no TensorFlow")'
+
 # Every public layer's forward pass, training step and `.keras` round trip,
 # the backend module's answers, files across PyTorch and TensorFlow, the
-# attention and its kernel's paths (PyTorch's SDPA), and the backends'
-# benchmark.
+# attention and its kernel's paths (PyTorch's SDPA), the backends'
+# benchmark, and the examples of README and the docs pages.
 TORCH_VERSION := 2.13.0
 test-torch: $(TORCH)/.installed
 	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) \
@@ -122,7 +156,7 @@ test-torch: $(TORCH)/.installed
 		tests/test_kerple_bias.py tests/test_fire_bias.py tests/test_contextual_position.py \
 		tests/test_disentangled_position.py tests/test_transformer_xl_position.py \
 		tests/test_grid_attention.py tests/test_shortest_path_bias.py tests/test_hf_config.py \
-		tests/test_ops.py
+		tests/test_ops.py tests/test_doc_pages.py
 
 # Every page of the built site in headless Chromium, offline; needs
 # Debian's chromium (apt-get install chromium).
@@ -133,4 +167,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) $(OLDEST) $(JAX) $(JAX_OLDEST) $(TORCH) build dist *.egg-info demo-output site .pytest_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST) $(JAX) $(JAX_OLDEST) $(TORCH) $(COLAB) build dist *.egg-info demo-output site .pytest_cache .hypothesis

@@ -4,7 +4,9 @@ pytest runs each notebook itself through nbmake (`--nbmake` in setup.cfg);
 these tests check how they are stored: without outputs; a first markdown
 cell that links to the notebook in Colab and to a documentation page; a
 first code cell that installs keras-posenc, with the extras the notebook
-imports, only where it is missing, so that CI never installs anything.
+imports, only where it is missing, so that CI never installs anything; the
+TPU notebook's installs the package alone, onto what Colab's TPU runtime
+has.
 """
 
 import ast
@@ -50,6 +52,11 @@ MODULE_OF_EXTRA = {
 }
 GUARDED_MODULES = {module for modules in MODULE_OF_EXTRA.values() for module in modules}
 FIND_SPEC = importlib.util.find_spec
+# The notebooks for Colab's TPU runtime, which has JAX, Keras and NumPy and
+# no TensorFlow: their first cell adds keras-posenc alone (`--no-deps`, no
+# extra), from KERAS_POSENC_SPEC where it is set. `make test-colab` runs
+# them so, in a venv of JAX and Keras alone, installing the checkout.
+ON_COLAB_TPU = ("03_tpu_training.ipynb",)
 
 notebook_paths = pytest.mark.parametrize("path", PATHS, ids=lambda path: path.name)
 
@@ -94,13 +101,18 @@ def extras_needed(notebook):
 
 
 class RecordingShell:
-    """Stands for `get_ipython()`: records the line magics a cell runs."""
+    """Stands for `get_ipython()`: records the line magics a cell runs.
 
-    def __init__(self):
+    As IPython does, it expands each `{name}` of a line from the cell's
+    variables.
+    """
+
+    def __init__(self, namespace):
+        self.namespace = namespace
         self.line_magics = []
 
     def run_line_magic(self, name, line):
-        self.line_magics.append((name, line))
+        self.line_magics.append((name, line.format_map(self.namespace)))
 
 
 def run_install_cell(cell, missing, monkeypatch):
@@ -114,8 +126,10 @@ def run_install_cell(cell, missing, monkeypatch):
         return None if name in missing else FIND_SPEC(name, *args, **kwargs)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec_without_missing)
-    shell = RecordingShell()
-    exec(python(cell), {"get_ipython": lambda: shell})
+    namespace = {}
+    shell = RecordingShell(namespace)
+    namespace["get_ipython"] = lambda: shell
+    exec(python(cell), namespace)
     return shell.line_magics
 
 
@@ -147,7 +161,11 @@ def test_first_cell_links_to_colab_and_to_a_page_of_the_site(path):
         assert (ROOT / "docs" / f"{page}.md").is_file(), f"no docs/{page}.md"
 
 
-@notebook_paths
+@pytest.mark.parametrize(
+    "path",
+    [path for path in PATHS if path.name not in ON_COLAB_TPU],
+    ids=lambda path: path.name,
+)
 def test_first_code_cell_installs_only_what_is_missing(path, monkeypatch):
     notebook = load(path)
     install = cells(notebook, "code")[0]
@@ -166,12 +184,60 @@ def test_first_code_cell_installs_only_what_is_missing(path, monkeypatch):
         assert run_install_cell(install, {module}, monkeypatch) == [], module
 
 
-def test_the_extras_the_notebooks_need_are_declared_in_setup_cfg():
+@pytest.mark.parametrize("name", ON_COLAB_TPU)
+def test_the_tpu_notebook_installs_the_package_alone(name, monkeypatch):
+    install = cells(load(NOTEBOOKS / name), "code")[0]
+    monkeypatch.delenv("KERAS_POSENC_SPEC", raising=False)
+
+    # Where it is installed, as in CI's other runs: nothing runs, whatever
+    # else is missing.
+    for missing in [set(), *({module} for module in sorted(GUARDED_MODULES))]:
+        assert run_install_cell(install, missing, monkeypatch) == [], missing
+    # Where it is missing, as on Colab: the package from GitHub, alone.
+    pip = ("pip", f"install --quiet --no-deps {REPOSITORY}")
+    assert run_install_cell(install, {"keras_posenc"}, monkeypatch) == [pip]
+    # CI's stand-in for Colab names its checkout.
+    monkeypatch.setenv("KERAS_POSENC_SPEC", "/checkout")
+    pip = ("pip", "install --quiet --no-deps /checkout")
+    assert run_install_cell(install, {"keras_posenc"}, monkeypatch) == [pip]
+
+
+def setup_cfg():
     setup = configparser.ConfigParser(interpolation=None)
     setup.read(ROOT / "setup.cfg")
-    declared = set(setup["options.extras_require"])
-    needed = {extra for path in PATHS for extra in extras_needed(load(path))}
-    assert needed == {"plot", "demo"}  # 01 and 06 plot; 03 to 06 run the demo's code
+    return setup
+
+
+@pytest.mark.parametrize("name", ON_COLAB_TPU)
+def test_the_tpu_notebook_names_no_extra_that_pulls_tensorflow(name, monkeypatch):
+    extras = setup_cfg()["options.extras_require"]
+    pulling = {
+        extra
+        for extra, requirements in extras.items()
+        if re.search(r"^\s*tensorflow\b", requirements, re.MULTILINE)
+    }
+    assert {"tensorflow", "demo"} <= pulling
+    install = cells(load(NOTEBOOKS / name), "code")[0]
+    source = "".join(install["source"])
+    named = {
+        extra.strip()
+        for group in re.findall(r"keras-posenc\[([^\]]*)\]", source)
+        for extra in group.split(",")
+    }
+    assert not named & pulling, named & pulling
+
+
+def test_the_extras_the_notebooks_need_are_declared_in_setup_cfg():
+    declared = set(setup_cfg()["options.extras_require"])
+    # The TPU notebook takes the lab's data and none of its tasks: it needs
+    # no extra, whatever its imports map to.
+    needed = {
+        extra
+        for path in PATHS
+        if path.name not in ON_COLAB_TPU
+        for extra in extras_needed(load(path))
+    }
+    assert needed == {"plot", "demo"}  # 01 and 06 plot; 04 to 06 run the demo's code
     assert needed <= declared
     assert set(MODULE_OF_EXTRA) <= declared
 
