@@ -417,6 +417,25 @@ def test_building_for_other_sizes_raises():
         DisentangledPosition().build_for_attention(2, 8, 8)
 
 
+def test_shared_projections_with_keys_of_another_width_raise_naming_the_argument():
+    # The table has the queries' width; the key projection takes the keys'.
+    attention = PositionalMultiHeadAttention(
+        2, 8, position=DisentangledPosition(max_relative_positions=16, position_buckets=8)
+    )
+    query = np.zeros((1, 5, 16), "float32")
+    value = np.zeros((1, 5, 12), "float32")
+    with pytest.raises(ValueError, match="share_att_key.*width 12"):
+        attention(query, value)
+    own = PositionalMultiHeadAttention(
+        2,
+        8,
+        position=DisentangledPosition(
+            max_relative_positions=16, position_buckets=8, share_att_key=False
+        ),
+    )
+    assert tuple(own(query, value).shape) == (1, 5, 16)
+
+
 @pytest.mark.parametrize(
     "arguments, name",
     [

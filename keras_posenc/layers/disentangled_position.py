@@ -335,6 +335,18 @@ class DisentangledPosition(AttentionPosition):
                     "inside PositionalMultiHeadAttention. Received: a context "
                     f"without `project_{role}`"
                 )
+            kernel = getattr(project, "kernel", None)
+            width = None if kernel is None else kernel.shape[0]
+            if width is not None and width != table.shape[-1]:
+                inputs = "key (or value)" if role == "key" else "query"
+                raise ValueError(
+                    "With share_att_key=True, DisentangledPosition projects "
+                    f"its table, of the queries' width {table.shape[-1]}, with "
+                    f"the attention's {role} projection, which takes {inputs} "
+                    f"inputs of width {width}: give the {inputs} inputs the "
+                    "queries' width, or set share_att_key=False. Received: "
+                    f"{inputs} inputs of width {width}"
+                )
             return keras.ops.cast(project(table[None])[0], "float32")
         kernel = getattr(self, f"pos_{role}_kernel")
         bias = getattr(self, f"pos_{role}_bias")
