@@ -1942,6 +1942,31 @@ def test_int64_positions_past_int32_raise_value_error_naming_them(scheme):
         layer(tokens, tokens, query_positions=np.arange(LENGTH), key_positions=positions)
 
 
+# int64 tensors reach compiled code on TensorFlow alone: `jax.jit` converts
+# them to int32 (without 64-bit numbers) before any layer sees them, and
+# PyTorch runs eagerly, where the positions raise (the test above).
+@tensorflow_only
+@pytest.mark.parametrize("scheme", ["rotary", "alibi", "none"])
+def test_int64_positions_past_int32_in_compiled_code_give_nan(scheme):
+    # XLA cannot raise: the output is NaN, not the attention at the
+    # positions' int32 wrap.
+    import tensorflow as tf
+
+    layer = attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    call = tf.function(
+        lambda x, query, key: layer(
+            x, x, use_causal_mask=True, query_positions=query, key_positions=key
+        ),
+        jit_compile=True,
+    )
+    inside = tf.constant(np.arange(LENGTH) + 2**31 - 1 - LENGTH, tf.int64)
+    past = inside + LENGTH  # the last LENGTH - 1 past int32
+    assert np.isfinite(numpy(call(tokens, inside, inside))).all()
+    assert np.isnan(numpy(call(tokens, past, inside))).all()
+    assert np.isnan(numpy(call(tokens, inside, past))).all()
+
+
 @pytest.mark.parametrize("scheme", ["rotary", "alibi", "shaw"])
 def test_input_masks_combine_with_a_mask_per_head(scheme):
     # The padding the tokens carry, (batch, query, 1) and (batch, 1, key),

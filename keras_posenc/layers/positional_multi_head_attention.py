@@ -43,6 +43,25 @@ def _sliding_window(layer):
     return getattr(layer, "_sliding_window", None)
 
 
+def _past_int32(positions):
+    """Whether integer positions wider than int32 hold a value past it.
+
+    A bool scalar tensor where their values are not known (compiled code,
+    where `ops.read_positions` cannot raise); None for int32 and narrower,
+    and where the values are known (`ops.read_positions` raised already).
+    """
+    dtype = keras.backend.standardize_dtype(positions.dtype)
+    if dtype not in ("int64", "uint32", "uint64") or (
+        _backend.static_value(positions) is not None
+    ):
+        return None
+    if dtype.startswith("uint"):
+        return keras.ops.any(positions > 2**31 - 1)
+    return keras.ops.any(
+        keras.ops.logical_or(positions < -(2**31), positions > 2**31 - 1)
+    )
+
+
 def _query_projection(layer):
     """The query projection, `(batch, length, features)` to `(..., heads, key_dim)`."""
     return layer._query_dense
@@ -264,6 +283,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             `(batch, key)`, or `(key, num_axes)` or `(batch, key,
             num_axes)`, likewise. Defaults to `0 .. key - 1` for one axis;
             required for more. With a `cache`, one position per slot.
+            Positions are computed in int32: an int64 position past it
+            raises a `ValueError` where its value is known; in compiled
+            code, which cannot raise, the whole output is NaN.
         cache: optional float tensor of shape `(batch, 2, slots, heads,
             key_dim)`: the keys and values of the tokens before these
             (needs `value_dim` equal to `key_dim`). With a cache, `query`
@@ -387,11 +409,13 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     _check_int32(given, name)
         return super().__call__(*args, **kwargs)
 
-    def _positions(self, positions, inputs, name, start_index=0):
+    def _positions(self, positions, inputs, name, past_int32, start_index=0):
         """`positions` as int32 `(batch or 1, length[, num_axes])`, or the default.
 
         `length` counts the tokens after the position's prefix tokens; the
-        default on one axis is `start_index + 0, 1, ...`.
+        default on one axis is `start_index + 0, 1, ...`. Given positions
+        append to the list `past_int32` whether they hold a value past
+        int32 (`_past_int32`), read before the cast would wrap it.
         """
         position = self.position
         num_axes = 1 if position is None else position.num_axes
@@ -438,6 +462,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     "axes as they have, such as GridRelativePositionBias."
                 ) from None
             raise
+        past_int32.append(_past_int32(positions))
         positions = keras.ops.cast(positions, "int32")
         if len(positions.shape) == (1 if num_axes == 1 else 2):
             positions = positions[None]
@@ -530,17 +555,19 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
             start_index = cache_update_index
         keys = value if key is None else key
+        past_int32 = []
         if on_graph:
             query_positions = key_positions = None
         else:
             query_positions = self._positions(
-                query_positions, query, "query_positions", start_index
+                query_positions, query, "query_positions", past_int32, start_index
             )  # (batch or 1, query[, num_axes])
             # With a cache the keys are its slots, `0 .. slots - 1`.
             key_positions = self._positions(
                 key_positions,
                 keys if cache is None else cache[:, 0],
                 "key_positions",
+                past_int32,
             )  # (batch or 1, key[, num_axes])
         context = AttentionContext(
             query_positions=query_positions,
@@ -566,6 +593,16 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         output, scores, cache = self._attend(
             query, keys, value, mask, context, cache, training, return_attention_scores
         )
+        past_int32 = [past for past in past_int32 if past is not None]
+        if past_int32:
+            # Positions past int32, known only in compiled code, which
+            # cannot raise: the output shows them as NaN rather than the
+            # attention at their int32 wrap.
+            output = keras.ops.where(
+                functools.reduce(keras.ops.logical_or, past_int32),
+                keras.ops.cast(float("nan"), output.dtype),
+                output,
+            )
         outputs = (output,)
         if return_attention_scores:
             outputs += (scores,)
