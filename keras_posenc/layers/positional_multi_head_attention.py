@@ -285,7 +285,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             required for more. With a `cache`, one position per slot.
             Positions are computed in int32: an int64 position past it
             raises a `ValueError` where its value is known; in compiled
-            code, which cannot raise, the whole output is NaN.
+            code, which cannot raise, the whole output is NaN. (On JAX
+            without 64-bit numbers, `jax.jit` converts int64 arguments to
+            int32, wrapped, before any layer sees them.)
         cache: optional float tensor of shape `(batch, 2, slots, heads,
             key_dim)`: the keys and values of the tokens before these
             (needs `value_dim` equal to `key_dim`). With a cache, `query`
