@@ -238,7 +238,7 @@ def _make_parser():
     demo_parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny configurations, for tests: about two minutes on 2 cores "
+        help="tiny configurations, for tests: about a minute on 2 idle cores "
         "for all three tasks",
     )
 
