@@ -49,6 +49,10 @@ def outcome(run, argument):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
+            # Keras' own, on every `.numpy()` of a variable under NumPy 2.
+            warnings.filterwarnings(
+                "ignore", "__array__ implementation doesn't accept", DeprecationWarning
+            )
             output = run()
     except Exception as error:  # noqa: BLE001 - classifying every failure
         kinds = ["ValueError", "InvalidArgumentError", "UserWarning"]
@@ -73,11 +77,22 @@ ring = (ring + ring.T)[None].astype("float32")
 nodes = np.zeros((1, 4, 8), "float32")
 
 
+def _tensors(arguments, mode):
+    """The arguments as a user passes them: NumPy eagerly, tensors compiled.
+
+    (JAX without 64-bit numbers makes an int64 array int32, wrapped, when it
+    converts it: the layers see NumPy's int64 eagerly only.)
+    """
+    if mode == "eager":
+        return list(arguments)
+    return [keras.ops.convert_to_tensor(value) for value in arguments]
+
+
 def called(layer, *arguments, **keywords):
     """A case: the layer called on tensors, in a mode."""
 
     def run(mode):
-        tensors = [keras.ops.convert_to_tensor(value) for value in arguments]
+        tensors = _tensors(arguments, mode)
         return lambda: compiled(lambda *t: layer(*t, **keywords), mode)(*tensors)
 
     return run
@@ -87,7 +102,7 @@ def calling(function, *arguments):
     """A case: `function` of tensors, in a mode."""
 
     def run(mode):
-        tensors = [keras.ops.convert_to_tensor(value) for value in arguments]
+        tensors = _tensors(arguments, mode)
         return lambda: compiled(function, mode)(*tensors)
 
     return run
@@ -170,7 +185,7 @@ CASES = {
         "grid_shape",
     ),
     "1 token and learned position: 50 of 8": (
-        lambda l=kp.TokenAndPositionEmbedding(10, 8, 8, position="learned"): called(
+        lambda l=kp.TokenAndPositionEmbedding(10, 8, 8, position_encoding="learned"): called(
             lambda x, p: l(x, positions=p),
             np.int32([[1, 2, 3, 4]]),
             np.int32([0, 1, 50, 3]),
@@ -301,6 +316,179 @@ CASES = {
         "num_attention_heads']=0",
     ),
 }
+
+
+
+def scheme_attention(position):
+    """A built attention of 2 heads of 4 with `position`, on `tokens`."""
+    layer = kp.PositionalMultiHeadAttention(2, 4, position=position)
+    layer(tokens, tokens, use_causal_mask=True)
+    return layer
+
+
+def past_int32(position):
+    """A case: the attention with `position` at int64 positions past int32."""
+    layer = scheme_attention(position)
+    positions = np.arange(4, dtype="int64") + 2**31
+    return calling(
+        lambda x, p: layer(
+            x, x, use_causal_mask=True, query_positions=p, key_positions=p
+        ),
+        tokens,
+        positions,
+    )
+
+
+class WrongShape(kp.AttentionPosition):
+    """A user's scheme whose hook returns the keys of the queries' length."""
+
+    def transform_query_key(self, query, key, context):
+        return query, query[:, :1]
+
+
+class WrongBias(kp.AttentionPosition):
+    """A user's scheme whose bias is an integer tensor."""
+
+    def logits_bias(self, query, key, context):
+        return keras.ops.zeros((1, 2, 4, 4), "int32")
+
+
+def hf_config(**entries):
+    """A Llama-like config of 4 layers with `entries` on top."""
+    return {
+        "model_type": "llama",
+        "num_hidden_layers": 4,
+        "head_dim": 8,
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        **entries,
+    }
+
+
+CASES.update(
+    {
+        **{
+            f"10 {name} attention: int64 positions past int32": (
+                lambda make=make: past_int32(make()),
+                "positions",
+            )
+            for name, make in (
+                ("Transformer-XL", lambda: kp.TransformerXLPosition()),
+                (
+                    "DeBERTa",
+                    lambda: kp.DisentangledPosition(
+                        max_relative_positions=8, position_buckets=4
+                    ),
+                ),
+                ("KERPLE", lambda: kp.KerpleBias(2)),
+                ("FIRE", lambda: kp.FireBias(2)),
+                ("CoPE", lambda: kp.ContextualPosition(4)),
+            )
+        },
+        "10 DeBERTa share_att_key: values 12 wide, queries 8": (
+            lambda layer=kp.PositionalMultiHeadAttention(
+                2,
+                4,
+                position=kp.DisentangledPosition(
+                    max_relative_positions=8, position_buckets=4
+                ),
+            ): called(
+                lambda x, v: layer(x, v), tokens, np.zeros((1, 4, 12), "float32")
+            ),
+            "share_att_key",
+        ),
+        "10 attention_mask (batch, key) of rank 2, batch 2": (
+            lambda: called(
+                lambda x, m: attention(x, x, attention_mask=m),
+                np.zeros((2, 4, 8), "float32"),
+                np.ones((2, 4), bool),
+            ),
+            "attention_mask",
+        ),
+        "10 attention_mask of 3 keys, 4 given": (
+            lambda: called(
+                lambda x, m: attention(x, x, attention_mask=m),
+                tokens,
+                np.ones((1, 4, 3), bool),
+            ),
+            "attention_mask",
+        ),
+        "10 a scheme's transform_query_key of another shape": (
+            lambda: called(
+                lambda x: scheme_attention(WrongShape())(x, x), tokens
+            ),
+            "transform_query_key",
+        ),
+        "10 a scheme's logits_bias of integers": (
+            lambda: called(lambda x: scheme_attention(WrongBias())(x, x), tokens),
+            "logits_bias",
+        ),
+        "10 query and value of batch 1 and 2": (
+            lambda: called(
+                lambda x, v: attention(x, v), tokens, np.zeros((2, 4, 8), "float32")
+            ),
+            "value",
+        ),
+        "10 from_hf_config: partial_rotary_factor '0.5'": (
+            lambda: constructed(
+                lambda: kp.RotaryEmbedding.from_hf_config(
+                    hf_config(partial_rotary_factor="0.5")
+                )
+            ),
+            "partial_rotary_factor",
+        ),
+        "10 positions_per_layer: layer_types 'banana'": (
+            lambda: constructed(
+                lambda: kp.hf_config.positions_per_layer(
+                    hf_config(layer_types=["full_attention"] * 3 + ["banana"])
+                )
+            ),
+            "layer_types",
+        ),
+        "10 positions_per_layer: attn_temperature_tuning 'false'": (
+            lambda: constructed(
+                lambda: kp.hf_config.positions_per_layer(
+                    hf_config(
+                        model_type="llama4_text",
+                        no_rope_layers=[1, 1, 1, 0],
+                        attn_temperature_tuning="false",
+                    )
+                )
+            ),
+            "attn_temperature_tuning",
+        ),
+        "10 from_hf_config: rope_type default with a factor": (
+            lambda: constructed(
+                lambda: kp.RotaryEmbedding.from_hf_config(
+                    hf_config(rope_scaling={"rope_type": "default", "factor": 4.0})
+                )
+            ),
+            "factor",
+        ),
+        "10 laplacian: adjacency of strings": (
+            lambda: constructed(
+                lambda: kp.LaplacianPositionEncoding(2)(
+                    nodes, np.full((1, 4, 4), "1")
+                )
+            ),
+            "adjacency",
+        ),
+        "10 random walk: node features of strings": (
+            lambda: constructed(
+                lambda: kp.RandomWalkPositionEncoding(3)(np.full((1, 4, 8), "a"), ring)
+            ),
+            "inputs",
+        ),
+        "10 shortest path attention: adjacency of batch 2": (
+            lambda layer=kp.PositionalMultiHeadAttention(
+                2, 4, position=kp.ShortestPathBias(2, 3)
+            ): called(
+                lambda x, a: layer(x, x, adjacency=a), nodes, np.concatenate([ring, ring])
+            ),
+            "adjacency",
+        ),
+    }
+)
 
 MODES = {"tensorflow": ("eager", "graph", "xla"), "jax": ("eager", "xla")}
 

@@ -151,6 +151,16 @@ def rotary_embedding_arguments(config, layer_type=None):
         "partial_rotary_factor",
         config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)),
     )
+    if (
+        isinstance(partial, bool)
+        or not isinstance(partial, numbers.Real)
+        or not 0 < partial <= 1
+    ):
+        raise ValueError(
+            f"`{name}`'s `partial_rotary_factor` (or `rotary_pct`) must be a "
+            "number in (0, 1], the share of each head that rotates. "
+            f"Received: partial_rotary_factor={partial!r}"
+        )
     if parameters and "rope_type" not in parameters:
         # transformers 4 refuses it (a KeyError); transformers 5 reads it as
         # the default RoPE, its keys unrecognized: either way not scaled.

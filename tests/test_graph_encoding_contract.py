@@ -15,6 +15,7 @@ from tests import test_laplacian_position_encoding
 from tests import test_random_walk_position_encoding
 from tests.graph_encoding_contract import COMPLAINTS
 from tests.graph_encoding_contract import FEATURES
+from keras_posenc import ops
 from tests.backend import compiled
 from tests.backend import numpy
 from tests.backend import tensorflow_only
@@ -276,6 +277,18 @@ def test_adjacency_of_another_batch_is_refused_naming_both_shapes(case):
         case.make()(inputs, adjacency)
     with pytest.raises(ValueError, match="batch sizes must agree"):
         case.make()(keras.Input((4, FEATURES), batch_size=1), keras.Input((4, 4), batch_size=2))
+
+
+@each_layer
+def test_strings_are_refused_naming_the_argument(case):
+    inputs = np.zeros((1, 4, FEATURES), "float32")
+    adjacency = cycle(4)[None]
+    with pytest.raises(ValueError, match=r"`adjacency` must be edge weights.*dtype <U1"):
+        case.make()(inputs, np.full((1, 4, 4), "1"))
+    with pytest.raises(ValueError, match=r"`inputs` must be the nodes' features.*dtype <U1"):
+        case.make()(np.full((1, 4, FEATURES), "a"), adjacency)
+    with pytest.raises(ValueError, match=r"`adjacency` must hold float.*dtype <U1"):
+        ops.read_adjacency(np.full((1, 4, 4), "1"))
 
 
 @each_layer

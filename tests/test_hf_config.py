@@ -1,5 +1,7 @@
 """Hugging Face configs read as transformers reads them: composite models."""
 
+import re
+
 import pytest
 
 from keras_posenc import PositionalMultiHeadAttention
@@ -248,6 +250,14 @@ def test_config_must_be_a_dict():
          "negative-width", "infinite-theta"],
 )
 def test_configs_that_transformers_refuses_are_refused(config, message):
+    with pytest.raises(ValueError, match=message):
+        RotaryEmbedding.from_hf_config(config)
+
+
+@pytest.mark.parametrize("partial", ["0.5", 0.0, 1.5, True, None])
+def test_a_rotary_share_not_in_0_to_1_is_refused_naming_it(partial):
+    config = {"head_dim": 64, "partial_rotary_factor": partial}
+    message = rf"partial_rotary_factor.*in \(0, 1\].*partial_rotary_factor={re.escape(repr(partial))}"
     with pytest.raises(ValueError, match=message):
         RotaryEmbedding.from_hf_config(config)
 

@@ -1967,6 +1967,19 @@ def test_int64_positions_past_int32_in_compiled_code_give_nan(scheme):
     assert np.isnan(numpy(call(tokens, inside, past))).all()
 
 
+@pytest.mark.parametrize("scheme", ["rotary", "alibi", "none"])
+def test_inputs_of_other_batch_sizes_raise_value_error_naming_them(scheme):
+    # Each sequence of queries attends to its own sequence of keys: a
+    # batch of 1 is not broadcast against one of 2.
+    layer = attention(scheme)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    message = r"same batch size.*query of shape \(2, 7, 5\), value of shape \(1, 7, 5\)"
+    with pytest.raises(ValueError, match=message):
+        layer(tokens, tokens[:1])
+    with pytest.raises(ValueError, match=r"key of shape \(1, 7, 5\)"):
+        layer(tokens, tokens, key=tokens[:1])
+
+
 @pytest.mark.parametrize("scheme", ["rotary", "alibi", "shaw"])
 def test_input_masks_combine_with_a_mask_per_head(scheme):
     # The padding the tokens carry, (batch, query, 1) and (batch, 1, key),

@@ -43,6 +43,20 @@ def _sliding_window(layer):
     return getattr(layer, "_sliding_window", None)
 
 
+def _check_batch_sizes(**tensors):
+    """A `ValueError` naming the inputs whose known batch sizes differ."""
+    shapes = {
+        name: tuple(tensor.shape) for name, tensor in tensors.items() if tensor is not None
+    }
+    sizes = {shape[0] for shape in shapes.values() if shape and shape[0] is not None}
+    if len(sizes) > 1:
+        given = ", ".join(f"{name} of shape {shape}" for name, shape in shapes.items())
+        raise ValueError(
+            "`query`, `value` and `key` must have the same batch size, one "
+            f"sequence of keys per sequence of queries. Received: {given}"
+        )
+
+
 def _past_int32(positions):
     """Whether integer positions wider than int32 hold a value past it.
 
@@ -503,6 +517,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 grid_shape, query_positions, key_positions, adjacency
             )
         query_positions_given, key_positions_given = query_positions, key_positions
+        _check_batch_sizes(query=query, value=value, key=key)
         attention_mask = self._with_query_mask(
             attention_mask, query_mask, query, value if key is None else key, cache
         )

@@ -60,7 +60,19 @@ def read_adjacency(adjacency, symmetric=True, num_nodes=None, node_mask=None):
     Returns:
         A float32 tensor of shape `(batch, nodes, nodes)`.
     """
-    adjacency = keras.ops.convert_to_tensor(adjacency)
+    # The dtype as given: converting strings, JAX parses them as numbers
+    # and PyTorch's Keras refuses them with a message of its own.
+    given = getattr(adjacency, "dtype", None)
+    if isinstance(given, np.dtype) and given.kind in "OSUV":
+        dtype = str(given)
+    else:
+        adjacency = keras.ops.convert_to_tensor(adjacency)
+        dtype = keras.backend.standardize_dtype(adjacency.dtype)
+    if not (dtype == "bool" or dtype.startswith(("int", "uint", "float", "bfloat"))):
+        raise ValueError(
+            "`adjacency` must hold float, integer or bool edge weights. "
+            f"Received: adjacency of dtype {dtype}"
+        )
     check_adjacency_shape(adjacency.shape, num_nodes)
     adjacency = keras.ops.cast(adjacency, "float32")
     static = _backend.static_value(adjacency)
