@@ -329,7 +329,7 @@ FACTS = [
     ),
     (
         "README.md",
-        r"positions scaled to the trained\s+grid \(([\d.]+)\s+and ([\d.]+) at 2x\) and\s+"
+        r"positions scaled to the trained\s+grid \(([\d.]+)\s+and\s+([\d.]+) at 2x\) and\s+"
         r"the learned table resized bicubically\s+\(([\d.]+)\)",
         [
             source(VISION, "sinusoidal 2-D, positions scaled", 2),
@@ -349,7 +349,7 @@ FACTS = [
     ),
     (
         "README.md",
-        r"eigenvectors give ([\d.]+)\s+at the\s+training\s+sizes",
+        r"eigenvectors \(([\d.]+)\s+at\s+the\s+training\s+sizes\)",
         [source(GRAPHS, "Laplacian eigenvectors", 0)],
     ),
     (
