@@ -287,7 +287,7 @@ def test_strings_are_refused_naming_the_argument(case):
         case.make()(inputs, np.full((1, 4, 4), "1"))
     with pytest.raises(ValueError, match=r"`inputs` must be the nodes' features.*dtype <U1"):
         case.make()(np.full((1, 4, FEATURES), "a"), adjacency)
-    with pytest.raises(ValueError, match=r"`adjacency` must hold float.*dtype <U1"):
+    with pytest.raises(ValueError, match=r"`adjacency` must be edge weights.*dtype <U1"):
         ops.read_adjacency(np.full((1, 4, 4), "1"))
 
 

@@ -14,16 +14,6 @@ from keras_posenc.layers._absolute import check_merge
 from keras_posenc.layers._absolute import legacy_merge_mode
 
 
-def _check_numbers(name, dtype):
-    """A `ValueError` naming `name` unless `dtype` holds numbers."""
-    if not (dtype == "bool" or dtype.startswith(("int", "uint", "float", "bfloat"))):
-        what = "the nodes' features" if name == "inputs" else "edge weights"
-        raise ValueError(
-            f"`{name}` must be {what}: float, integer or bool. Received: "
-            f"{name} of dtype {dtype}"
-        )
-
-
 class GraphEncoding(keras.layers.Layer):
     """Base of the layers that encode each node's place in its graph.
 
@@ -99,11 +89,11 @@ class GraphEncoding(keras.layers.Layer):
             given = args[index] if len(args) > index else kwargs.get(name)
             dtype = getattr(given, "dtype", None)
             if isinstance(dtype, np.dtype) and dtype.kind in "OSUV":
-                _check_numbers(name, str(dtype))
+                ops.check_graph_dtype(name, str(dtype))
         return super().__call__(*args, **kwargs)
 
     def call(self, inputs, adjacency, mask=None, training=None, inputs_mask=None):
-        _check_numbers("inputs", keras.backend.standardize_dtype(inputs.dtype))
+        ops.check_graph_dtype("inputs", keras.backend.standardize_dtype(inputs.dtype))
         self._check_shapes(inputs.shape, adjacency.shape)
         # A call of two tensors gets the mask Keras carries on `inputs` as
         # `inputs_mask` (as MultiHeadAttention's `query_mask`), on every

@@ -26,6 +26,7 @@ from keras_posenc.ops._checks import (
     check_interpolation,
     LAPLACIAN_NORMALIZATIONS,
     check_laplacian_normalization,
+    check_graph_dtype,
     check_adjacency_shape,
 )
 from keras_posenc.ops.positions import (

@@ -341,6 +341,23 @@ def check_laplacian_normalization(normalization):
         )
 
 
+def check_graph_dtype(name, dtype):
+    """Raise a `ValueError` unless `dtype` holds numbers: float, integer or bool.
+
+    Args:
+        name: str. `"adjacency"` (edge weights) or `"inputs"` (the nodes'
+            features), for the message.
+        dtype: str. The dtype as given (NumPy's name for strings, which a
+            backend would parse or refuse when it converts them).
+    """
+    if not (dtype == "bool" or dtype.startswith(("int", "uint", "float", "bfloat"))):
+        what = "the nodes' features" if name == "inputs" else "edge weights"
+        raise ValueError(
+            f"`{name}` must be {what}: float, integer or bool. Received: "
+            f"{name} of dtype {dtype}"
+        )
+
+
 def check_adjacency_shape(shape, num_nodes=None):
     """Raise a `ValueError` unless `shape` is `(batch, nodes, nodes)`.
 

@@ -6,6 +6,7 @@ import numpy as np
 from keras_posenc.ops import _backend
 from keras_posenc.ops._checks import (
     check_adjacency_shape,
+    check_graph_dtype,
     check_laplacian_normalization,
     check_positive_int,
 )
@@ -68,11 +69,7 @@ def read_adjacency(adjacency, symmetric=True, num_nodes=None, node_mask=None):
     else:
         adjacency = keras.ops.convert_to_tensor(adjacency)
         dtype = keras.backend.standardize_dtype(adjacency.dtype)
-    if not (dtype == "bool" or dtype.startswith(("int", "uint", "float", "bfloat"))):
-        raise ValueError(
-            "`adjacency` must hold float, integer or bool edge weights. "
-            f"Received: adjacency of dtype {dtype}"
-        )
+    check_graph_dtype("adjacency", dtype)
     check_adjacency_shape(adjacency.shape, num_nodes)
     adjacency = keras.ops.cast(adjacency, "float32")
     static = _backend.static_value(adjacency)
