@@ -57,25 +57,6 @@ def _check_batch_sizes(**tensors):
         )
 
 
-def _past_int32(positions):
-    """Whether integer positions wider than int32 hold a value past it.
-
-    A bool scalar tensor where their values are not known (compiled code,
-    where `ops.read_positions` cannot raise); None for int32 and narrower,
-    and where the values are known (`ops.read_positions` raised already).
-    """
-    dtype = keras.backend.standardize_dtype(positions.dtype)
-    if dtype not in ("int64", "uint32", "uint64") or (
-        _backend.static_value(positions) is not None
-    ):
-        return None
-    if dtype.startswith("uint"):
-        return keras.ops.any(positions > 2**31 - 1)
-    return keras.ops.any(
-        keras.ops.logical_or(positions < -(2**31), positions > 2**31 - 1)
-    )
-
-
 def _query_projection(layer):
     """The query projection, `(batch, length, features)` to `(..., heads, key_dim)`."""
     return layer._query_dense
@@ -431,7 +412,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         `length` counts the tokens after the position's prefix tokens; the
         default on one axis is `start_index + 0, 1, ...`. Given positions
         append to the list `past_int32` whether they hold a value past
-        int32 (`_past_int32`), read before the cast would wrap it.
+        int32 (`ops.past_int32`), read before the cast would wrap it.
         """
         position = self.position
         num_axes = 1 if position is None else position.num_axes
@@ -478,7 +459,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                     "axes as they have, such as GridRelativePositionBias."
                 ) from None
             raise
-        past_int32.append(_past_int32(positions))
+        past_int32.append(ops.past_int32(positions))
         positions = keras.ops.cast(positions, "int32")
         if len(positions.shape) == (1 if num_axes == 1 else 2):
             positions = positions[None]

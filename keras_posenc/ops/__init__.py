@@ -31,6 +31,7 @@ from keras_posenc.ops._checks import (
 )
 from keras_posenc.ops.positions import (
     read_positions,
+    past_int32,
     grid_positions,
     position_ids,
     multimodal_positions,

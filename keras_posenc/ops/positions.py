@@ -172,6 +172,37 @@ _WIDER_THAN_INT32 = ("int64", "uint32", "uint64")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
+def past_int32(positions):
+    """Whether integer positions wider than int32 hold a value past it.
+
+    For compiled code, which cannot raise (`read_positions` raises where
+    the values are known): a caller that casts the positions to int32 can
+    make its output NaN where this holds, rather than compute at the
+    wrapped positions.
+
+    Args:
+        positions: tensor of integer positions, any shape.
+
+    Returns:
+        A bool scalar tensor where the values are not known; None for
+        int32 and narrower dtypes, and where the values are known.
+    """
+    dtype = keras.backend.standardize_dtype(positions.dtype)
+    if dtype not in _WIDER_THAN_INT32 or _backend.static_value(positions) is not None:
+        return None
+    return keras.ops.logical_not(
+        keras.ops.all(_inside_int32(positions))
+    )
+
+
+def _inside_int32(positions):
+    """Where integer `positions` fit in int32, a bool tensor of their shape."""
+    return keras.ops.logical_and(
+        keras.ops.greater_equal(positions, _INT32_MIN),
+        keras.ops.less_equal(positions, _INT32_MAX),
+    )
+
+
 def _within_int32(positions, name):
     """`positions` (integers), checked to fit in int32.
 
@@ -193,11 +224,7 @@ def _within_int32(positions, name):
                 f"{known[index]} (dtype {keras.backend.standardize_dtype(known.dtype)})"
             )
         return positions
-    inside = keras.ops.logical_and(
-        keras.ops.greater_equal(positions, _INT32_MIN),
-        keras.ops.less_equal(positions, _INT32_MAX),
-    )
-    return _backend.checked(positions, inside, message)
+    return _backend.checked(positions, _inside_int32(positions), message)
 
 
 def grid_positions(grid_shape):
