@@ -507,6 +507,39 @@ def test_grid_shape_gives_queries_and_keys_the_grid_positions(position):
     assert_close(layer(tokens, tokens, grid_shape=(2, 3)), numpy(expected), atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "window, grid_shape, num_prefix_tokens",
+    [((2, 3), (3, 4), 0), ((3,), (5,), 0), ((2, 2, 2), (3, 2, 4), 1), ((3, 3), (2, 3), 1)],
+)
+def test_grid_shape_reads_the_clipped_rows_of_its_cells(
+    window, grid_shape, num_prefix_tokens
+):
+    # With `grid_shape` the rows come from the grid's axes, not from
+    # position tensors: each axis clipped to the window, as Swin reads them.
+    layer = grid_attention(
+        GridRelativePositionBias(HEADS, window, num_prefix_tokens=num_prefix_tokens)
+    )
+    table = np.asarray(numpy(layer.position.embeddings.value), "float64")
+    cells = int(np.prod(grid_shape))
+    tokens = random_inputs((BATCH, num_prefix_tokens + cells, FEATURES))
+    positions = grid(grid_shape, BATCH)  # (batch, cells, axes)
+    output, weights = layer(
+        tokens, tokens, grid_shape=grid_shape, return_attention_scores=True
+    )
+    expected_output, expected_weights = reference_attention(
+        layer,
+        tokens,
+        tokens,
+        logits_bias=references.grid_relative_position_bias(
+            table, window, positions, positions, num_prefix_tokens
+        ),
+    )
+    assert_close(weights, expected_weights)
+    assert_close(output, expected_output)
+    # The same without the scores, on the kernel's own path.
+    assert_close(layer(tokens, tokens, grid_shape=grid_shape), expected_output)
+
+
 def test_grid_shape_in_a_functional_model_round_trips(tmp_path):
     tokens = keras.Input(shape=(1 + 6, FEATURES))
     attention = PositionalMultiHeadAttention(

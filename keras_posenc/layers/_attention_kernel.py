@@ -568,6 +568,7 @@ def by_blocks(
         block_context = context.replace(
             query_positions=positions,
             consecutive=context.consecutive and keeps_consecutive,
+            grid_shape=None,
         )
         return one_block(rows, mask, block_context, start)  # (batch, length, heads, dim)
 

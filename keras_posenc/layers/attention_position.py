@@ -83,6 +83,11 @@ class AttentionContext:
             `0 .. key - 1` on one axis, whose structure a scheme may use
             (for a block of queries that a package scheme asks for, the
             block's consecutive positions).
+        grid_shape: None, or a tuple of ints. For speed only, as
+            `consecutive`: where the call took `grid_shape`, that grid, and
+            the query and key positions are then both its cells, row-major,
+            `ops.grid_positions(grid_shape)`, whose structure a scheme may
+            use (None for a block of queries).
 
     Example:
 
@@ -103,6 +108,7 @@ class AttentionContext:
     project_query: Optional[Callable] = None
     project_key: Optional[Callable] = None
     consecutive: bool = False
+    grid_shape: Optional[tuple] = None
 
     def replace(self, **changes):
         """A copy of this context with `changes` to its fields."""

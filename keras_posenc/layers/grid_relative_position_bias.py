@@ -146,18 +146,19 @@ class GridRelativePositionBias(HeadBias):
         )
 
     def logits_bias(self, query, key, context):
-        query_positions = context.query_positions
-        key_positions = context.key_positions
-        distance = ops.relative_position(
-            query_positions, key_positions, self.num_axes
-        )  # (batch or 1, query, key[, num_axes]): key - query
-        if self.num_axes == 1:
-            distance = keras.ops.expand_dims(
-                distance, -1
-            )  # (batch or 1, query, key, 1)
-        rows = ops.grid_relative_position_index(
-            distance, self.grid_shape
-        )  # (batch or 1, query, key)
+        if context.grid_shape is not None:
+            rows = _grid_rows(context.grid_shape, self.grid_shape)  # (1, query, key)
+        else:
+            distance = ops.relative_position(
+                context.query_positions, context.key_positions, self.num_axes
+            )  # (batch or 1, query, key[, num_axes]): key - query
+            if self.num_axes == 1:
+                distance = keras.ops.expand_dims(
+                    distance, -1
+                )  # (batch or 1, query, key, 1)
+            rows = ops.grid_relative_position_index(
+                distance, self.grid_shape
+            )  # (batch or 1, query, key)
         if self.num_prefix_tokens:
             rows = self._with_prefix_rows(rows)  # (batch or 1, query, key)
         # Inside attention, one row of indices per batch element (as T5's
@@ -258,6 +259,39 @@ class GridRelativePositionBias(HeadBias):
             }
         )
         return config
+
+
+def _grid_rows(grid_shape, window):
+    """`grid_relative_position_index` of every pair of cells of `grid_shape`.
+
+    The queries and keys both the grid's cells, row-major: the rows come
+    from each axis' coordinates alone, which XLA computes inside the gather
+    that reads them, where rows from position tensors are read from memory
+    there, once per logit.
+
+    Returns:
+        An int32 tensor of shape `(1, cells, cells)`.
+    """
+    num_axes = len(grid_shape)
+    rows = 0
+    for axis, (size, width) in enumerate(zip(grid_shape, window)):
+        coordinate = keras.ops.arange(size, dtype="int32")
+        query_shape = [1] * (2 * num_axes)
+        query_shape[axis] = size
+        key_shape = [1] * (2 * num_axes)
+        key_shape[num_axes + axis] = size
+        # Swin's `coords_q - coords_k`, clipped to the window and shifted to
+        # start from 0, as `ops.grid_relative_position_index` reads it.
+        shifted = keras.ops.clip(
+            keras.ops.reshape(coordinate, query_shape)
+            - keras.ops.reshape(coordinate, key_shape),
+            1 - width,
+            width - 1,
+        ) + (width - 1)  # (g_1 or 1, ..., g_n or 1) twice
+        stride = math.prod(2 * later - 1 for later in window[axis + 1 :])
+        rows = rows + shifted * stride  # (g_1, ..., g_n) for queries, then keys
+    cells = math.prod(grid_shape)
+    return keras.ops.reshape(rows, (1, cells, cells))  # (1, query, key)
 
 
 def _check_window(grid_shape, name, num_axes=None):

@@ -585,6 +585,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 and self.position is not None
                 and _on_a_line(self.position)
             ),
+            grid_shape=(
+                tuple(int(size) for size in grid_shape)
+                if grid_shape is not None and cache is None
+                else None
+            ),
         )
         # `attention_mask` holds the queries' mask (`_with_query_mask`).
         mask = _combined_mask(attention_mask, value_mask, key_mask)

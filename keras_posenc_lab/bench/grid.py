@@ -37,7 +37,6 @@ import keras
 import numpy as np
 
 import keras_posenc
-from keras_posenc import ops
 from keras_posenc_lab._arguments import int_at_least
 from keras_posenc_lab.bench import compiled
 from keras_posenc_lab.bench import timing
@@ -175,8 +174,7 @@ def _attention(name, grid, batch, heads, key_dim):
         heads, key_dim, position=position
     )
     plain = keras.layers.MultiHeadAttention(heads, key_dim)
-    positions = ops.grid_positions(grid)[None]  # (1, tokens, 2)
-    layer(inputs[:1], inputs[:1], query_positions=positions, key_positions=positions)
+    layer(inputs[:1], inputs[:1], grid_shape=grid)
     plain(inputs[:1], inputs[:1])
     for mine, theirs in zip(
         (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense),
@@ -184,9 +182,7 @@ def _attention(name, grid, batch, heads, key_dim):
     ):
         theirs.set_weights(mine.get_weights())
     candidates = {
-        "grid": lambda x: layer(
-            x, x, query_positions=positions, key_positions=positions
-        ),
+        "grid": lambda x: layer(x, x, grid_shape=grid),
         "plain": lambda x: plain(x, x),
         # Compiled on its own: how far two identical programs time apart.
         "plain_again": lambda x: plain(x, x),
