@@ -210,7 +210,9 @@ class FireBias(HeadBias):
         interpolated = numerator / (
             psi(normalizer) + self.eps
         )  # (batch or 1, query, key), in [0, 1] for keys up to the query
-        return self._evaluate(interpolated)
+        return self._evaluate(
+            interpolated, None if query is None else keras.ops.shape(query)[0]
+        )
 
     def _pieces(self):
         """The MLP as the piecewise linear function it is, from its weights.
@@ -262,13 +264,18 @@ class FireBias(HeadBias):
             keras.ops.transpose(intercepts),
         )  # (width,), (heads, width + 1) twice
 
-    def _evaluate(self, interpolated):
-        """`f` of `interpolated`, `(batch or 1, query, key)`, per head."""
+    def _evaluate(self, interpolated, batch_size=None):
+        """`f` of `interpolated`, `(batch or 1, query, key)`, per head.
+
+        `batch_size`, inside attention, is the logits' batch.
+        """
         breakpoints, slopes, intercepts = self._pieces()
         interval = _backend.count_below(
             breakpoints, interpolated
         )  # (batch or 1, query, key): the breakpoints below each x
-        return _backend.piecewise_linear(slopes, intercepts, interval, interpolated)
+        return _backend.piecewise_linear(
+            slopes, intercepts, interval, interpolated, batch_size
+        )  # (batch, heads, query, key)
 
     def get_config(self):
         config = super().get_config()

@@ -541,7 +541,7 @@ def differentiates_update_slices():
     return backend() != "tensorflow"
 
 
-def piecewise_linear(slopes, intercepts, interval, x):
+def piecewise_linear(slopes, intercepts, interval, x, batch_size=None):
     """Per head, the line of each entry's interval at that entry.
 
     On TensorFlow, whose XLA fuses a gather per head into the product, a
@@ -557,6 +557,9 @@ def piecewise_linear(slopes, intercepts, interval, x):
         interval: integer tensor of shape `(batch, query, key)`, every entry
             in `[0, intervals)`.
         x: float tensor of shape `(batch, query, key)`.
+        batch_size: None, or int or scalar integer tensor: on TensorFlow,
+            the batch that `interval` and `x`, of batch 1, are read for, as
+            the attention's logits have it. Defaults to `None`.
 
     Returns:
         `slopes[h, interval] * x + intercepts[h, interval]`, of shape
@@ -598,6 +601,13 @@ def piecewise_linear(slopes, intercepts, interval, x):
                 torch.addcmul(*line(h, index, at), out=out[b, h].view(-1))
         return out
     if backend() == "tensorflow":
+        if batch_size is not None:
+            # One read per batch element, which XLA computes inside the
+            # addition to the logits, where lines shared by the batch would
+            # be written whole and read once per batch element.
+            shape = (batch_size,) + tuple(keras.ops.shape(interval)[1:])
+            interval = keras.ops.broadcast_to(interval, shape)
+            x = keras.ops.broadcast_to(x, shape)
         index = interval[:, None] + intervals * keras.ops.arange(
             heads, dtype="int32"
         )[:, None, None]  # (batch, heads, query, key)
