@@ -109,6 +109,31 @@ def test_piecewise_linear_reads_each_heads_line_at_each_entry(batch):
     np.testing.assert_allclose(numpy(found), expected, rtol=0, atol=1e-6)
 
 
+def test_piecewise_linear_of_one_batch_entry_serves_the_logits_batch():
+    # Lines read for a batch of 3 from one entry's intervals: each batch
+    # entry's the same (on TensorFlow read once per entry, else broadcast).
+    rng = np.random.default_rng(3)
+    slopes, intercepts = rng.normal(size=(2, 3, 6)).astype("float32")  # (heads, intervals)
+    interval = rng.integers(0, 6, size=(1, 4, 5)).astype("int32")
+    x = rng.normal(size=(1, 4, 5)).astype("float32")
+    found = _backend.piecewise_linear(
+        *map(keras.ops.convert_to_tensor, (slopes, intercepts, interval, x)),
+        batch_size=3,
+    )
+    heads = np.arange(3)[None, :, None, None]
+    expected = (
+        slopes.astype("float64")[heads, interval[:, None]] * x[:, None]
+        + intercepts[heads, interval[:, None]]
+    )  # (1, heads, query, key)
+    assert found.shape[0] in (1, 3) and tuple(found.shape[1:]) == (3, 4, 5)
+    np.testing.assert_allclose(
+        np.broadcast_to(numpy(found), (3, 3, 4, 5)),
+        np.broadcast_to(expected, (3, 3, 4, 5)),
+        rtol=0,
+        atol=1e-6,
+    )
+
+
 def test_dot_product_attention_needs_equal_head_sizes_on_jax_alone():
     assert _backend.dot_product_attention_needs_equal_head_sizes() == (BACKEND == "jax")
 
