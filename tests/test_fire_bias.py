@@ -252,10 +252,15 @@ def test_training_moves_every_weight():
     assert {"c", "threshold_multiplier"} <= set(names)
 
 
-def test_gradients_reach_c_and_the_threshold():
+@pytest.mark.parametrize("consecutive", [False, True])
+def test_gradients_reach_c_and_the_threshold(consecutive):
+    # L = 5.12: at consecutive positions, eagerly, the rows before it are
+    # read once per distance and the later ones entry by entry.
     layer = randomized(FireBias(2, mlp_width=4), multiplier=0.01)
     positions = keras.ops.arange(12, dtype="int32")[None]
-    context = AttentionContext(query_positions=positions, key_positions=positions)
+    context = AttentionContext(
+        query_positions=positions, key_positions=positions, consecutive=consecutive
+    )
 
     def bias(c, multiplier):
         with keras.StatelessScope(

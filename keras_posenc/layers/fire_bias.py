@@ -22,6 +22,19 @@ def _check_positive_number(name, value):
         )
 
 
+def _rows_below(first, threshold, queries):
+    """How many of the queries `first, first + 1, ...` lie below `threshold`.
+
+    Known in eager mode only: 0 where either value is known only when the
+    program runs, so that a compiled call reads every row entry by entry.
+    """
+    first = _backend.static_value(first)
+    threshold = _backend.static_value(threshold)
+    if first is None or threshold is None:
+        return 0
+    return int(min(max(math.ceil(float(threshold) - int(first)), 0), queries))
+
+
 @keras.saving.register_keras_serializable(package="keras_posenc")
 class FireBias(HeadBias):
     """FIRE: a learned function of the distance, interpolated by the position.
@@ -178,41 +191,76 @@ class FireBias(HeadBias):
         )  # ([batch,] query)
         if len(query_positions.shape) == 1:
             query_positions = query_positions[None]  # (1, query)
-        c = keras.ops.cast(self.c, "float32")
-
-        def psi(x):
-            # log(|c x| + 1), Eq. (6) with the appendix's absolute value.
-            return keras.ops.log1p(keras.ops.abs(c * keras.ops.cast(x, "float32")))
-
-        queries = query_positions.shape[1]
-        keys = context.key_positions.shape[-1]
-        if context.consecutive and queries and keys:
-            # At consecutive positions (keys from 0) the numerator is one
-            # value per relative position, spread over the diagonals.
-            first = keras.ops.cast(query_positions[0, 0], "int32")
-            relative = keras.ops.arange(queries + keys - 1, dtype="int32") - (
-                first + queries - 1
-            )  # (query + key - 1,): key - query, the first query's row last
-            numerator = _backend.spread_diagonals(
-                psi(key_distance(relative, self.bidirectional)), queries, keys
-            )[None]  # (1, query, key)
-        else:
-            relative = ops.relative_position(
-                context.query_positions, context.key_positions
-            )  # (batch or 1, query, key): j - i
-            numerator = psi(key_distance(relative, self.bidirectional))
+        batch_size = None if query is None else keras.ops.shape(query)[0]
         threshold = keras.ops.abs(
             keras.ops.cast(self.threshold_multiplier, "float32") * self.init_threshold
         )
+        queries = query_positions.shape[1]
+        keys = context.key_positions.shape[-1]
+        if context.consecutive and queries and keys:
+            first = keras.ops.cast(query_positions[0, 0], "int32")
+            below = _rows_below(first, threshold, queries)
+            if below:
+                # The queries before `L` share the normalizer `psi(L)`: their
+                # bias is one value per relative position, spread over the
+                # diagonals, where the later rows are read entry by entry.
+                relative = keras.ops.arange(below + keys - 1, dtype="int32") - (
+                    first + below - 1
+                )  # (below + key - 1,): key - query, the first query's row last
+                per_distance = self._evaluate(
+                    (self._psi(key_distance(relative, self.bidirectional))
+                     / (self._psi(threshold) + self.eps))[None, None]
+                )  # (1, heads, 1, below + key - 1)
+                bias = _backend.spread_diagonals(
+                    per_distance[:, :, 0], below, keys
+                )  # (1, heads, below, key)
+                if below == queries:
+                    return bias
+                later = self._consecutive_bias(
+                    first + below, queries - below, keys, query_positions[:, below:],
+                    threshold, batch_size,
+                )  # (batch or 1, heads, query - below, key)
+                bias = keras.ops.broadcast_to(
+                    bias, (keras.ops.shape(later)[0],) + tuple(bias.shape[1:])
+                )
+                return keras.ops.concatenate([bias, later], axis=2)
+            return self._consecutive_bias(
+                first, queries, keys, query_positions, threshold, batch_size
+            )
+        relative = ops.relative_position(
+            context.query_positions, context.key_positions
+        )  # (batch or 1, query, key): j - i
+        numerator = self._psi(key_distance(relative, self.bidirectional))
+        return self._interpolated_bias(numerator, query_positions, threshold, batch_size)
+
+    def _psi(self, x):
+        """`log(|c x| + 1)`, Eq. (6) with the appendix's absolute value."""
+        c = keras.ops.cast(self.c, "float32")
+        return keras.ops.log1p(keras.ops.abs(c * keras.ops.cast(x, "float32")))
+
+    def _consecutive_bias(
+        self, first, queries, keys, query_positions, threshold, batch_size
+    ):
+        """The bias of queries `first ..` and keys `0 ..`, entry by entry."""
+        # The numerator is one value per relative position, spread over the
+        # diagonals.
+        relative = keras.ops.arange(queries + keys - 1, dtype="int32") - (
+            first + queries - 1
+        )  # (query + key - 1,): key - query, the first query's row last
+        numerator = _backend.spread_diagonals(
+            self._psi(key_distance(relative, self.bidirectional)), queries, keys
+        )[None]  # (1, query, key)
+        return self._interpolated_bias(numerator, query_positions, threshold, batch_size)
+
+    def _interpolated_bias(self, numerator, query_positions, threshold, batch_size):
+        """`f(numerator / psi(max(i, L)))` per head, `(batch, heads, query, key)`."""
         normalizer = keras.ops.maximum(
             keras.ops.cast(query_positions, "float32"), threshold
         )[:, :, None]  # (batch or 1, query, 1): max(i, L)
         interpolated = numerator / (
-            psi(normalizer) + self.eps
+            self._psi(normalizer) + self.eps
         )  # (batch or 1, query, key), in [0, 1] for keys up to the query
-        return self._evaluate(
-            interpolated, None if query is None else keras.ops.shape(query)[0]
-        )
+        return self._evaluate(interpolated, batch_size)
 
     def _pieces(self):
         """The MLP as the piecewise linear function it is, from its weights.

@@ -506,7 +506,7 @@ def spread_diagonals(vectors, queries, keys):
     Entry `(i, j)` is `vectors[..., j - i + queries - 1]`: the vector holds
     one value per relative position `j - i`, from `1 - queries` to `keys -
     1`. On PyTorch the windows of the vector (`unfold`, a view) in reverse
-    row order, one copy; elsewhere one gather.
+    row order, one copy of whole rows; elsewhere one gather.
 
     Args:
         vectors: tensor of shape `(..., queries + keys - 1)`.
@@ -522,7 +522,16 @@ def spread_diagonals(vectors, queries, keys):
         and queries > 0
         and keys > 0
     ):
-        return vectors.unfold(-1, keys, 1).flip(-2)
+        import torch
+
+        # The windows in reverse order, gathered whole rows at a time: row
+        # `i` is window `queries - 1 - i`, laid out row by row (a flip of
+        # the windows would lay them out column by column).
+        return torch.index_select(
+            vectors.unfold(-1, keys, 1),
+            -2,
+            torch.arange(queries - 1, -1, -1, device=vectors.device),
+        )
     rows = (
         keras.ops.arange(keys, dtype="int32")[None]
         - keras.ops.arange(queries, dtype="int32")[:, None]
