@@ -335,6 +335,59 @@ def test_the_path_follows_the_backend_and_the_scheme(monkeypatch):
     )
 
 
+# At (4, 1024) the logits are whole at 2 ** 25 entries; at (1, 8192) blocks
+# of 2 ** 25 logits, or where each step writes a tensor of a block's size
+# (eager PyTorch), of 2 ** 22 logits, or a bias of that many, on its fused
+# path.
+BLOCKS_BY_BACKEND = {
+    ("shaw", 1024): {"torch": ("reference", None), "tensorflow": ("reference", None)},
+    ("shaw", 8192): {
+        "torch": ("reference_blocks", 64),
+        "tensorflow": ("reference_blocks", 512),
+    },
+    ("alibi", 1024): {"torch": ("fused", None), "tensorflow": ("reference", None)},
+    ("alibi", 8192): {
+        "torch": ("fused_blocks", 64),
+        "tensorflow": ("reference_blocks", 512),
+    },
+}
+
+
+@pytest.mark.parametrize("scheme, batch, length", [
+    ("shaw", 4, 1024), ("shaw", 1, 8192), ("alibi", 4, 1024), ("alibi", 1, 8192)
+])
+def test_the_blocks_bound_the_logits_and_the_bias(scheme, batch, length):
+    position = {
+        # Shaw's value term keeps it off the fused path on every backend.
+        "shaw": lambda: keras_posenc.RelativePositionEmbedding(max_relative_position=4),
+        "alibi": lambda: keras_posenc.AlibiBias(8),
+    }[scheme]()
+    attention = _attention_kernel.Attention(
+        position=position,
+        dropout=0.0,
+        dropout_layer=None,
+        flash_attention=False,
+        sliding_window=None,
+        scores_dtype="float32",
+    )
+    heads = keras.KerasTensor((batch, length, 8, 64))
+    context = keras_posenc.AttentionContext(
+        query_positions=keras.KerasTensor((1, length), dtype="int32"),
+        key_positions=keras.KerasTensor((1, length), dtype="int32"),
+    )
+    if keras_posenc.ops._backend.fuses_attention():
+        # JAX's CPU: its own small blocks, whatever the length.
+        expected = (
+            "reference_blocks",
+            _attention_kernel.FUSED_XLA_VALUE_TERM_QUERY_BLOCK
+            if scheme == "shaw"
+            else _attention_kernel.FUSED_XLA_QUERY_BLOCK,
+        )
+    else:
+        expected = BLOCKS_BY_BACKEND[scheme, length][BACKEND]
+    assert _attention_kernel.choose(attention, heads, heads, context, False, False) == expected
+
+
 def test_dropout_in_training_takes_the_reference(monkeypatch):
     layer = built(KNOWN["rotary"], dropout=0.5)
     taken = chosen(monkeypatch)

@@ -41,6 +41,10 @@ LOGITS_ELEMENTS = 2**25
 # blocks of 1024. Where the kernel writes the logits (JAX's), they are
 # bounded as the reference's, by `LOGITS_ELEMENTS`.
 BLOCK_ELEMENTS = 2**23
+# Where each step writes a tensor of a block's size (eager PyTorch), and
+# the call goes by blocks anyway, a block's bias, or logits, holds at most
+# this many entries, 16 MiB: CoPE's bias takes about eight such steps.
+EAGER_BLOCK_ELEMENTS = 2**22
 SMALLEST_QUERY_BLOCK = 16
 # Where XLA runs the logits, softmax and product with the values as one
 # kernel (`_backend.fuses_attention`, JAX's CPU), smaller blocks keep its
@@ -249,6 +253,11 @@ def choose(attention, query, value, context, returns_scores, training):
                 # A scheme's own block bounds its tensors beside the logits
                 # (FIRE's pieces, Transformer-XL's relative logits).
                 block = min(block, position.query_block)
+            if queries > block and _backend.writes_every_tensor():
+                block = min(
+                    block,
+                    max(SMALLEST_QUERY_BLOCK, EAGER_BLOCK_ELEMENTS // max(per_query, 1)),
+                )
             if queries > block:
                 return "fused_blocks", block
         return "fused", None
@@ -264,9 +273,16 @@ def choose(attention, query, value, context, returns_scores, training):
             block = QUERY_BLOCK
         else:
             # Whole logits up to `LOGITS_ELEMENTS` (XLA's fastest order);
-            # past them, blocks of logits that size.
+            # past them, blocks of logits that size, or of
+            # `EAGER_BLOCK_ELEMENTS` where each step writes a tensor of the
+            # block's logits.
             per_query = query.shape[0] * query.shape[2] * value.shape[1]
             block = max(QUERY_BLOCK, LOGITS_ELEMENTS // max(per_query, 1))
+            if queries is not None and queries > block and _backend.writes_every_tensor():
+                block = min(
+                    block,
+                    max(SMALLEST_QUERY_BLOCK, EAGER_BLOCK_ELEMENTS // max(per_query, 1)),
+                )
     if blockable and queries > block:
         return "reference_blocks", block
     if (

@@ -39,13 +39,13 @@ def _reversed_cumsum(gates):
     within = keras.ops.einsum(
         "bntkc,cd->bntkd", blocks, triangle
     )  # sums from each key to its block's end
+    del blocks  # freed here on the eager backends, as in the caller
     totals = within[..., 0]  # (batch, heads, query, blocks)
     later = keras.ops.sum(totals, axis=-1, keepdims=True) - keras.ops.cumsum(
         totals, axis=-1
     )  # the blocks after each one
-    counts = within + later[..., None]
     return keras.ops.reshape(
-        counts, (batch_size, heads, queries, keys + padding)
+        within + later[..., None], (batch_size, heads, queries, keys + padding)
     )[..., :keys]
 
 
@@ -189,8 +189,12 @@ class ContextualPosition(AttentionPosition):
         positions = keras.ops.clip(
             _reversed_cumsum(gates), 0.0, float(self.max_positions - 1)
         )  # (batch, heads, query, key): p_ij, clamped
+        # Each tensor of the logits' size is let go once read: eager
+        # backends (PyTorch) then free it before the next one is made.
+        del gates
         floor = keras.ops.stop_gradient(keras.ops.floor(positions))
         fraction = positions - floor
+        del positions
         # z_i[p] = q_i . e[p], the queries unscaled (the paper's Appendix).
         table = keras.ops.einsum(
             "btnd,pd->bntp",
@@ -218,6 +222,7 @@ class ContextualPosition(AttentionPosition):
             ),
             (batch_size, heads, queries, keys, 2),
         )  # (batch, heads, query, key, 2)
+        del floor
         return read[..., 0] + fraction * read[..., 1]
 
     def get_config(self):

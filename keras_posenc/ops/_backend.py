@@ -275,6 +275,19 @@ def fuses_attention():
     return version >= FUSED_ATTENTION_JAXLIB
 
 
+def writes_every_tensor():
+    """Whether each op writes its whole output: PyTorch, run eagerly.
+
+    No compiler fuses the attention's element-wise steps there, so each
+    step of a block of logits is a tensor of the block's size.
+    """
+    if backend() != "torch":
+        return False
+    import torch
+
+    return not torch.compiler.is_compiling()
+
+
 def computes_tables_apart():
     """Whether XLA computes a small table again in each of its readers.
 
