@@ -248,6 +248,28 @@ def grid_attention(position, seed=1, **kwargs):
     return layer
 
 
+def assert_grid_bias_attention(
+    layer, tokens, window, positions, num_prefix_tokens, output, weights
+):
+    """Check `layer`'s output and weights against float64 with Swin's bias.
+
+    Returns:
+        The reference output.
+    """
+    table = np.asarray(numpy(layer.position.embeddings.value), "float64")
+    expected_output, expected_weights = reference_attention(
+        layer,
+        tokens,
+        tokens,
+        logits_bias=references.grid_relative_position_bias(
+            table, window, positions, positions, num_prefix_tokens
+        ),
+    )
+    assert_close(weights, expected_weights)
+    assert_close(output, expected_output)
+    return expected_output
+
+
 @pytest.mark.parametrize("num_prefix_tokens", [0, 1])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-batch"])
 def test_attention_with_grid_bias_equals_float64_reference(num_prefix_tokens, shared):
@@ -255,7 +277,6 @@ def test_attention_with_grid_bias_equals_float64_reference(num_prefix_tokens, sh
     layer = grid_attention(
         GridRelativePositionBias(HEADS, window, num_prefix_tokens=num_prefix_tokens)
     )
-    table = np.asarray(numpy(layer.position.embeddings.value), "float64")
     # A grid larger than the window: clipped offsets.
     positions = grid((3, 3), BATCH).copy()
     if not shared:
@@ -268,16 +289,9 @@ def test_attention_with_grid_bias_equals_float64_reference(num_prefix_tokens, sh
         key_positions=positions[0] if shared else positions,
         return_attention_scores=True,
     )
-    expected_output, expected_weights = reference_attention(
-        layer,
-        tokens,
-        tokens,
-        logits_bias=references.grid_relative_position_bias(
-            table, window, positions, positions, num_prefix_tokens
-        ),
+    assert_grid_bias_attention(
+        layer, tokens, window, positions, num_prefix_tokens, output, weights
     )
-    assert_close(weights, expected_weights)
-    assert_close(output, expected_output)
 
 
 def test_cross_attention_between_two_grids():
@@ -519,23 +533,15 @@ def test_grid_shape_reads_the_clipped_rows_of_its_cells(
     layer = grid_attention(
         GridRelativePositionBias(HEADS, window, num_prefix_tokens=num_prefix_tokens)
     )
-    table = np.asarray(numpy(layer.position.embeddings.value), "float64")
     cells = int(np.prod(grid_shape))
     tokens = random_inputs((BATCH, num_prefix_tokens + cells, FEATURES))
     positions = grid(grid_shape, BATCH)  # (batch, cells, axes)
     output, weights = layer(
         tokens, tokens, grid_shape=grid_shape, return_attention_scores=True
     )
-    expected_output, expected_weights = reference_attention(
-        layer,
-        tokens,
-        tokens,
-        logits_bias=references.grid_relative_position_bias(
-            table, window, positions, positions, num_prefix_tokens
-        ),
+    expected_output = assert_grid_bias_attention(
+        layer, tokens, window, positions, num_prefix_tokens, output, weights
     )
-    assert_close(weights, expected_weights)
-    assert_close(output, expected_output)
     # The same without the scores, on the kernel's own path.
     assert_close(layer(tokens, tokens, grid_shape=grid_shape), expected_output)
 
