@@ -253,11 +253,8 @@ def choose(attention, query, value, context, returns_scores, training):
                 # A scheme's own block bounds its tensors beside the logits
                 # (FIRE's pieces, Transformer-XL's relative logits).
                 block = min(block, position.query_block)
-            if queries > block and _backend.writes_every_tensor():
-                block = min(
-                    block,
-                    max(SMALLEST_QUERY_BLOCK, EAGER_BLOCK_ELEMENTS // max(per_query, 1)),
-                )
+            if queries > block:
+                block = _eager_block(block, per_query)
             if queries > block:
                 return "fused_blocks", block
         return "fused", None
@@ -278,11 +275,8 @@ def choose(attention, query, value, context, returns_scores, training):
             # block's logits.
             per_query = query.shape[0] * query.shape[2] * value.shape[1]
             block = max(QUERY_BLOCK, LOGITS_ELEMENTS // max(per_query, 1))
-            if queries is not None and queries > block and _backend.writes_every_tensor():
-                block = min(
-                    block,
-                    max(SMALLEST_QUERY_BLOCK, EAGER_BLOCK_ELEMENTS // max(per_query, 1)),
-                )
+            if queries is not None and queries > block:
+                block = _eager_block(block, per_query)
     if blockable and queries > block:
         return "reference_blocks", block
     if (
@@ -295,6 +289,17 @@ def choose(attention, query, value, context, returns_scores, training):
         # each group's queries are never read (`causal_groups`).
         return "reference_blocks", queries // CAUSAL_GROUPS
     return "reference", None
+
+
+def _eager_block(block, per_query):
+    """`block`, or fewer queries where each step writes a tensor of a block's size.
+
+    For a call that goes by blocks anyway: on eager PyTorch, blocks of
+    `EAGER_BLOCK_ELEMENTS` entries, `per_query` to a query.
+    """
+    if not _backend.writes_every_tensor():
+        return block
+    return min(block, max(SMALLEST_QUERY_BLOCK, EAGER_BLOCK_ELEMENTS // max(per_query, 1)))
 
 
 def attend(

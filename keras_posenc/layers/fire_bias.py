@@ -35,6 +35,16 @@ def _rows_below(first, threshold, queries):
     return int(min(max(math.ceil(float(threshold) - int(first)), 0), queries))
 
 
+def _relative_window(first, queries, keys):
+    """`key - query` over the diagonals of queries `first ..` and keys `0 ..`.
+
+    Returns:
+        An int32 tensor of shape `(query + key - 1,)`, the first query's
+        row last, as `_backend.spread_diagonals` reads it.
+    """
+    return keras.ops.arange(queries + keys - 1, dtype="int32") - (first + queries - 1)
+
+
 @keras.saving.register_keras_serializable(package="keras_posenc")
 class FireBias(HeadBias):
     """FIRE: a learned function of the distance, interpolated by the position.
@@ -204,9 +214,7 @@ class FireBias(HeadBias):
                 # The queries before `L` share the normalizer `psi(L)`: their
                 # bias is one value per relative position, spread over the
                 # diagonals, where the later rows are read entry by entry.
-                relative = keras.ops.arange(below + keys - 1, dtype="int32") - (
-                    first + below - 1
-                )  # (below + key - 1,): key - query, the first query's row last
+                relative = _relative_window(first, below, keys)
                 per_distance = self._evaluate(
                     (self._psi(key_distance(relative, self.bidirectional))
                      / (self._psi(threshold) + self.eps))[None, None]
@@ -244,9 +252,7 @@ class FireBias(HeadBias):
         """The bias of queries `first ..` and keys `0 ..`, entry by entry."""
         # The numerator is one value per relative position, spread over the
         # diagonals.
-        relative = keras.ops.arange(queries + keys - 1, dtype="int32") - (
-            first + queries - 1
-        )  # (query + key - 1,): key - query, the first query's row last
+        relative = _relative_window(first, queries, keys)
         numerator = _backend.spread_diagonals(
             self._psi(key_distance(relative, self.bidirectional)), queries, keys
         )[None]  # (1, query, key)
