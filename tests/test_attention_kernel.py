@@ -336,19 +336,19 @@ def test_the_path_follows_the_backend_and_the_scheme(monkeypatch):
 
 
 # At (4, 1024) the logits are whole at 2 ** 25 entries; at (1, 8192) blocks
-# of 2 ** 25 logits, or where each step writes a tensor of a block's size
-# (eager PyTorch), of 2 ** 22 logits, or a bias of that many, on its fused
-# path.
+# of 2 ** 25 logits under XLA (TensorFlow, JAX's CPU before its fused
+# kernel), or where each step writes a tensor of a block's size (eager
+# PyTorch), of 2 ** 22 logits, or a bias of that many, on its fused path.
 BLOCKS_BY_BACKEND = {
-    ("shaw", 1024): {"torch": ("reference", None), "tensorflow": ("reference", None)},
+    ("shaw", 1024): {"torch": ("reference", None), "xla": ("reference", None)},
     ("shaw", 8192): {
         "torch": ("reference_blocks", 64),
-        "tensorflow": ("reference_blocks", 512),
+        "xla": ("reference_blocks", 512),
     },
-    ("alibi", 1024): {"torch": ("fused", None), "tensorflow": ("reference", None)},
+    ("alibi", 1024): {"torch": ("fused", None), "xla": ("reference", None)},
     ("alibi", 8192): {
         "torch": ("fused_blocks", 64),
-        "tensorflow": ("reference_blocks", 512),
+        "xla": ("reference_blocks", 512),
     },
 }
 
@@ -384,7 +384,9 @@ def test_the_blocks_bound_the_logits_and_the_bias(scheme, batch, length):
             else _attention_kernel.FUSED_XLA_QUERY_BLOCK,
         )
     else:
-        expected = BLOCKS_BY_BACKEND[scheme, length][BACKEND]
+        expected = BLOCKS_BY_BACKEND[scheme, length][
+            "torch" if BACKEND == "torch" else "xla"
+        ]
     assert _attention_kernel.choose(attention, heads, heads, context, False, False) == expected
 
 
