@@ -40,7 +40,7 @@ GRID = (2, 3)
 NODES = 5
 
 
-def _attention(position, causal=True):
+def _attention(position, causal=True, **kwargs):
     embeddings = keras.Input(shape=(None, WIDTH))
     positions = {}
     if position.num_axes > 1:
@@ -49,7 +49,7 @@ def _attention(position, causal=True):
         grid = grid.reshape(-1, len(GRID)).astype("int32")  # (tokens, 2)
         positions = {"query_positions": grid, "key_positions": grid}
     attended = keras_posenc.PositionalMultiHeadAttention(
-        num_heads=HEADS, key_dim=4, position=position
+        num_heads=HEADS, key_dim=4, position=position, **kwargs
     )(embeddings, embeddings, use_causal_mask=causal, **positions)
     return keras.Model(embeddings, keras.layers.Dense(4)(attended))
 
@@ -156,6 +156,10 @@ MODELS = {
         lambda: _attention(keras_posenc.RotaryEmbedding()),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),
+    "attention-rope-one-key-value-head": (
+        lambda: _attention(keras_posenc.RotaryEmbedding(), num_key_value_heads=1),
+        lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
+    ),
     "attention-alibi": (
         lambda: _attention(keras_posenc.AlibiBias(num_heads=HEADS)),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
@@ -171,6 +175,13 @@ MODELS = {
     "attention-deberta": (
         lambda: _attention(
             keras_posenc.DisentangledPosition(max_relative_positions=8, position_buckets=4)
+        ),
+        lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
+    ),
+    "attention-deberta-one-key-value-head": (
+        lambda: _attention(
+            keras_posenc.DisentangledPosition(max_relative_positions=8, position_buckets=4),
+            num_key_value_heads=1,
         ),
         lambda rng: rng.normal(size=(2, SEQUENCE, WIDTH)),
     ),

@@ -144,9 +144,11 @@ def reference_attention(
     query_positions = per_batch(query_positions, batch, query_length)
     key_positions = per_batch(key_positions, batch, key_length)
     queries = project(query, layer.query_dense)  # (batch, query, heads, key_dim)
-    keys = project(key, layer.key_dense)  # (batch, key, heads, key_dim)
-    values = project(value, layer.value_dense)  # (batch, key, heads, value_dim)
+    keys = project(key, layer.key_dense)  # (batch, key, key/value heads, key_dim)
+    values = project(value, layer.value_dense)  # (batch, key, key/value heads, value_dim)
     heads, key_dim = queries.shape[2], queries.shape[3]
+    # Grouped-query attention: query head n reads key/value head n // groups.
+    groups = heads // keys.shape[2]
     position = layer.position
     if transform_query_key is not None:
         queries, keys = transform_query_key(queries, keys)
@@ -182,12 +184,12 @@ def reference_attention(
         for n in range(heads):
             for i in range(query_length):
                 logits = np.zeros(key_length)
-                value_vectors = values[b, :, n].copy()  # (key, value_dim)
+                value_vectors = values[b, :, n // groups].copy()  # (key, value_dim)
                 for j in range(key_length):
                     # Positions i and j of the papers: the tokens' own.
                     i_position, j_position = query_positions[b, i], key_positions[b, j]
                     distance = j_position - i_position
-                    key_vector = keys[b, j, n]
+                    key_vector = keys[b, j, n // groups]
                     if isinstance(position, RelativePositionEmbedding):
                         index = min(max(distance, -clip), clip) + clip
                         # Shaw et al. eq. 4: e_ij = q_i (k_j + a^K_ij) / sqrt(d).
@@ -401,6 +403,7 @@ def test_without_position_it_is_keras_multi_head_attention():
         np.testing.assert_array_equal(mine, keras_weight)
     config = ours.get_config()
     assert config.pop("position") is None
+    assert config.pop("num_key_value_heads") == HEADS
     assert {k: v for k, v in config.items() if k != "name"} == {
         k: v for k, v in theirs.get_config().items() if k != "name"
     }

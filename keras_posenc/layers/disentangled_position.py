@@ -106,7 +106,9 @@ class DisentangledPosition(AttentionPosition):
     `pos_key_proj` and `pos_query_proj` (weights `"pos_key_kernel"`,
     `"pos_key_bias"`, `"pos_query_kernel"` and `"pos_query_bias"`, kernels
     of shape `(features, heads, key_dim)`); with `share_att_key` the table
-    goes through the attention's own key and query projections. DeBERTa
+    goes through the attention's own key and query projections (under
+    grouped heads, each query head reads the table as its keys: through its
+    group's key head). DeBERTa
     has no output projection in this module: the attention's output
     projection is its `DebertaV2SelfOutput.dense`.
 
@@ -347,7 +349,16 @@ class DisentangledPosition(AttentionPosition):
                     "queries' width, or set share_att_key=False. Received: "
                     f"{inputs} inputs of width {width}"
                 )
-            return keras.ops.cast(project(table[None])[0], "float32")
+            projected = keras.ops.cast(project(table[None])[0], "float32")
+            # Under grouped heads the key projection has fewer heads: the
+            # table then reads as the keys do, each query head through its
+            # group's key head.
+            heads = self.attention_sizes["num_heads"]
+            if projected.shape[1] != heads:
+                projected = keras.ops.repeat(
+                    projected, heads // projected.shape[1], axis=1
+                )
+            return projected  # (2 span, heads, key_dim)
         kernel = getattr(self, f"pos_{role}_kernel")
         bias = getattr(self, f"pos_{role}_bias")
         return keras.ops.einsum("rf,fnd->rnd", table, kernel) + bias

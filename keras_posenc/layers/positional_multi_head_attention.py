@@ -27,6 +27,9 @@ from keras_posenc.ops import _backend
 # - `_flash_attention`: whether flash attention is on (3.8 on).
 # - `_sliding_window`: the sliding window's size (3.15 on; earlier versions
 #   have none).
+# - `_get_common_kwargs_for_sublayer`, `_make_output_dense` and
+#   `_build_attention`: the parts of Keras' `build` that grouped heads
+#   reuse, building the key and value projections with fewer heads (3.8 on).
 #
 # With neither a position nor positions nor a cache, the call is Keras' own.
 
@@ -222,9 +225,19 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     Queries or keys of length zero give outputs of length zero, or the
     output projection's bias where there are no keys, as in Keras.
 
+    With `num_key_value_heads` below `num_heads`, the attention is
+    grouped-query attention (GQA; multi-query attention with one key/value
+    head), as Keras' `GroupedQueryAttention` and Llama 3, Qwen, Mistral and
+    Gemma compute it: the key and value projections have
+    `num_key_value_heads` heads, and query head `h` reads key/value head
+    `h // (num_heads // num_key_value_heads)`. A scheme's terms per head
+    (ALiBi's slopes, T5's table, ...) are per query head; the cache holds
+    the key/value heads only.
+
     For generation, the call takes a key/value `cache` in the layout of
-    keras-hub's `CachedMultiHeadAttention`, `(batch, 2, slots, heads,
-    key_dim)`, keys at index 0 of axis 1 and values at 1, and
+    keras-hub's `CachedMultiHeadAttention`, `(batch, 2, slots,
+    num_key_value_heads, key_dim)`, keys at index 0 of axis 1 and values at
+    1, and
     `cache_update_index`, the slot of the first new token: it writes the new
     tokens' keys and values there, attends over all the slots, and returns
     the updated cache after the output. The keys are cached as the logits
@@ -257,6 +270,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         key_dim: int. Size of each head's queries and keys.
         position: an `AttentionPosition` layer (a position scheme), or None.
             Defaults to `None`.
+        num_key_value_heads: int or None. Number of key and value heads, a
+            divisor of `num_heads`: below it, grouped-query attention. Needs
+            inputs of shape `(batch, sequence, features)`. Defaults to
+            `None`, `num_heads`.
         **kwargs: the other arguments of `keras.layers.MultiHeadAttention`
             (`value_dim`, `dropout`, `use_bias`, `output_shape`,
             initializers, ...) and of `keras.layers.Layer`.
@@ -283,8 +300,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             code, which cannot raise, the whole output is NaN. (On JAX
             without 64-bit numbers, `jax.jit` converts int64 arguments to
             int32, wrapped, before any layer sees them.)
-        cache: optional float tensor of shape `(batch, 2, slots, heads,
-            key_dim)`: the keys and values of the tokens before these
+        cache: optional float tensor of shape `(batch, 2, slots,
+            num_key_value_heads, key_dim)`: the keys and values of the tokens before these
             (needs `value_dim` equal to `key_dim`). With a cache, `query`
             and `value` are the new tokens, of the same length, and the
             masks of `value` and `key` are not taken: mask slots with an
@@ -343,8 +360,33 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         - [Golovneva et al., 2024](https://arxiv.org/abs/2405.18719)
     """
 
-    def __init__(self, num_heads, key_dim, position=None, **kwargs):
+    def __init__(
+        self, num_heads, key_dim, position=None, num_key_value_heads=None, **kwargs
+    ):
         super().__init__(num_heads, key_dim, **kwargs)
+        if num_key_value_heads is None:
+            num_key_value_heads = num_heads
+        if (
+            isinstance(num_key_value_heads, bool)
+            or not isinstance(num_key_value_heads, numbers.Integral)
+            or num_key_value_heads < 1
+            or num_heads % num_key_value_heads
+        ):
+            raise ValueError(
+                "`num_key_value_heads` must be a positive integer dividing "
+                f"`num_heads` ({num_heads}), or None for `num_heads`. "
+                f"Received: num_key_value_heads={num_key_value_heads!r}"
+            )
+        self.num_key_value_heads = int(num_key_value_heads)
+        if self._grouped and self.attention_axes is not None and tuple(
+            self.attention_axes
+        ) not in ((1,), (-2,)):
+            raise ValueError(
+                "Grouped heads (`num_key_value_heads` below `num_heads`) "
+                "need attention over the sequence axis only. Received: "
+                f"attention_axes={self.attention_axes} with "
+                f"num_key_value_heads={num_key_value_heads}"
+            )
         if position is not None:
             if not isinstance(position, AttentionPosition):
                 raise ValueError(
@@ -382,8 +424,16 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             position.check_attention(num_heads, key_dim, self.value_dim)
         self.position = position
 
+    @property
+    def _grouped(self):
+        """Whether the key and value heads are fewer than the query heads."""
+        return self.num_key_value_heads != self.num_heads
+
     def build(self, query_shape, value_shape, key_shape=None):
-        super().build(query_shape, value_shape, key_shape)
+        if self._grouped:
+            self._build_grouped(query_shape, value_shape, key_shape)
+        else:
+            super().build(query_shape, value_shape, key_shape)
         if self.position is not None:
             if len(query_shape) != 3:
                 raise ValueError(
@@ -394,6 +444,66 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             self.position.build_for_attention(
                 self.num_heads, self.key_dim, self.value_dim, features=query_shape[-1]
             )
+
+    def _build_grouped(self, query_shape, value_shape, key_shape):
+        """Keras' `build`, the key and value projections of `num_key_value_heads`."""
+        key_shape = value_shape if key_shape is None else key_shape
+        for name, shape in (
+            ("query_shape", query_shape),
+            ("value_shape", value_shape),
+            ("key_shape", key_shape),
+        ):
+            if len(shape) != 3:
+                raise ValueError(
+                    "With grouped heads (`num_key_value_heads` below "
+                    "`num_heads`), PositionalMultiHeadAttention takes inputs "
+                    "of shape (batch, sequence, features). Received: "
+                    f"{name}={tuple(shape)}"
+                )
+        if value_shape[1] != key_shape[1]:
+            raise ValueError(
+                "All dimensions of `value` and `key`, except the last one, "
+                f"must be equal. Received: value_shape={tuple(value_shape)} "
+                f"and key_shape={tuple(key_shape)}"
+            )
+        common = self._get_common_kwargs_for_sublayer()
+
+        def projection(name, heads, size, shape, **kwargs):
+            # Keras' projection of inputs of rank 3: `(batch, length,
+            # features)` to `(batch, length, heads, size)`.
+            dense = keras.layers.EinsumDense(
+                "abc,cde->abde",
+                output_shape=(None, heads, size),
+                bias_axes="de" if self.use_bias else None,
+                name=name,
+                **kwargs,
+                **common,
+            )
+            dense.build(shape)
+            return dense
+
+        # In Keras' order, so that the weights are listed as there.
+        self._query_dense = projection(
+            "query", self.num_heads, self.key_dim, query_shape
+        )
+        self._key_dense = projection(
+            "key", self.num_key_value_heads, self.key_dim, key_shape
+        )
+        if getattr(self, "_use_gate", False):
+            self._gate_dense = projection(
+                "gate", self.num_heads, self.value_dim, query_shape,
+                activation="sigmoid",
+            )
+        self._value_dense = projection(
+            "value", self.num_key_value_heads, self.value_dim, value_shape
+        )
+        self._build_attention(4)
+        self._output_dense = self._make_output_dense(
+            query_shape, common, "attention_output"
+        )
+        self._output_dense.build(
+            tuple(query_shape[:2]) + (self.num_heads, self.value_dim)
+        )
 
     def __call__(self, *args, **kwargs):
         # Keras converts NumPy arguments before `call` sees them, an int64
@@ -525,6 +635,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             and query_positions is None
             and key_positions is None
             and cache is None
+            and not self._grouped
         ):
             if use_causal_mask:
                 # Handed to Keras as a mask: with the causal mask its only
@@ -743,11 +854,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         for one that does not fit, the cache and the queries NaN.
         """
         cache = keras.ops.convert_to_tensor(cache)
-        expected = (2, self.num_heads, self.key_dim)
+        expected = (2, self.num_key_value_heads, self.key_dim)
         if self.value_dim != self.key_dim:
             raise ValueError(
                 "A `cache` holds keys and values in one tensor of shape "
-                "(batch, 2, slots, num_heads, key_dim), as keras-hub's "
+                "(batch, 2, slots, num_key_value_heads, key_dim), as keras-hub's "
                 "CachedMultiHeadAttention does: it needs value_dim equal to "
                 f"key_dim. Received: key_dim={self.key_dim}, "
                 f"value_dim={self.value_dim}"
@@ -756,10 +867,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             tuple(cache.shape[i] for i in (1, 3, 4)) != expected
         ):
             raise ValueError(
-                "`cache` must have shape (batch, 2, slots, num_heads, "
-                f"key_dim), here (batch, 2, slots, {self.num_heads}, "
-                f"{self.key_dim}): keys at index 0 of axis 1, values at 1. "
-                f"Received: cache of shape {tuple(cache.shape)}"
+                "`cache` must have shape (batch, 2, slots, "
+                "num_key_value_heads, key_dim), here (batch, 2, slots, "
+                f"{self.num_key_value_heads}, {self.key_dim}): keys at index "
+                "0 of axis 1, values at 1. Received: cache of shape "
+                f"{tuple(cache.shape)}"
             )
         if self.position is not None and self.position.num_prefix_tokens:
             raise ValueError(
@@ -866,6 +978,12 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             query, key, value, cache = self._update_cache(
                 query, key, value, cache, context
             )
+        if self._grouped:
+            # Query head `h` reads key/value head `h // groups`, as Keras'
+            # `GroupedQueryAttention` and Hugging Face's `repeat_kv` do.
+            groups = self.num_heads // self.num_key_value_heads
+            key = keras.ops.repeat(key, groups, axis=2)  # (batch, key, heads, key_dim)
+            value = keras.ops.repeat(value, groups, axis=2)
         scale = (
             1.0 / math.sqrt(self.key_dim)
             if position is None
@@ -905,7 +1023,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             `(query, key, value, cache)`: the transformed queries, `(batch,
             query, heads, key_dim)`, the cache's keys and values after the
             update, `(batch, slots, heads, dim)` each, and the updated
-            cache, `(batch, 2, slots, heads, key_dim)`.
+            cache, `(batch, 2, slots, num_key_value_heads, key_dim)`.
         """
         index = context.cache_update_index
         if self.position is not None:
@@ -966,6 +1084,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     def get_config(self):
         config = super().get_config()
+        config["num_key_value_heads"] = self.num_key_value_heads
         config["position"] = None
         if self.position is not None:
             # Serialized twice. While Keras saves a model it marks the config
