@@ -693,8 +693,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 and key_positions_given is None
                 and cache is None
                 and not on_graph
-                and self.position is not None
-                and _on_a_line(self.position)
+                and (self.position is None or _on_a_line(self.position))
             ),
             grid_shape=(
                 tuple(int(size) for size in grid_shape)

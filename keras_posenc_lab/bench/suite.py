@@ -39,6 +39,7 @@ from keras_posenc_lab.bench import attention
 from keras_posenc_lab.bench import compiled
 from keras_posenc_lab.bench import decoding
 from keras_posenc_lab.bench import grid
+from keras_posenc_lab.bench import grouped
 from keras_posenc_lab.bench import rotary_embedding
 
 # Sizes of `tiny=True`: enough to run every candidate, too small to time.
@@ -51,6 +52,14 @@ TINY_DECODING = {
     "new_tokens": 4,
     "heads": 2,
     "key_dim": 4,
+}
+TINY_GROUPED = {
+    "batch": 1,
+    "length": 8,
+    "heads": 2,
+    "key_value_heads": 1,
+    "key_dim": 4,
+    "slots": 8,
 }
 TINY_MEMORY_LENGTH = 16
 TINY_LONG_MEMORY_LENGTH = 32
@@ -191,6 +200,7 @@ def run(out=None, repeats=30, tiny=False):
         memory_length = TINY_MEMORY_LENGTH
         long_memory_length = TINY_LONG_MEMORY_LENGTH
         grid_sizes = TINY_GRID
+        grouped_sizes = TINY_GROUPED
     else:
         warmup = WARMUP
         absolute_sizes = {
@@ -213,6 +223,14 @@ def run(out=None, repeats=30, tiny=False):
         }
         memory_length = attention.MEMORY_LENGTH
         long_memory_length = attention.LONG_MEMORY_LENGTH
+        grouped_sizes = {
+            "batch": grouped.BATCH,
+            "length": grouped.LENGTH,
+            "heads": grouped.HEADS,
+            "key_value_heads": grouped.KEY_VALUE_HEADS,
+            "key_dim": grouped.KEY_DIM,
+            "slots": grouped.SLOTS,
+        }
         grid_sizes = {
             "grid": grid.GRID,
             "batch": grid.BATCH,
@@ -254,6 +272,11 @@ def run(out=None, repeats=30, tiny=False):
     decoding_results = decoding.run(
         **decoding_sizes, repeats=repeats, warmup=warmup
     )
+    _progress(
+        "Timing grouped-query attention with RoPE against Keras' "
+        "GroupQueryAttention ..."
+    )
+    grouped_results = grouped.run(**grouped_sizes, repeats=repeats, warmup=warmup)
     _progress(
         "Timing the grid layers against their floors, their 1-D paths and "
         "plain attention ..."
@@ -327,6 +350,14 @@ def run(out=None, repeats=30, tiny=False):
             "per token.",
             "",
             decoding.format_table(decoding_results, judged=not tiny),
+            "",
+            "## Grouped-query attention",
+            "",
+            grouped.describe(**grouped_sizes, repeats=repeats)
+            + ". Targets: RoPE at most 1.05x Keras' layer; a decoding step "
+            "at most 1.10x Keras' step.",
+            "",
+            grouped.format_table(grouped_results, judged=not tiny),
             "",
             "## Grids: images, video, multimodal",
             "",

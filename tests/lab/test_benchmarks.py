@@ -9,6 +9,7 @@ from keras_posenc_lab.bench import absolute
 from keras_posenc_lab.bench import attention
 from keras_posenc_lab.bench import decoding
 from keras_posenc_lab.bench import grid
+from keras_posenc_lab.bench import grouped
 from keras_posenc_lab.bench import rotary_embedding
 from keras_posenc_lab.bench import suite
 from keras_posenc_lab.bench import timing
@@ -576,3 +577,39 @@ def test_decoding_benchmark_prints_a_table(capsys):
     assert "a 6-token prompt of batch 1" in printed
     assert "2 tokens decoded one at a time" in printed
     assert "| a second copy of plain (noise) |" in printed
+
+
+GROUPED_TINY = dict(batch=2, length=6, heads=4, key_value_heads=2, key_dim=4, slots=5)
+
+
+def test_grouped_benchmark_times_the_call_and_the_decoding_step():
+    results = grouped.run(**GROUPED_TINY, repeats=2, warmup=1)
+    for name in grouped.CANDIDATES + grouped.STEP_CANDIDATES:
+        assert math.isfinite(results[name]) and results[name] > 0
+    for name in ("plain", "rope", "keras_again", "rope_step"):
+        assert math.isfinite(results[f"{name}_vs_baseline"])
+    # The cache holds the key/value heads: half the multi-head cache here.
+    assert results["cache_shape"] == (2, 2, 5, 2, 4)
+    assert results["multi_head_cache_shape"] == (2, 2, 5, 4, 4)
+    table = grouped.format_table(results, judged=False)
+    assert "0.50 of the multi-head cache" in table
+    assert table.count("| tiny run |") == 2
+    assert f"| {grouped.LABELS['rope']} |" in table
+
+
+def test_grouped_benchmark_checks_keras_agrees(monkeypatch):
+    # The plain layer given other weights than Keras': the run must refuse.
+    monkeypatch.setattr(grouped, "_copy_weights", lambda source, target: None)
+    with pytest.raises(AssertionError, match="disagree"):
+        grouped.run(**GROUPED_TINY, repeats=1, warmup=1)
+
+
+def test_grouped_benchmark_prints_a_table(capsys):
+    status = grouped.main(
+        ["--batch", "1", "--length", "6", "--heads", "4", "--key-value-heads", "2",
+         "--key-dim", "4", "--slots", "5", "--repeats", "1"]
+    )
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "4 query heads and 2 key/value heads of 4" in printed
+    assert "| a second copy of Keras' layer (noise) |" in printed
