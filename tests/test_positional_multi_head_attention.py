@@ -404,6 +404,9 @@ def test_without_position_it_is_keras_multi_head_attention():
     config = ours.get_config()
     assert config.pop("position") is None
     assert config.pop("num_key_value_heads") == HEADS
+    assert config.pop("qk_norm") is None
+    assert config.pop("qk_norm_after_position") is False
+    assert config.pop("qk_norm_epsilon") == 1e-6
     assert {k: v for k, v in config.items() if k != "name"} == {
         k: v for k, v in theirs.get_config().items() if k != "name"
     }

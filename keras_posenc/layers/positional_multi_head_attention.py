@@ -34,6 +34,10 @@ from keras_posenc.ops import _backend
 # With neither a position nor positions nor a cache, the call is Keras' own.
 
 
+# What `qk_norm` takes: how the queries and keys are normalised.
+QK_NORMS = ("head", "head_unscaled", "projection")
+
+
 def _flash_attention(layer):
     return getattr(layer, "_flash_attention", False)
 
@@ -234,6 +238,16 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     (ALiBi's slopes, T5's table, ...) are per query head; the cache holds
     the key/value heads only.
 
+    With `qk_norm`, the projected queries and keys are normalised by their
+    root mean square before the logits, as Qwen3, Llama 4 and OLMo 2 do:
+    `"head"` over each head's features with a learned scale of `key_dim`
+    shared by the heads (Qwen3's `q_norm` and `k_norm`); `"head_unscaled"`
+    the same without a scale (Llama 4's `qk_norm`); `"projection"` over all
+    the heads' features at once, with a learned scale of each (OLMo 2's).
+    They are normalised before the position's change of the queries and
+    keys (RoPE's rotation), or after it with `qk_norm_after_position=True`
+    (Llama 4), in float32; the cache holds the keys normalised.
+
     For generation, the call takes a key/value `cache` in the layout of
     keras-hub's `CachedMultiHeadAttention`, `(batch, 2, slots,
     num_key_value_heads, key_dim)`, keys at index 0 of axis 1 and values at
@@ -274,6 +288,14 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             divisor of `num_heads`: below it, grouped-query attention. Needs
             inputs of shape `(batch, sequence, features)`. Defaults to
             `None`, `num_heads`.
+        qk_norm: None, `"head"`, `"head_unscaled"` or `"projection"`: how
+            the queries and keys are normalised, as above. Defaults to
+            `None`, not at all.
+        qk_norm_after_position: bool. Whether they are normalised after the
+            position's change of the queries and keys rather than before.
+            Defaults to `False`.
+        qk_norm_epsilon: float. Added to the mean square. Defaults to
+            `1e-6`.
         **kwargs: the other arguments of `keras.layers.MultiHeadAttention`
             (`value_dim`, `dropout`, `use_bias`, `output_shape`,
             initializers, ...) and of `keras.layers.Layer`.
@@ -361,9 +383,39 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     """
 
     def __init__(
-        self, num_heads, key_dim, position=None, num_key_value_heads=None, **kwargs
+        self,
+        num_heads,
+        key_dim,
+        position=None,
+        num_key_value_heads=None,
+        qk_norm=None,
+        qk_norm_after_position=False,
+        qk_norm_epsilon=1e-6,
+        **kwargs,
     ):
         super().__init__(num_heads, key_dim, **kwargs)
+        if qk_norm is not None and qk_norm not in QK_NORMS:
+            raise ValueError(
+                "`qk_norm` must be None or one of "
+                f"{', '.join(map(repr, QK_NORMS))}. Received: qk_norm={qk_norm!r}"
+            )
+        if not isinstance(qk_norm_after_position, bool):
+            raise ValueError(
+                "`qk_norm_after_position` must be True or False. Received: "
+                f"qk_norm_after_position={qk_norm_after_position!r}"
+            )
+        if (
+            isinstance(qk_norm_epsilon, bool)
+            or not isinstance(qk_norm_epsilon, numbers.Real)
+            or not 0 < qk_norm_epsilon < math.inf
+        ):
+            raise ValueError(
+                "`qk_norm_epsilon` must be a positive number. Received: "
+                f"qk_norm_epsilon={qk_norm_epsilon!r}"
+            )
+        self.qk_norm = qk_norm
+        self.qk_norm_after_position = qk_norm_after_position
+        self.qk_norm_epsilon = float(qk_norm_epsilon)
         if num_key_value_heads is None:
             num_key_value_heads = num_heads
         if (
@@ -444,6 +496,32 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             self.position.build_for_attention(
                 self.num_heads, self.key_dim, self.value_dim, features=query_shape[-1]
             )
+        if self.qk_norm in ("head", "projection"):
+            if len(query_shape) != 3:
+                raise ValueError(
+                    "With `qk_norm`, PositionalMultiHeadAttention takes inputs "
+                    "of shape (batch, sequence, features). Received: "
+                    f"query_shape={tuple(query_shape)}"
+                )
+            for role, heads in (
+                ("query", self.num_heads),
+                ("key", self.num_key_value_heads),
+            ):
+                shape = (
+                    (self.key_dim,)
+                    if self.qk_norm == "head"
+                    else (heads, self.key_dim)
+                )
+                setattr(
+                    self,
+                    f"{role}_norm_scale",
+                    self.add_weight(
+                        name=f"{role}_norm_scale",
+                        shape=shape,
+                        initializer="ones",
+                        autocast=False,
+                    ),
+                )
 
     def _build_grouped(self, query_shape, value_shape, key_shape):
         """Keras' `build`, the key and value projections of `num_key_value_heads`."""
@@ -636,6 +714,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             and key_positions is None
             and cache is None
             and not self._grouped
+            and self.qk_norm is None
         ):
             if use_causal_mask:
                 # Handed to Keras as a mask: with the causal mask its only
@@ -968,11 +1047,15 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             key = _key_projection(self)(keys)  # (batch, key, heads, key_dim)
             value = _value_projection(self)(value)  # (batch, key, heads, value_dim)
         position = self.position
+        if self.qk_norm is not None and not self.qk_norm_after_position:
+            query, key = self._qk_normalized(query, key)
         if cache is None:
             if position is not None:
                 query, key = _attention_kernel.transformed(
                     position, query, key, context
                 )
+            if self.qk_norm is not None and self.qk_norm_after_position:
+                query, key = self._qk_normalized(query, key)
         else:
             query, key, value, cache = self._update_cache(
                 query, key, value, cache, context
@@ -1011,6 +1094,24 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         output = _output_projection(self)(output)
         return output, weights, cache
 
+    def _qk_normalized(self, query, key):
+        """The queries and keys divided by their root mean square, as `qk_norm` says.
+
+        In float32, the scale too, then cast back, as Hugging Face's
+        `Qwen3RMSNorm` and `Olmo2RMSNorm` compute it in float32 models.
+        """
+        axes = (-2, -1) if self.qk_norm == "projection" else (-1,)
+
+        def normalized(x, role):
+            x32 = keras.ops.cast(x, "float32")
+            mean_square = keras.ops.mean(keras.ops.square(x32), axis=axes, keepdims=True)
+            x32 = x32 * keras.ops.rsqrt(mean_square + self.qk_norm_epsilon)
+            if self.qk_norm != "head_unscaled":
+                x32 = x32 * getattr(self, f"{role}_norm_scale")
+            return keras.ops.cast(x32, x.dtype)
+
+        return normalized(query, "query"), normalized(key, "key")
+
     def _update_cache(self, query, key, value, cache, context):
         """Write the new keys and values in the cache, to attend over all of it.
 
@@ -1036,6 +1137,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             query, key = _attention_kernel.transformed(
                 self.position, query, key, context.replace(key_positions=written)
             )
+        if self.qk_norm is not None and self.qk_norm_after_position:
+            query, key = self._qk_normalized(query, key)
         updates = keras.ops.stack([key, value], axis=1)  # (batch, 2, new, heads, dim)
         cache = keras.ops.slice_update(cache, [0, 0, index, 0, 0], updates)
         return query, cache[:, 0], cache[:, 1], cache
@@ -1084,6 +1187,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     def get_config(self):
         config = super().get_config()
         config["num_key_value_heads"] = self.num_key_value_heads
+        config["qk_norm"] = self.qk_norm
+        config["qk_norm_after_position"] = self.qk_norm_after_position
+        config["qk_norm_epsilon"] = self.qk_norm_epsilon
         config["position"] = None
         if self.position is not None:
             # Serialized twice. While Keras saves a model it marks the config
