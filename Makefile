@@ -149,7 +149,7 @@ test-torch: $(TORCH)/.installed
 	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) \
 		tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py \
 		tests/test_positional_multi_head_attention.py tests/test_attention_kernel.py \
-		tests/test_grouped_query_attention.py tests/test_qk_norm.py \
+		tests/test_grouped_query_attention.py tests/test_qk_norm.py tests/test_hf_attention.py \
 		tests/test_bench_backends.py tests/test_attention_position.py \
 		tests/test_rotary_embedding.py tests/test_rotary_grid.py tests/test_xpos_embedding.py \
 		tests/test_attention_temperature.py tests/test_alibi_bias.py \

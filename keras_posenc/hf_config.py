@@ -646,3 +646,249 @@ def _warn_as_transformers(rope_type, parameters, config, name):
         )
     for problem in problems:
         warnings.warn(f"In `{name}`'s RoPE: {problem}", UserWarning, stacklevel=3)
+
+
+# The decoders whose attention `attention_from_hf` builds, by `model_type`.
+_ATTENTION_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "llama4", "llama4_text")
+# Whether each family's projections have biases, from its config: Qwen2's
+# query, key and value always, its output never; the others' all or none,
+# as `attention_bias` says.
+_PROJECTION_NAMES = (
+    ("q_proj", "query"),
+    ("k_proj", "key"),
+    ("v_proj", "value"),
+    ("o_proj", "output"),
+)
+
+
+def attention_from_hf(config, state_dict, layer_index=0):
+    """A Hugging Face decoder layer's attention, with its weights, in one call.
+
+    Reads a model's `config.json` (parsed into a dict) and one layer's
+    attention weights as transformers' `state_dict` names them (NumPy
+    arrays, or anything `np.asarray` reads; keys such as `"q_proj.weight"`,
+    with or without the model's prefix, `"model.layers.0.self_attn."`), and
+    returns a built `PositionalMultiHeadAttention` that computes what that
+    layer computes: its position (`positions_per_layer`), its key/value
+    heads (`num_key_value_heads`), its query/key normalisation, its
+    sliding window, and its weights, transposed and reshaped from torch's
+    `Linear` layout `(out, in)` to Keras' `(in, heads, head_dim)` and
+    `(heads, head_dim, out)`. No torch is needed.
+
+    Families (`model_type`):
+
+    - `"llama"` (Llama 2 and 3, with llama3 RoPE scaling), `"mistral"`
+      (its sliding window on every layer), `"qwen2"` (biases on the query,
+      key and value projections; sliding-window layers as its `layer_types`
+      or `use_sliding_window` and `max_window_layers` give them) and
+      `"qwen3"` (`q_norm` and `k_norm`, RMSNorm per head before RoPE:
+      `qk_norm="head"`);
+    - `"llama4"`, `"llama4_text"`: RoPE and NoPE layers, the attention
+      temperature of the NoPE layers, and with `use_qk_norm` the L2 norm of
+      the RoPE layers' queries and keys after RoPE
+      (`qk_norm="head_unscaled"`). transformers' temperature counts the
+      tokens, left padding included, not the position ids: give a NoPE
+      layer `0 .. length - 1` (the default) to match it. Llama 4's chunked
+      attention
+      (`attention_chunk_size`, keys in the query's chunk only) is not
+      applied: the layer is exact for sequences up to that length, and
+      warns of it.
+
+    A sliding window needs Keras 3.15 or later (`sliding_window=`).
+
+    Args:
+        config: dict. The parsed `config.json`; a composite model's text
+            config is read as `text_config` finds it.
+        state_dict: dict of str to array. One layer's attention weights.
+        layer_index: int. The layer's index, for its position and its
+            window. Defaults to `0`.
+
+    Returns:
+        A built `PositionalMultiHeadAttention`, its projections, and the
+        norms' scales where it has them, holding the layer's weights. Its
+        input is the hidden states, `(batch, sequence, hidden_size)`, as
+        `attention(x, x, use_causal_mask=True)`; give `query_positions` and
+        `key_positions` where the model's position ids are not `0 ..
+        length - 1` (left padding).
+
+    Example:
+
+    >>> rng = np.random.default_rng(0)
+    >>> qwen3 = {
+    ...     "model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 1,
+    ...     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    ...     "rope_theta": 1000000.0,
+    ... }
+    >>> state_dict = {
+    ...     "q_proj.weight": rng.normal(size=(32, 32)),
+    ...     "k_proj.weight": rng.normal(size=(16, 32)),
+    ...     "v_proj.weight": rng.normal(size=(16, 32)),
+    ...     "o_proj.weight": rng.normal(size=(32, 32)),
+    ...     "q_norm.weight": np.ones(8), "k_norm.weight": np.ones(8),
+    ... }
+    >>> attention = attention_from_hf(qwen3, state_dict)
+    >>> attention.num_key_value_heads, attention.qk_norm
+    (2, 'head')
+    >>> tuple(attention.key_dense.kernel.shape)
+    (32, 2, 8)
+    """
+    import numpy as np
+
+    _check_dict(config)
+    text, name = text_config(config)
+    model_type = text.get("model_type")
+    if model_type not in _ATTENTION_MODEL_TYPES:
+        raise ValueError(
+            "`attention_from_hf` builds the attention of "
+            f"{', '.join(map(repr, _ATTENTION_MODEL_TYPES))} models. Received: "
+            f"{name} with model_type={model_type!r}"
+        )
+    num_layers = text.get("num_hidden_layers")
+    ops.check_positive_int(f"{name}['num_hidden_layers']", num_layers)
+    if (
+        isinstance(layer_index, bool)
+        or not isinstance(layer_index, numbers.Integral)
+        or not 0 <= layer_index < num_layers
+    ):
+        raise ValueError(
+            f"`layer_index` must be a layer of the model, 0 to {num_layers - 1}. "
+            f"Received: layer_index={layer_index!r}"
+        )
+    hidden_size = text.get("hidden_size")
+    heads = text.get("num_attention_heads")
+    for key, value in (("hidden_size", hidden_size), ("num_attention_heads", heads)):
+        ops.check_positive_int(f"{name}[{key!r}]", value)
+    key_value_heads = text.get("num_key_value_heads") or heads
+    head_dim = _head_dim(text, name)
+    llama4 = model_type in _LLAMA4_MODEL_TYPES
+    position = positions_per_layer(config)[layer_index]
+    arguments = dict(
+        num_heads=heads,
+        key_dim=head_dim,
+        num_key_value_heads=key_value_heads,
+        position=position,
+        use_bias=model_type == "qwen2" or bool(text.get("attention_bias", False)),
+    )
+    if model_type == "qwen3":
+        arguments.update(qk_norm="head", qk_norm_epsilon=text.get("rms_norm_eps", 1e-6))
+    if llama4 and text.get("use_qk_norm", True) and type(position).__name__ == "RotaryEmbedding":
+        arguments.update(
+            qk_norm="head_unscaled",
+            qk_norm_after_position=True,
+            qk_norm_epsilon=text.get("rms_norm_eps", 1e-5),
+        )
+    if llama4 and text.get("attention_chunk_size") and position is not None:
+        warnings.warn(
+            f"Llama 4's chunked attention ({name}['attention_chunk_size']="
+            f"{text['attention_chunk_size']}) is not applied: the attention is "
+            "exact for sequences up to that many tokens.",
+            stacklevel=2,
+        )
+    window = _sliding_window_of(text, model_type, layer_index, num_layers)
+    if window is not None:
+        ops.check_positive_int(f"{name}['sliding_window']", window)
+        if "sliding_window" not in _multi_head_attention_arguments():
+            raise ValueError(
+                f"Layer {layer_index} of this {model_type} model attends over a "
+                f"sliding window of {window} tokens, which needs Keras 3.15 or "
+                f"later (`sliding_window=`): upgrade Keras. Received: Keras "
+                f"{keras.version()}"
+            )
+        arguments["sliding_window"] = window
+    attention = keras.saving.get_registered_object(
+        "keras_posenc>PositionalMultiHeadAttention"
+    )(**arguments)
+    attention.build((None, None, hidden_size), (None, None, hidden_size))
+
+    weights = _layer_weights(state_dict)
+    projections = {
+        "query": (attention.query_dense, heads),
+        "key": (attention.key_dense, key_value_heads),
+        "value": (attention.value_dense, key_value_heads),
+        "output": (attention.output_dense, heads),
+    }
+    for hf_name, role in _PROJECTION_NAMES:
+        dense, count = projections[role]
+        kernel = weights.pop(f"{hf_name}.weight", None)
+        if kernel is None:
+            raise ValueError(
+                f"`state_dict` must hold {hf_name}.weight, the {role} projection. "
+                f"Received: keys {sorted(state_dict)}"
+            )
+        kernel = np.asarray(kernel, "float32")
+        if role == "output":
+            expected, shape = (hidden_size, heads * head_dim), (heads, head_dim, hidden_size)
+        else:
+            expected, shape = (count * head_dim, hidden_size), (hidden_size, count, head_dim)
+        if kernel.shape != expected:
+            raise ValueError(
+                f"`state_dict['{hf_name}.weight']` must have shape {expected} for "
+                f"this config. Received: shape {kernel.shape}"
+            )
+        # torch's `Linear` holds `(out, in)`; Keras' projections `(in, ...)`.
+        dense.kernel.assign(kernel.T.reshape(shape))
+        bias = weights.pop(f"{hf_name}.bias", None)
+        if attention.use_bias:
+            size = hidden_size if role == "output" else count * head_dim
+            bias = np.zeros(size, "float32") if bias is None else np.asarray(bias, "float32")
+            dense.bias.assign(bias if role == "output" else bias.reshape(count, head_dim))
+        elif bias is not None:
+            raise ValueError(
+                f"`state_dict` holds {hf_name}.bias, which this {model_type} "
+                "config's projections have none of (`attention_bias` false)."
+            )
+    for hf_name, role in (("q_norm.weight", "query"), ("k_norm.weight", "key")):
+        scale = weights.pop(hf_name, None)
+        if attention.qk_norm == "head":
+            if scale is None:
+                raise ValueError(
+                    f"`state_dict` must hold {hf_name}, the {role} norm's scale "
+                    f"of a {model_type} layer. Received: keys {sorted(state_dict)}"
+                )
+            getattr(attention, f"{role}_norm_scale").assign(np.asarray(scale, "float32"))
+    if weights:
+        raise ValueError(
+            f"`state_dict` holds weights that a {model_type} attention layer "
+            f"has no place for: {sorted(weights)}"
+        )
+    return attention
+
+
+def _sliding_window_of(text, model_type, layer_index, num_layers):
+    """The layer's sliding window, as transformers reads the config, or None."""
+    window = text.get("sliding_window")
+    if model_type == "mistral":
+        return window
+    if model_type not in ("qwen2", "qwen3") or window is None:
+        return None
+    layer_types = text.get("layer_types")
+    if layer_types is not None:
+        return window if layer_types[layer_index] == "sliding_attention" else None
+    if not text.get("use_sliding_window", False):
+        return None
+    return window if layer_index >= text.get("max_window_layers", 28) else None
+
+
+def _layer_weights(state_dict):
+    """`state_dict` keyed by the attention's own names, the model's prefix cut."""
+    if not isinstance(state_dict, dict):
+        raise ValueError(
+            "`state_dict` must be a dict of weight names to arrays. Received: "
+            f"{type(state_dict).__name__}"
+        )
+    weights = {}
+    for key, value in state_dict.items():
+        short = ".".join(str(key).split(".")[-2:])  # "q_proj.weight"
+        if short in weights:
+            raise ValueError(
+                f"`state_dict` holds {short} twice (one layer's weights only). "
+                f"Received: keys {sorted(state_dict)}"
+            )
+        weights[short] = value
+    return weights
+
+
+def _multi_head_attention_arguments():
+    import inspect
+
+    return inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters

@@ -1,0 +1,178 @@
+"""`hf_config.attention_from_hf` against transformers' own attention layers.
+
+`tests/fixtures/hf_attention.npz` holds what transformers' `LlamaAttention`
+(llama3 RoPE scaling), `Qwen2Attention`, `Qwen3Attention`,
+`MistralAttention` (a sliding window) and `Llama4TextAttention` (a RoPE
+layer with the L2 norm of queries and keys, a NoPE layer with the
+temperature) compute in float64 on tiny random configs with grouped heads:
+a causal pass, a left-padded batch, and cached decoding a token at a time
+(`generate_hf_attention.py` says how). The layer built from each config and
+state dict must give the same outputs to float32 rounding.
+"""
+
+import json
+import pathlib
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from keras_posenc import hf_config
+from tests.backend import numpy
+
+FIXTURE = np.load(pathlib.Path(__file__).parent / "fixtures" / "hf_attention.npz")
+FAMILIES = ("llama3", "qwen2", "qwen3", "mistral", "llama4_rope", "llama4_nope")
+HIDDEN = FIXTURE["hidden_states"].astype("float32")  # (batch, length, 32)
+BATCH, LENGTH = HIDDEN.shape[:2]
+PREFILL = 5
+# float32 projections and logits against float64: sums of 32 products of
+# order 1, then 8 heads of 8 into the output.
+ATOL = 2e-5
+KERAS_HAS_SLIDING_WINDOW = "sliding_window" in __import__("inspect").signature(
+    keras.layers.MultiHeadAttention.__init__
+).parameters
+
+
+def config_of(family):
+    return json.loads(str(FIXTURE[f"{family}/config"]))
+
+
+def state_dict_of(family, prefix=""):
+    start = f"{family}/"
+    names = [
+        key for key in FIXTURE.files
+        if key.startswith(start) and key.count("/") == 1 and key != f"{family}/config"
+    ]
+    return {prefix + key[len(start):]: FIXTURE[key] for key in names}
+
+
+def layer_index_of(family):
+    return 1 if family == "llama4_nope" else 0
+
+
+def built(family, prefix=""):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return hf_config.attention_from_hf(
+            config_of(family), state_dict_of(family, prefix), layer_index_of(family)
+        )
+
+
+def assert_close(actual, expected, err_msg=""):
+    np.testing.assert_allclose(
+        np.asarray(numpy(actual), "float64"), expected, rtol=0, atol=ATOL, err_msg=err_msg
+    )
+
+
+def needs_window(family):
+    """Whether the family's layer has a sliding window this Keras cannot take."""
+    return family == "mistral" and not KERAS_HAS_SLIDING_WINDOW
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_causal_pass_equals_transformers(family):
+    if needs_window(family):
+        with pytest.raises(ValueError, match="Keras 3.15 or later"):
+            built(family)
+        return
+    attention = built(family)
+    output = attention(HIDDEN, HIDDEN, use_causal_mask=True)
+    assert_close(output, FIXTURE[f"{family}/full/output"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_left_padding_equals_transformers(family):
+    if needs_window(family):
+        return test_a_causal_pass_equals_transformers(family)
+    attention = built(family)
+    real = FIXTURE[f"{family}/left/mask"].astype(bool)  # (batch, length)
+    # The positions `generate` gives: counted over the real tokens.
+    positions = np.where(real, np.cumsum(real, axis=1) - 1, 1).astype("int32")
+    if family == "llama4_nope":
+        # transformers' temperature counts the tokens, pads included
+        # (`arange + past_seen_tokens`), not the position ids.
+        positions = np.broadcast_to(np.arange(LENGTH, dtype="int32"), (BATCH, LENGTH))
+    output = attention(
+        HIDDEN,
+        HIDDEN,
+        use_causal_mask=True,
+        query_positions=positions,
+        key_positions=positions,
+        attention_mask=np.broadcast_to(real[:, None, :], (BATCH, LENGTH, LENGTH)),
+    )
+    expected = FIXTURE[f"{family}/left/output"]
+    for b in range(BATCH):
+        assert_close(numpy(output)[b, real[b]], expected[b, real[b]], err_msg=f"entry {b}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cached_decoding_equals_transformers(family):
+    if needs_window(family):
+        return test_a_causal_pass_equals_transformers(family)
+    attention = built(family)
+    cache = keras.ops.zeros(
+        (BATCH, 2, LENGTH, attention.num_key_value_heads, attention.key_dim)
+    )
+    _, cache = attention(
+        HIDDEN[:, :PREFILL], HIDDEN[:, :PREFILL],
+        cache=cache, cache_update_index=0, use_causal_mask=True,
+    )
+    steps = []
+    for step in range(PREFILL, LENGTH):
+        token = HIDDEN[:, step : step + 1]
+        output, cache = attention(
+            token, token, cache=cache, cache_update_index=step, use_causal_mask=True
+        )
+        steps.append(numpy(output))
+    assert_close(np.concatenate(steps, axis=1), FIXTURE[f"{family}/decode/output"])
+
+
+def test_families_are_read_as_transformers_builds_them():
+    layers = {family: built(family) for family in FAMILIES if not needs_window(family)}
+    for attention in layers.values():
+        assert (attention.num_heads, attention.num_key_value_heads, attention.key_dim) == (4, 2, 8)
+    assert layers["qwen2"].use_bias and not layers["llama3"].use_bias
+    assert layers["qwen3"].qk_norm == "head"
+    assert (layers["llama4_rope"].qk_norm, layers["llama4_rope"].qk_norm_after_position) == (
+        "head_unscaled", True
+    )
+    assert layers["llama4_nope"].qk_norm is None
+    assert type(layers["llama4_nope"].position).__name__ == "AttentionTemperature"
+    if KERAS_HAS_SLIDING_WINDOW:
+        assert layers["mistral"]._sliding_window == 4
+
+
+def test_a_model_prefix_on_the_weights_is_cut():
+    attention = built("qwen2", prefix="model.layers.0.self_attn.")
+    output = attention(HIDDEN, HIDDEN, use_causal_mask=True)
+    assert_close(output, FIXTURE["qwen2/full/output"])
+
+
+def test_llama4_chunked_attention_is_named_in_a_warning():
+    config = dict(config_of("llama4_rope"), attention_chunk_size=8192)
+    with pytest.warns(UserWarning, match="attention_chunk_size'\\]=8192"):
+        hf_config.attention_from_hf(config, state_dict_of("llama4_rope"))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c, s: (dict(c, model_type="gemma3_text"), s), "model_type='gemma3_text'"),
+        (lambda c, s: (c, {k: v for k, v in s.items() if k != "k_proj.weight"}), "k_proj.weight"),
+        (lambda c, s: (c, dict(s, **{"k_proj.weight": s["k_proj.weight"][:8]})), r"shape \(8, 32\)"),
+        (lambda c, s: (c, dict(s, **{"rotary_emb.inv_freq": np.ones(4)})), "inv_freq"),
+        (lambda c, s: (c, dict(s, **{"o_proj.bias": np.ones(32)})), "o_proj.bias"),
+        (lambda c, s: (c, {k: v for k, v in s.items() if k != "q_norm.weight"}), "q_norm.weight"),
+    ],
+)
+def test_bad_config_or_weights_raise_value_error_naming_them(change, message):
+    family = "qwen3" if "norm" in message else "llama3"
+    config, state_dict = change(config_of(family), state_dict_of(family))
+    with pytest.raises(ValueError, match=message):
+        hf_config.attention_from_hf(config, state_dict)
+
+
+def test_a_layer_past_the_model_raises_value_error_naming_it():
+    with pytest.raises(ValueError, match="layer_index=2"):
+        hf_config.attention_from_hf(config_of("llama3"), state_dict_of("llama3"), 2)
