@@ -10,6 +10,7 @@ package's layers (this module imports none). Nothing here computes with
 tensors.
 """
 
+import math
 import numbers
 import warnings
 
@@ -649,7 +650,17 @@ def _warn_as_transformers(rope_type, parameters, config, name):
 
 
 # The decoders whose attention `attention_from_hf` builds, by `model_type`.
-_ATTENTION_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "llama4", "llama4_text")
+_ATTENTION_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "gemma3_text",
+    "llama4",
+    "llama4_text",
+)
+_GEMMA3_MODEL_TYPES = ("gemma3", "gemma3_text")
 # Whether each family's projections have biases, from its config: Qwen2's
 # query, key and value always, its output never; the others' all or none,
 # as `attention_bias` says.
@@ -683,15 +694,20 @@ def attention_from_hf(config, state_dict, layer_index=0):
       or `use_sliding_window` and `max_window_layers` give them) and
       `"qwen3"` (`q_norm` and `k_norm`, RMSNorm per head before RoPE:
       `qk_norm="head"`);
+    - `"gemma3"`, `"gemma3_text"`: sliding-window and full layers, each
+      with its RoPE, the per-head RMSNorm of queries and keys with Gemma's
+      scale `1 + weight`, and the logits' scale `query_pre_attn_scalar **
+      -0.5`, folded into the query norm's scale where it is not the head
+      size's. A logit soft cap (`attn_logit_softcapping`, Gemma 2's) is
+      refused;
     - `"llama4"`, `"llama4_text"`: RoPE and NoPE layers, the attention
       temperature of the NoPE layers, and with `use_qk_norm` the L2 norm of
       the RoPE layers' queries and keys after RoPE
       (`qk_norm="head_unscaled"`). transformers' temperature counts the
       tokens, left padding included, not the position ids: give a NoPE
       layer `0 .. length - 1` (the default) to match it. Llama 4's chunked
-      attention
-      (`attention_chunk_size`, keys in the query's chunk only) is not
-      applied: the layer is exact for sequences up to that length, and
+      attention (`attention_chunk_size`, keys in the query's chunk only) is
+      not applied: the layer is exact for sequences up to that length, and
       warns of it.
 
     A sliding window needs Keras 3.15 or later (`sliding_window=`).
@@ -769,7 +785,14 @@ def attention_from_hf(config, state_dict, layer_index=0):
         position=position,
         use_bias=model_type == "qwen2" or bool(text.get("attention_bias", False)),
     )
-    if model_type == "qwen3":
+    gemma3 = model_type in _GEMMA3_MODEL_TYPES
+    if gemma3 and text.get("attn_logit_softcapping") is not None:
+        raise ValueError(
+            "The attention's logits are capped (`attn_logit_softcapping`), which "
+            "PositionalMultiHeadAttention does not compute. Received: "
+            f"{name}['attn_logit_softcapping']={text['attn_logit_softcapping']!r}"
+        )
+    if model_type == "qwen3" or gemma3:
         arguments.update(qk_norm="head", qk_norm_epsilon=text.get("rms_norm_eps", 1e-6))
     if llama4 and text.get("use_qk_norm", True) and type(position).__name__ == "RotaryEmbedding":
         arguments.update(
@@ -845,7 +868,16 @@ def attention_from_hf(config, state_dict, layer_index=0):
                     f"`state_dict` must hold {hf_name}, the {role} norm's scale "
                     f"of a {model_type} layer. Received: keys {sorted(state_dict)}"
                 )
-            getattr(attention, f"{role}_norm_scale").assign(np.asarray(scale, "float32"))
+            scale = np.asarray(scale, "float32")
+            if gemma3:
+                # Gemma's RMSNorm scales by `1 + weight`, in float32.
+                scale = np.float32(1.0) + scale
+                if role == "query":
+                    # Its logits' scale, `query_pre_attn_scalar ** -0.5`,
+                    # where the layer's is `head_dim ** -0.5`.
+                    scalar = text.get("query_pre_attn_scalar", head_dim)
+                    scale = scale * np.float32(math.sqrt(head_dim / scalar))
+            getattr(attention, f"{role}_norm_scale").assign(scale)
     if weights:
         raise ValueError(
             f"`state_dict` holds weights that a {model_type} attention layer "
@@ -859,6 +891,14 @@ def _sliding_window_of(text, model_type, layer_index, num_layers):
     window = text.get("sliding_window")
     if model_type == "mistral":
         return window
+    if model_type in _GEMMA3_MODEL_TYPES and window is not None:
+        layer_types = text.get("layer_types")
+        if layer_types is None:
+            # transformers' default: every `sliding_window_pattern`-th (6th)
+            # layer full, the others sliding.
+            pattern = text.get("sliding_window_pattern", 6)
+            return None if (layer_index + 1) % pattern == 0 else window
+        return window if layer_types[layer_index] == "sliding_attention" else None
     if model_type not in ("qwen2", "qwen3") or window is None:
         return None
     layer_types = text.get("layer_types")

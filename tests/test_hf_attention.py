@@ -2,12 +2,14 @@
 
 `tests/fixtures/hf_attention.npz` holds what transformers' `LlamaAttention`
 (llama3 RoPE scaling), `Qwen2Attention`, `Qwen3Attention`,
-`MistralAttention` (a sliding window) and `Llama4TextAttention` (a RoPE
+`MistralAttention` (a sliding window), `Gemma3Attention` and `Llama4TextAttention` (a RoPE
 layer with the L2 norm of queries and keys, a NoPE layer with the
 temperature) compute in float64 on tiny random configs with grouped heads:
 a causal pass, a left-padded batch, and cached decoding a token at a time
 (`generate_hf_attention.py` says how). The layer built from each config and
-state dict must give the same outputs to float32 rounding.
+state dict must give the same outputs to float32 rounding. Gemma 3's pair
+(a sliding-window layer with the local RoPE, a full one with the global)
+has a `query_pre_attn_scalar` other than the head size.
 """
 
 import json
@@ -22,7 +24,16 @@ from keras_posenc import hf_config
 from tests.backend import numpy
 
 FIXTURE = np.load(pathlib.Path(__file__).parent / "fixtures" / "hf_attention.npz")
-FAMILIES = ("llama3", "qwen2", "qwen3", "mistral", "llama4_rope", "llama4_nope")
+FAMILIES = (
+    "llama3",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma3_sliding",
+    "gemma3_full",
+    "llama4_rope",
+    "llama4_nope",
+)
 HIDDEN = FIXTURE["hidden_states"].astype("float32")  # (batch, length, 32)
 BATCH, LENGTH = HIDDEN.shape[:2]
 PREFILL = 5
@@ -48,7 +59,7 @@ def state_dict_of(family, prefix=""):
 
 
 def layer_index_of(family):
-    return 1 if family == "llama4_nope" else 0
+    return 1 if family in ("llama4_nope", "gemma3_full") else 0
 
 
 def built(family, prefix=""):
@@ -67,7 +78,7 @@ def assert_close(actual, expected, err_msg=""):
 
 def needs_window(family):
     """Whether the family's layer has a sliding window this Keras cannot take."""
-    return family == "mistral" and not KERAS_HAS_SLIDING_WINDOW
+    return family in ("mistral", "gemma3_sliding") and not KERAS_HAS_SLIDING_WINDOW
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -139,8 +150,11 @@ def test_families_are_read_as_transformers_builds_them():
     )
     assert layers["llama4_nope"].qk_norm is None
     assert type(layers["llama4_nope"].position).__name__ == "AttentionTemperature"
+    assert layers["gemma3_full"].qk_norm == "head"
     if KERAS_HAS_SLIDING_WINDOW:
+        assert layers["gemma3_full"]._sliding_window is None
         assert layers["mistral"]._sliding_window == 4
+        assert layers["gemma3_sliding"]._sliding_window == 4
 
 
 def test_a_model_prefix_on_the_weights_is_cut():
@@ -158,7 +172,7 @@ def test_llama4_chunked_attention_is_named_in_a_warning():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda c, s: (dict(c, model_type="gemma3_text"), s), "model_type='gemma3_text'"),
+        (lambda c, s: (dict(c, model_type="gemma2"), s), "model_type='gemma2'"),
         (lambda c, s: (c, {k: v for k, v in s.items() if k != "k_proj.weight"}), "k_proj.weight"),
         (lambda c, s: (c, dict(s, **{"k_proj.weight": s["k_proj.weight"][:8]})), r"shape \(8, 32\)"),
         (lambda c, s: (c, dict(s, **{"rotary_emb.inv_freq": np.ones(4)})), "inv_freq"),
@@ -176,3 +190,9 @@ def test_bad_config_or_weights_raise_value_error_naming_them(change, message):
 def test_a_layer_past_the_model_raises_value_error_naming_it():
     with pytest.raises(ValueError, match="layer_index=2"):
         hf_config.attention_from_hf(config_of("llama3"), state_dict_of("llama3"), 2)
+
+
+def test_gemma_logit_soft_cap_raises_value_error_naming_it():
+    config = dict(config_of("gemma3_full"), attn_logit_softcapping=50.0)
+    with pytest.raises(ValueError, match="attn_logit_softcapping'\\]=50.0"):
+        hf_config.attention_from_hf(config, state_dict_of("gemma3_full"), 1)
