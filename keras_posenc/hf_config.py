@@ -661,6 +661,24 @@ _ATTENTION_MODEL_TYPES = (
     "llama4_text",
 )
 _GEMMA3_MODEL_TYPES = ("gemma3", "gemma3_text")
+# The encoders of Transformer-XL's relative attention: the names of their
+# attention's weights, in the order query, key, value, output, position
+# projection, content bias `u`, position bias `v`; the position's arguments.
+_RELATIVE_ENCODERS = {
+    "parakeet_encoder": (
+        ("q_proj", "k_proj", "v_proj", "o_proj", "relative_k_proj", "bias_u", "bias_v"),
+        {},
+    ),
+    "wav2vec2-conformer": (
+        ("linear_q", "linear_k", "linear_v", "linear_out", "linear_pos",
+         "pos_bias_u", "pos_bias_v"),
+        {},
+    ),
+    "xlnet": (("q", "k", "v", "o", "r", "r_w_bias", "r_r_bias"), {"pairing": "half"}),
+}
+# XLNet's weights outside its content stream's attention: the segment
+# term's (`seg_mat`) and the LayerNorm after the residual.
+_XLNET_OTHER_WEIGHTS = ("r_s_bias", "seg_embed", "layer_norm.weight", "layer_norm.bias")
 # Whether each family's projections have biases, from its config: Qwen2's
 # query, key and value always, its output never; the others' all or none,
 # as `attention_bias` says.
@@ -700,6 +718,13 @@ def attention_from_hf(config, state_dict, layer_index=0):
       -0.5`, folded into the query norm's scale where it is not the head
       size's. A logit soft cap (`attn_logit_softcapping`, Gemma 2's) is
       refused;
+    - `"parakeet_encoder"`, `"wav2vec2-conformer"` (with
+      `position_embeddings_type="relative"`) and `"xlnet"`: Transformer-XL's
+      relative attention (`TransformerXLPosition`), its position
+      projection and its content and position biases; XLNet's content
+      stream, without the segment term, and up to the einsum with `o`: its
+      residual and LayerNorm are the caller's (their weights, and the
+      segment term's, are passed over);
     - `"llama4"`, `"llama4_text"`: RoPE and NoPE layers, the attention
       temperature of the NoPE layers, and with `use_qk_norm` the L2 norm of
       the RoPE layers' queries and keys after RoPE
@@ -753,12 +778,15 @@ def attention_from_hf(config, state_dict, layer_index=0):
     _check_dict(config)
     text, name = text_config(config)
     model_type = text.get("model_type")
-    if model_type not in _ATTENTION_MODEL_TYPES:
+    if model_type not in _ATTENTION_MODEL_TYPES + tuple(_RELATIVE_ENCODERS):
         raise ValueError(
             "`attention_from_hf` builds the attention of "
-            f"{', '.join(map(repr, _ATTENTION_MODEL_TYPES))} models. Received: "
+            f"{', '.join(map(repr, _ATTENTION_MODEL_TYPES + tuple(_RELATIVE_ENCODERS)))} "
+            "models. Received: "
             f"{name} with model_type={model_type!r}"
         )
+    if model_type in _RELATIVE_ENCODERS:
+        return _relative_encoder_attention(text, name, model_type, state_dict)
     num_layers = text.get("num_hidden_layers")
     ops.check_positive_int(f"{name}['num_hidden_layers']", num_layers)
     if (
@@ -886,6 +914,112 @@ def attention_from_hf(config, state_dict, layer_index=0):
     return attention
 
 
+def _relative_encoder_attention(text, name, model_type, state_dict):
+    """`attention_from_hf` of a Transformer-XL encoder: Parakeet, Conformer, XLNet."""
+    import numpy as np
+
+    names, position_arguments = _RELATIVE_ENCODERS[model_type]
+    xlnet = model_type == "xlnet"
+    if model_type == "wav2vec2-conformer":
+        kind = text.get("position_embeddings_type", "relative")
+        if kind != "relative":
+            raise ValueError(
+                "`attention_from_hf` reads a Wav2Vec2-Conformer's relative "
+                "attention only. Received: "
+                f"{name}['position_embeddings_type']={kind!r}"
+            )
+    if xlnet:
+        hidden_size, heads = text.get("d_model"), text.get("n_head")
+        head_dim = text.get("d_head")
+        for key, value in (("d_model", hidden_size), ("n_head", heads), ("d_head", head_dim)):
+            ops.check_positive_int(f"{name}[{key!r}]", value)
+        clamp_len = text.get("clamp_len", -1)
+        if clamp_len is not None and clamp_len > 0:
+            position_arguments = dict(position_arguments, clamp_len=clamp_len)
+    else:
+        hidden_size, heads = text.get("hidden_size"), text.get("num_attention_heads")
+        for key, value in (("hidden_size", hidden_size), ("num_attention_heads", heads)):
+            ops.check_positive_int(f"{name}[{key!r}]", value)
+        head_dim = hidden_size // heads
+    weights = _layer_weights(state_dict, names + (_XLNET_OTHER_WEIGHTS if xlnet else ()))
+    query, key, value, output, position_kernel, content_bias, position_bias = names
+    # Parakeet's projections have biases as `attention_bias` says, the
+    # Conformer's always, XLNet's never.
+    use_bias = (not xlnet) and (
+        model_type == "wav2vec2-conformer" or bool(text.get("attention_bias", True))
+    )
+    attention = keras.saving.get_registered_object(
+        "keras_posenc>PositionalMultiHeadAttention"
+    )(
+        num_heads=heads,
+        key_dim=head_dim,
+        use_bias=use_bias,
+        position=keras.saving.get_registered_object(
+            "keras_posenc>TransformerXLPosition"
+        )(**position_arguments),
+    )
+    attention.build((None, None, hidden_size), (None, None, hidden_size))
+
+    def kernel_of(weight_name, heads_last):
+        """The weight as Keras' `(in, heads, dim)` or `(heads, dim, out)` kernel."""
+        array = _required(weights, weight_name)
+        if xlnet:
+            # XLNet's are `(d_model, heads, dim)` already.
+            return array if not heads_last else np.transpose(array, (1, 2, 0))
+        if heads_last:
+            return array.T.reshape(heads, head_dim, hidden_size)
+        return array.T.reshape(array.shape[1], heads, head_dim)
+
+    suffix = "" if xlnet else ".weight"
+    for dense, weight_name in (
+        (attention.query_dense, query),
+        (attention.key_dense, key),
+        (attention.value_dense, value),
+    ):
+        _assign(dense.kernel, kernel_of(weight_name + suffix, False), weight_name)
+        if use_bias:
+            bias = _required(weights, f"{weight_name}.bias")
+            _assign(dense.bias, bias.reshape(heads, head_dim), f"{weight_name}.bias")
+    _assign(attention.output_dense.kernel, kernel_of(output + suffix, True), output)
+    if use_bias:
+        _assign(attention.output_dense.bias, _required(weights, f"{output}.bias"), f"{output}.bias")
+    scheme = attention.position
+    _assign(scheme.position_kernel, kernel_of(position_kernel + suffix, False), position_kernel)
+    _assign(scheme.content_bias, _required(weights, content_bias), content_bias)
+    _assign(scheme.position_bias, _required(weights, position_bias), position_bias)
+    for other in _XLNET_OTHER_WEIGHTS if xlnet else ():
+        weights.pop(other, None)
+    if weights:
+        raise ValueError(
+            f"`state_dict` holds weights that a {model_type} attention layer "
+            f"has no place for: {sorted(weights)}"
+        )
+    return attention
+
+
+def _required(weights, weight_name):
+    """`weights[weight_name]` as float32 NumPy, taken out, or a `ValueError`."""
+    import numpy as np
+
+    if weight_name not in weights:
+        raise ValueError(
+            f"`state_dict` must hold {weight_name}. Received: keys "
+            f"{sorted(weights)}"
+        )
+    return np.asarray(weights.pop(weight_name), "float32")
+
+
+def _assign(variable, array, weight_name):
+    """`variable.assign(array)`, or a `ValueError` naming a weight of another shape."""
+    if tuple(array.shape) != tuple(variable.shape):
+        raise ValueError(
+            f"`state_dict['{weight_name}']` does not fit this config's "
+            f"{variable.path}, of shape {tuple(variable.shape)}. Received: "
+            f"shape {tuple(array.shape)}"
+        )
+    variable.assign(array)
+
+
 def _sliding_window_of(text, model_type, layer_index, num_layers):
     """The layer's sliding window, as transformers reads the config, or None."""
     window = text.get("sliding_window")
@@ -909,16 +1043,32 @@ def _sliding_window_of(text, model_type, layer_index, num_layers):
     return window if layer_index >= text.get("max_window_layers", 28) else None
 
 
-def _layer_weights(state_dict):
-    """`state_dict` keyed by the attention's own names, the model's prefix cut."""
+def _layer_weights(state_dict, names=None):
+    """`state_dict` keyed by the attention's own names, the model's prefix cut.
+
+    A key is cut to the one of `names` it ends with (`"r_w_bias"`,
+    `"q_proj"`, with `.weight` or `.bias` after it), or else to its last two
+    parts (`"q_proj.weight"`).
+    """
     if not isinstance(state_dict, dict):
         raise ValueError(
             "`state_dict` must be a dict of weight names to arrays. Received: "
             f"{type(state_dict).__name__}"
         )
+    known = set()
+    for weight_name in names or ():
+        known.update((weight_name, f"{weight_name}.weight", f"{weight_name}.bias"))
     weights = {}
     for key, value in state_dict.items():
-        short = ".".join(str(key).split(".")[-2:])  # "q_proj.weight"
+        parts = str(key).split(".")
+        short = next(
+            (
+                ".".join(parts[-count:])
+                for count in (2, 1)
+                if ".".join(parts[-count:]) in known
+            ),
+            ".".join(parts[-2:]),
+        )
         if short in weights:
             raise ValueError(
                 f"`state_dict` holds {short} twice (one layer's weights only). "

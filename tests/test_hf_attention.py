@@ -196,3 +196,97 @@ def test_gemma_logit_soft_cap_raises_value_error_naming_it():
     config = dict(config_of("gemma3_full"), attn_logit_softcapping=50.0)
     with pytest.raises(ValueError, match="attn_logit_softcapping'\\]=50.0"):
         hf_config.attention_from_hf(config, state_dict_of("gemma3_full"), 1)
+
+
+# Transformer-XL's encoders, from `relative_attention.npz`
+# (`generate_relative_attention.py`): the references' own modules, with and
+# without a padding mask. The configs are theirs, as `config.json` names the
+# sizes.
+RELATIVE = np.load(pathlib.Path(__file__).parent / "fixtures" / "relative_attention.npz")
+
+
+def relative_case(name):
+    arrays = {
+        key.split("/", 1)[1]: RELATIVE[key]
+        for key in RELATIVE.files
+        if key.startswith(name + "/")
+    }
+    return arrays, json.loads(str(arrays.pop("config")))
+
+
+def hf_config_of(name, config):
+    if name == "parakeet":
+        return {
+            "model_type": "parakeet_encoder",
+            "hidden_size": config["hidden_size"],
+            "num_attention_heads": config["num_heads"],
+            "attention_bias": config["attention_bias"],
+        }
+    if name == "w2v2_conformer":
+        return {
+            "model_type": "wav2vec2-conformer",
+            "hidden_size": config["hidden_size"],
+            "num_attention_heads": config["num_heads"],
+            "position_embeddings_type": "relative",
+        }
+    return {
+        "model_type": "xlnet",
+        "d_model": config["d_model"],
+        "n_head": config["num_heads"],
+        "d_head": config["head_dim"],
+        "clamp_len": config["clamp_len"],
+    }
+
+
+# The weights each reference's attention module holds, under its names.
+RELATIVE_WEIGHTS = {
+    "parakeet": ("q_proj", "k_proj", "v_proj", "o_proj", "relative_k_proj", "bias_u", "bias_v"),
+    "w2v2_conformer": (
+        "linear_q", "linear_k", "linear_v", "linear_out", "linear_pos", "pos_bias_u", "pos_bias_v",
+    ),
+    "xlnet": (
+        "q", "k", "v", "o", "r", "r_w_bias", "r_r_bias", "r_s_bias", "seg_embed", "layer_norm",
+    ),
+}
+
+
+def relative_state_dict(name, arrays, prefix="encoder.layers.0.self_attn."):
+    family = "xlnet" if name.startswith("xlnet") else name
+    return {
+        prefix + key: value
+        for key, value in arrays.items()
+        if key.split(".")[0] in RELATIVE_WEIGHTS[family]
+    }
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding-mask"])
+@pytest.mark.parametrize("name", ["parakeet", "w2v2_conformer", "xlnet", "xlnet_mems", "xlnet_clamp"])
+def test_transformer_xl_encoders_equal_their_references(name, masked):
+    arrays, config = relative_case(name)
+    attention = hf_config.attention_from_hf(
+        hf_config_of(name, config), relative_state_dict(name, arrays)
+    )
+    assert type(attention.position).__name__ == "TransformerXLPosition"
+    tokens = arrays["hidden_states"].astype("float32")
+    keys, query_positions = tokens, None
+    if config.get("mlen"):
+        # XLNet's memory comes first; the queries sit after it.
+        keys = np.concatenate([arrays["memory"].astype("float32"), tokens], axis=1)
+        query_positions = config["mlen"] + np.arange(config["qlen"])
+    allowed = arrays["mask/allowed"]
+    output = numpy(
+        attention(
+            tokens, keys, attention_mask=allowed if masked else None,
+            query_positions=query_positions,
+        )
+    )
+    expected = arrays[f"{'mask' if masked else 'nomask'}/output"]
+    rows = allowed.any(-1) if masked else np.ones(tokens.shape[:2], bool)
+    np.testing.assert_allclose(output[rows], expected[rows], rtol=0, atol=ATOL)
+
+
+def test_conformer_with_rotary_positions_is_refused_by_name():
+    arrays, config = relative_case("w2v2_conformer")
+    hf = dict(hf_config_of("w2v2_conformer", config), position_embeddings_type="rotary")
+    with pytest.raises(ValueError, match="position_embeddings_type'\\]='rotary'"):
+        hf_config.attention_from_hf(hf, relative_state_dict("w2v2_conformer", arrays))
