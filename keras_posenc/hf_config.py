@@ -676,6 +676,20 @@ _RELATIVE_ENCODERS = {
     ),
     "xlnet": (("q", "k", "v", "o", "r", "r_w_bias", "r_r_bias"), {"pairing": "half"}),
 }
+# DeBERTa-v2's attention weights, its encoder's relative embeddings and their
+# LayerNorm, and the LayerNorm after the residual, which is not the
+# attention's.
+_DEBERTA_WEIGHTS = (
+    "query_proj",
+    "key_proj",
+    "value_proj",
+    "pos_key_proj",
+    "pos_query_proj",
+    "output.dense",
+    "rel_embeddings",
+    "encoder.LayerNorm",
+    "output.LayerNorm",
+)
 # XLNet's weights outside its content stream's attention: the segment
 # term's (`seg_mat`) and the LayerNorm after the residual.
 _XLNET_OTHER_WEIGHTS = ("r_s_bias", "seg_embed", "layer_norm.weight", "layer_norm.bias")
@@ -725,6 +739,11 @@ def attention_from_hf(config, state_dict, layer_index=0):
       stream, without the segment term, and up to the einsum with `o`: its
       residual and LayerNorm are the caller's (their weights, and the
       segment term's, are passed over);
+    - `"deberta-v2"` (DeBERTa v2 and v3): its disentangled attention
+      (`DisentangledPosition`), with the encoder's `rel_embeddings` and
+      their LayerNorm (`norm_rel_ebd`) in the state dict beside the layer's
+      `attention.self.*` and `attention.output.dense`, the output projection
+      (the LayerNorm after the residual is passed over);
     - `"llama4"`, `"llama4_text"`: RoPE and NoPE layers, the attention
       temperature of the NoPE layers, and with `use_qk_norm` the L2 norm of
       the RoPE layers' queries and keys after RoPE
@@ -778,15 +797,18 @@ def attention_from_hf(config, state_dict, layer_index=0):
     _check_dict(config)
     text, name = text_config(config)
     model_type = text.get("model_type")
-    if model_type not in _ATTENTION_MODEL_TYPES + tuple(_RELATIVE_ENCODERS):
+    readable = _ATTENTION_MODEL_TYPES + tuple(_RELATIVE_ENCODERS) + ("deberta-v2",)
+    if model_type not in readable:
         raise ValueError(
             "`attention_from_hf` builds the attention of "
-            f"{', '.join(map(repr, _ATTENTION_MODEL_TYPES + tuple(_RELATIVE_ENCODERS)))} "
+            f"{', '.join(map(repr, readable))} "
             "models. Received: "
             f"{name} with model_type={model_type!r}"
         )
     if model_type in _RELATIVE_ENCODERS:
         return _relative_encoder_attention(text, name, model_type, state_dict)
+    if model_type == "deberta-v2":
+        return _deberta_attention(text, name, state_dict)
     num_layers = text.get("num_hidden_layers")
     ops.check_positive_int(f"{name}['num_hidden_layers']", num_layers)
     if (
@@ -997,6 +1019,81 @@ def _relative_encoder_attention(text, name, model_type, state_dict):
     return attention
 
 
+def _deberta_attention(text, name, state_dict):
+    """`attention_from_hf` of DeBERTa-v2's disentangled attention."""
+    hidden_size, heads = text.get("hidden_size"), text.get("num_attention_heads")
+    for key, value in (("hidden_size", hidden_size), ("num_attention_heads", heads)):
+        ops.check_positive_int(f"{name}[{key!r}]", value)
+    head_dim = text.get("attention_head_size") or hidden_size // heads
+    terms = text.get("pos_att_type") or []
+    if isinstance(terms, str):
+        terms = [term for term in terms.lower().split("|") if term]
+    position = None
+    share = bool(text.get("share_att_key", False))
+    norms = [
+        part.strip() for part in str(text.get("norm_rel_ebd", "none")).lower().split("|")
+    ]
+    if text.get("relative_attention", False) and terms:
+        max_relative = text.get("max_relative_positions", -1)
+        if max_relative is None or max_relative < 1:
+            max_relative = text.get("max_position_embeddings", 512)
+        position = keras.saving.get_registered_object(
+            "keras_posenc>DisentangledPosition"
+        )(
+            max_relative_positions=max_relative,
+            position_buckets=text.get("position_buckets", -1),
+            share_att_key=share,
+            pos_att_type=list(terms),
+            layer_norm="layer_norm" in norms,
+            layer_norm_epsilon=text.get("layer_norm_eps", 1e-7),
+        )
+    attention = keras.saving.get_registered_object(
+        "keras_posenc>PositionalMultiHeadAttention"
+    )(num_heads=heads, key_dim=head_dim, position=position)
+    attention.build((None, None, hidden_size), (None, None, hidden_size))
+    weights = _layer_weights(state_dict, _DEBERTA_WEIGHTS)
+
+    def heads_kernel(weight_name):
+        return _required(weights, weight_name).T.reshape(hidden_size, heads, head_dim)
+
+    def heads_bias(weight_name):
+        return _required(weights, weight_name).reshape(heads, head_dim)
+
+    for dense, weight_name in (
+        (attention.query_dense, "query_proj"),
+        (attention.key_dense, "key_proj"),
+        (attention.value_dense, "value_proj"),
+    ):
+        _assign(dense.kernel, heads_kernel(f"{weight_name}.weight"), weight_name)
+        _assign(dense.bias, heads_bias(f"{weight_name}.bias"), f"{weight_name}.bias")
+    output = _required(weights, "output.dense.weight")  # (hidden, heads * dim)
+    _assign(
+        attention.output_dense.kernel,
+        output.T.reshape(heads, head_dim, hidden_size),
+        "output.dense.weight",
+    )
+    _assign(attention.output_dense.bias, _required(weights, "output.dense.bias"), "output.dense.bias")
+    if position is not None:
+        _assign(position.embeddings, _required(weights, "rel_embeddings.weight"), "rel_embeddings")
+        if position.layer_norm:
+            _assign(position.layer_norm_gamma, _required(weights, "encoder.LayerNorm.weight"), "encoder.LayerNorm.weight")
+            _assign(position.layer_norm_beta, _required(weights, "encoder.LayerNorm.bias"), "encoder.LayerNorm.bias")
+        if not share:
+            for term, role in (("c2p", "key"), ("p2c", "query")):
+                if term in position.pos_att_type:
+                    weight_name = f"pos_{role}_proj"
+                    _assign(getattr(position, f"pos_{role}_kernel"), heads_kernel(f"{weight_name}.weight"), weight_name)
+                    _assign(getattr(position, f"pos_{role}_bias"), heads_bias(f"{weight_name}.bias"), f"{weight_name}.bias")
+    for other in ("output.LayerNorm.weight", "output.LayerNorm.bias"):
+        weights.pop(other, None)
+    if weights:
+        raise ValueError(
+            "`state_dict` holds weights that a deberta-v2 attention layer has "
+            f"no place for: {sorted(weights)}"
+        )
+    return attention
+
+
 def _required(weights, weight_name):
     """`weights[weight_name]` as float32 NumPy, taken out, or a `ValueError`."""
     import numpy as np
@@ -1064,7 +1161,7 @@ def _layer_weights(state_dict, names=None):
         short = next(
             (
                 ".".join(parts[-count:])
-                for count in (2, 1)
+                for count in (3, 2, 1)
                 if ".".join(parts[-count:]) in known
             ),
             ".".join(parts[-2:]),

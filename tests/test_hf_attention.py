@@ -290,3 +290,66 @@ def test_conformer_with_rotary_positions_is_refused_by_name():
     hf = dict(hf_config_of("w2v2_conformer", config), position_embeddings_type="rotary")
     with pytest.raises(ValueError, match="position_embeddings_type'\\]='rotary'"):
         hf_config.attention_from_hf(hf, relative_state_dict("w2v2_conformer", arrays))
+
+
+DEBERTA_CASES = (
+    "deberta_share_c2p_p2c", "deberta_noshare_c2p_p2c", "deberta_noshare_p2c", "deberta_nobuckets",
+)
+
+
+def deberta_inputs(name):
+    arrays, config = relative_case(name)
+    hf = {
+        "model_type": "deberta-v2",
+        "hidden_size": config["hidden_size"],
+        "num_attention_heads": config["num_heads"],
+        "relative_attention": True,
+        "max_relative_positions": config["max_relative_positions"],
+        "position_buckets": config["position_buckets"],
+        "pos_att_type": "|".join(config["pos_att_type"]),
+        "share_att_key": config["share_att_key"],
+        "norm_rel_ebd": config["norm_rel_ebd"],
+        "layer_norm_eps": 1e-7,
+    }
+    hidden = config["hidden_size"]
+    prefix = "deberta.encoder.layer.0.attention."
+    state_dict = {
+        prefix + "self." + key: value
+        for key, value in arrays.items()
+        if key.split(".")[0] in ("query_proj", "key_proj", "value_proj", "pos_key_proj", "pos_query_proj")
+    }
+    for key in ("encoder.rel_embeddings.weight", "encoder.LayerNorm.weight", "encoder.LayerNorm.bias"):
+        if key in arrays:
+            state_dict["deberta." + key] = arrays[key]
+    # The reference's output is the context, before `DebertaV2SelfOutput`:
+    # its dense layer here the identity, and its LayerNorm, after the
+    # residual, none of the attention's.
+    state_dict[prefix + "output.dense.weight"] = np.eye(hidden)
+    state_dict[prefix + "output.dense.bias"] = np.zeros(hidden)
+    state_dict[prefix + "output.LayerNorm.weight"] = np.ones(hidden)
+    state_dict[prefix + "output.LayerNorm.bias"] = np.zeros(hidden)
+    return arrays, hf, state_dict
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding-mask"])
+@pytest.mark.parametrize("name", DEBERTA_CASES)
+def test_deberta_equals_transformers(name, masked):
+    arrays, hf, state_dict = deberta_inputs(name)
+    attention = hf_config.attention_from_hf(hf, state_dict)
+    assert attention.position.share_att_key == hf["share_att_key"]
+    tokens = arrays["hidden_states"].astype("float32")
+    allowed = arrays["mask/allowed"]
+    output = numpy(attention(tokens, tokens, attention_mask=allowed if masked else None))
+    expected = arrays[f"{'mask' if masked else 'nomask'}/output"]
+    rows = allowed.any(-1) if masked else np.ones(tokens.shape[:2], bool)
+    np.testing.assert_allclose(output[rows], expected[rows], rtol=0, atol=ATOL)
+
+
+def test_deberta_of_a_whole_model_raises_value_error_naming_the_repeat():
+    arrays, hf, state_dict = deberta_inputs("deberta_share_c2p_p2c")
+    # A second layer's weights: one layer's are wanted.
+    state_dict.update(
+        {key.replace("layer.0.", "layer.1."): value for key, value in state_dict.items()}
+    )
+    with pytest.raises(ValueError, match="twice"):
+        hf_config.attention_from_hf(hf, state_dict)
