@@ -744,6 +744,13 @@ def attention_from_hf(config, state_dict, layer_index=0):
       their LayerNorm (`norm_rel_ebd`) in the state dict beside the layer's
       `attention.self.*` and `attention.output.dense`, the output projection
       (the LayerNorm after the residual is passed over);
+    - `"t5"`, `"mt5"`: T5's self-attention with its relative bias
+      (`RelativePositionBias`), bidirectional in the encoder and causal
+      where the config says `is_decoder` (pass `dict(config,
+      is_decoder=True)` for a decoder layer). The bias lives in the first
+      block (`relative_attention_bias.weight`) and serves every layer:
+      give it in the state dict of any layer. T5's logits are not scaled,
+      so the query kernel is multiplied by `sqrt(d_kv)`;
     - `"llama4"`, `"llama4_text"`: RoPE and NoPE layers, the attention
       temperature of the NoPE layers, and with `use_qk_norm` the L2 norm of
       the RoPE layers' queries and keys after RoPE
@@ -797,7 +804,9 @@ def attention_from_hf(config, state_dict, layer_index=0):
     _check_dict(config)
     text, name = text_config(config)
     model_type = text.get("model_type")
-    readable = _ATTENTION_MODEL_TYPES + tuple(_RELATIVE_ENCODERS) + ("deberta-v2",)
+    readable = (
+        _ATTENTION_MODEL_TYPES + tuple(_RELATIVE_ENCODERS) + ("deberta-v2", "t5", "mt5")
+    )
     if model_type not in readable:
         raise ValueError(
             "`attention_from_hf` builds the attention of "
@@ -809,6 +818,8 @@ def attention_from_hf(config, state_dict, layer_index=0):
         return _relative_encoder_attention(text, name, model_type, state_dict)
     if model_type == "deberta-v2":
         return _deberta_attention(text, name, state_dict)
+    if model_type in ("t5", "mt5"):
+        return _t5_attention(text, name, state_dict)
     num_layers = text.get("num_hidden_layers")
     ops.check_positive_int(f"{name}['num_hidden_layers']", num_layers)
     if (
@@ -1090,6 +1101,64 @@ def _deberta_attention(text, name, state_dict):
         raise ValueError(
             "`state_dict` holds weights that a deberta-v2 attention layer has "
             f"no place for: {sorted(weights)}"
+        )
+    return attention
+
+
+def _t5_attention(text, name, state_dict):
+    """`attention_from_hf` of T5's self-attention, its relative bias inside."""
+    import numpy as np
+
+    hidden_size, heads, head_dim = text.get("d_model"), text.get("num_heads"), text.get("d_kv")
+    for key, value in (("d_model", hidden_size), ("num_heads", heads), ("d_kv", head_dim)):
+        ops.check_positive_int(f"{name}[{key!r}]", value)
+    position = keras.saving.get_registered_object("keras_posenc>RelativePositionBias")(
+        heads,
+        num_buckets=text.get("relative_attention_num_buckets", 32),
+        max_distance=text.get("relative_attention_max_distance", 128),
+        bidirectional=not text.get("is_decoder", False),
+    )
+    attention = keras.saving.get_registered_object(
+        "keras_posenc>PositionalMultiHeadAttention"
+    )(num_heads=heads, key_dim=head_dim, position=position, use_bias=False)
+    attention.build((None, None, hidden_size), (None, None, hidden_size))
+    weights = _layer_weights(state_dict, ("q", "k", "v", "o", "relative_attention_bias"))
+    # T5 does not scale its logits; the layer multiplies the queries by
+    # `1 / sqrt(d_kv)`, which the query kernel undoes.
+    unscaled = np.float32(math.sqrt(head_dim))
+    for dense, weight_name, factor in (
+        (attention.query_dense, "q", unscaled),
+        (attention.key_dense, "k", 1.0),
+        (attention.value_dense, "v", 1.0),
+    ):
+        kernel = _required(weights, f"{weight_name}.weight")  # (heads * d_kv, d_model)
+        if kernel.shape != (heads * head_dim, hidden_size):
+            raise ValueError(
+                f"`state_dict['{weight_name}.weight']` must have shape "
+                f"{(heads * head_dim, hidden_size)} for this config. Received: "
+                f"shape {kernel.shape}"
+            )
+        _assign(dense.kernel, kernel.T.reshape(hidden_size, heads, head_dim) * factor, weight_name)
+    output = _required(weights, "o.weight")  # (d_model, heads * d_kv)
+    if output.shape != (hidden_size, heads * head_dim):
+        raise ValueError(
+            f"`state_dict['o.weight']` must have shape {(hidden_size, heads * head_dim)} "
+            f"for this config. Received: shape {output.shape}"
+        )
+    _assign(
+        attention.output_dense.kernel,
+        output.T.reshape(heads, head_dim, hidden_size),
+        "o.weight",
+    )
+    _assign(
+        position.embeddings,
+        _required(weights, "relative_attention_bias.weight"),
+        "relative_attention_bias.weight",
+    )
+    if weights:
+        raise ValueError(
+            "`state_dict` holds weights that a T5 attention layer has no place "
+            f"for: {sorted(weights)}"
         )
     return attention
 

@@ -353,3 +353,50 @@ def test_deberta_of_a_whole_model_raises_value_error_naming_the_repeat():
     )
     with pytest.raises(ValueError, match="twice"):
         hf_config.attention_from_hf(hf, state_dict)
+
+
+@pytest.mark.parametrize("family", ["t5_encoder", "t5_decoder"])
+def test_t5_equals_transformers(family):
+    config = config_of(family)
+    attention = hf_config.attention_from_hf(config, state_dict_of(family))
+    causal = config["is_decoder"]
+    assert attention.position.bidirectional == (not causal)
+    output = attention(HIDDEN, HIDDEN, use_causal_mask=causal)
+    assert_close(output, FIXTURE[f"{family}/full/output"])
+    # Left padding: T5 reads its bias at token indices, the default positions.
+    real = FIXTURE[f"{family}/left/mask"].astype(bool)
+    output = numpy(
+        attention(
+            HIDDEN, HIDDEN, use_causal_mask=causal,
+            attention_mask=np.broadcast_to(real[:, None, :], (BATCH, LENGTH, LENGTH)),
+        )
+    )
+    expected = FIXTURE[f"{family}/left/output"]
+    for b in range(BATCH):
+        assert_close(output[b, real[b]], expected[b, real[b]], err_msg=f"entry {b}")
+    if causal:
+        cache = keras.ops.zeros((BATCH, 2, LENGTH, 4, 8))
+        _, cache = attention(
+            HIDDEN[:, :PREFILL], HIDDEN[:, :PREFILL],
+            cache=cache, cache_update_index=0, use_causal_mask=True,
+        )
+        steps = []
+        for step in range(PREFILL, LENGTH):
+            token = HIDDEN[:, step : step + 1]
+            output, cache = attention(
+                token, token, cache=cache, cache_update_index=step, use_causal_mask=True
+            )
+            steps.append(numpy(output))
+        assert_close(np.concatenate(steps, axis=1), FIXTURE[f"{family}/decode/output"])
+
+
+def test_t5_later_layer_takes_the_first_blocks_bias():
+    # A later block has no bias of its own: the first block's serves it.
+    config = config_of("t5_encoder")
+    weights = state_dict_of("t5_encoder", prefix="encoder.block.3.layer.0.SelfAttention.")
+    bias = weights.pop("encoder.block.3.layer.0.SelfAttention.relative_attention_bias.weight")
+    with pytest.raises(ValueError, match="relative_attention_bias.weight"):
+        hf_config.attention_from_hf(config, weights)
+    weights["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = bias
+    attention = hf_config.attention_from_hf(config, weights)
+    assert_close(attention(HIDDEN, HIDDEN), FIXTURE["t5_encoder/full/output"])
