@@ -251,3 +251,33 @@ def test_config_and_keras_file_keep_the_groups(tmp_path):
     ]
     assert tuple(loaded_attention.key_dense.kernel.shape) == (FEATURES, 2, KEY_DIM)
     np.testing.assert_array_equal(numpy(loaded(tokens)), numpy(model(tokens)))
+
+
+@pytest.mark.parametrize("scheme", ["none", "rotary", "alibi"])
+def test_the_fused_kernel_reads_the_groups_where_nothing_else_reads_the_keys(
+    scheme, monkeypatch
+):
+    # The backend's fused attention (PyTorch's SDPA, JAX's kernel) takes
+    # the key/value heads as they are for a scheme that changes the queries
+    # and keys only; a bias's scheme gets each head repeated over its group.
+    from keras_posenc.ops import _backend
+
+    seen = []
+    fused = _backend.fused_attention
+
+    def spy(query, key, value, **kwargs):
+        seen.append((query.shape[2], key.shape[2], value.shape[2]))
+        return fused(query, key, value, **kwargs)
+
+    layer = grouped(scheme)
+    monkeypatch.setattr(_backend, "fused_attention", spy)
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    output = layer(tokens, tokens, use_causal_mask=True)
+    expected, _ = reference_attention(layer, tokens, tokens, causal=True)
+    assert_close(output, expected)
+    if not _backend.has_fused_attention():
+        assert seen == []
+    elif scheme == "alibi":
+        assert seen == [(HEADS, HEADS, HEADS)]
+    else:
+        assert seen == [(HEADS, 1, 1)]

@@ -311,8 +311,10 @@ def attend(
         attention: the call's `Attention`.
         query: tensor of shape `(batch, query, heads, key_dim)`, multiplied
             by the scheme's `logits_scale`.
-        key: tensor of shape `(batch, key, heads, key_dim)`.
-        value: tensor of shape `(batch, key, heads, value_dim)`.
+        key: tensor of shape `(batch, key, key/value heads, key_dim)`, the
+            key/value heads dividing the query heads (grouped-query
+            attention where fewer).
+        value: tensor of shape `(batch, key, key/value heads, value_dim)`.
         attention_mask: None, or the inputs' and the caller's masks
             combined, `(batch, query, key)` or `(batch, heads | 1, query,
             key)`.
@@ -326,6 +328,20 @@ def attend(
         where they are not asked for.
     """
     path, block = choose(attention, query, value, context, returns_scores, training)
+    groups = query.shape[2] // key.shape[2]
+    position = attention.position
+    if groups > 1 and not (
+        path == "fused"
+        and (
+            position is None
+            or not {"logits_bias", "value_term"} & position.contributions
+        )
+    ):
+        # Query head `h` reads key/value head `h // groups`. The fused
+        # kernels take the groups as they are where nothing else reads the
+        # keys; elsewhere each key/value head is repeated over its group.
+        key = keras.ops.repeat(key, groups, axis=2)  # (batch, key, heads, key_dim)
+        value = keras.ops.repeat(value, groups, axis=2)
     if path == "fused":
         first = 0 if context.consecutive else None
         return fused(attention, query, key, value, attention_mask, context, first), None

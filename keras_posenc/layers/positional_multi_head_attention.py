@@ -1060,12 +1060,6 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             query, key, value, cache = self._update_cache(
                 query, key, value, cache, context
             )
-        if self._grouped:
-            # Query head `h` reads key/value head `h // groups`, as Keras'
-            # `GroupedQueryAttention` and Hugging Face's `repeat_kv` do.
-            groups = self.num_heads // self.num_key_value_heads
-            key = keras.ops.repeat(key, groups, axis=2)  # (batch, key, heads, key_dim)
-            value = keras.ops.repeat(value, groups, axis=2)
         scale = (
             1.0 / math.sqrt(self.key_dim)
             if position is None

@@ -397,8 +397,10 @@ def fused_attention(
 
     Args:
         query: tensor of shape `(batch, query, heads, key_dim)`, scaled.
-        key: tensor of shape `(batch, key, heads, key_dim)`.
-        value: tensor of shape `(batch, key, heads, value_dim)`.
+        key: tensor of shape `(batch, key, key/value heads, key_dim)`: as
+            many heads, or fewer dividing them (grouped-query attention,
+            query head `h` reading key/value head `h // groups`).
+        value: tensor of shape `(batch, key, key/value heads, value_dim)`.
         bias: None, or a float tensor broadcastable to `(batch, heads,
             query, key)`, in the queries' dtype.
         mask: None, or a bool tensor broadcastable to `(batch, heads,
@@ -435,6 +437,9 @@ def fused_attention(
 
         attend = dict(attn_mask=bias if mask is None else mask, is_causal=is_causal)
         query_, key_, value_ = map(heads_first, (query, key, value))
+        groups = query_.shape[1] // key_.shape[1]
+        if groups > 1:
+            attend["enable_gqa"] = True
         # SDPA gives a query holding NaN (xPos's sign of a position out of
         # its range) an output of zeros, and with a mask or a bias passes a
         # key's NaN on to every query, those that mask the key too. Where a
@@ -444,12 +449,14 @@ def fused_attention(
         nan_queries = reads_nan = None
         if torch.isnan(torch.sum(query_) + torch.sum(key_)):
             nan_queries = torch.isnan(query_).any(-1, keepdim=True)  # (b, h, t, 1)
-            nan_keys = torch.isnan(key_).any(-1)  # (batch, heads, key)
+            nan_keys = torch.isnan(key_).any(-1)  # (batch, key/value heads, key)
             if attend["attn_mask"] is not None and nan_keys.any():
                 key_ = torch.where(nan_keys[..., None], 0.0, key_)
                 attended = (
                     mask if mask is not None else bias > float("-inf")
                 )  # (batch | 1, heads | 1, query, key)
+                # Each query head reads its group's key/value head.
+                nan_keys = torch.repeat_interleave(nan_keys, groups, dim=1)
                 reads_nan = (attended & nan_keys[:, :, None]).any(-1, keepdim=True)
         if flash_attention:
             with torch.nn.attention.sdpa_kernel(
