@@ -121,7 +121,11 @@ def test_left_padding_equals_transformers(family):
 def test_cached_decoding_equals_transformers(family):
     if needs_window(family):
         return test_a_causal_pass_equals_transformers(family)
-    attention = built(family)
+    assert_close(decoded(built(family)), FIXTURE[f"{family}/decode/output"])
+
+
+def decoded(attention):
+    """The outputs of tokens PREFILL.. decoded a token at a time after the prompt's."""
     cache = keras.ops.zeros(
         (BATCH, 2, LENGTH, attention.num_key_value_heads, attention.key_dim)
     )
@@ -136,7 +140,7 @@ def test_cached_decoding_equals_transformers(family):
             token, token, cache=cache, cache_update_index=step, use_causal_mask=True
         )
         steps.append(numpy(output))
-    assert_close(np.concatenate(steps, axis=1), FIXTURE[f"{family}/decode/output"])
+    return np.concatenate(steps, axis=1)
 
 
 def test_families_are_read_as_transformers_builds_them():
@@ -375,19 +379,7 @@ def test_t5_equals_transformers(family):
     for b in range(BATCH):
         assert_close(output[b, real[b]], expected[b, real[b]], err_msg=f"entry {b}")
     if causal:
-        cache = keras.ops.zeros((BATCH, 2, LENGTH, 4, 8))
-        _, cache = attention(
-            HIDDEN[:, :PREFILL], HIDDEN[:, :PREFILL],
-            cache=cache, cache_update_index=0, use_causal_mask=True,
-        )
-        steps = []
-        for step in range(PREFILL, LENGTH):
-            token = HIDDEN[:, step : step + 1]
-            output, cache = attention(
-                token, token, cache=cache, cache_update_index=step, use_causal_mask=True
-            )
-            steps.append(numpy(output))
-        assert_close(np.concatenate(steps, axis=1), FIXTURE[f"{family}/decode/output"])
+        assert_close(decoded(attention), FIXTURE[f"{family}/decode/output"])
 
 
 def test_t5_later_layer_takes_the_first_blocks_bias():

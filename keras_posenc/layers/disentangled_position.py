@@ -232,15 +232,7 @@ class DisentangledPosition(AttentionPosition):
                 raise ValueError(
                     f"`{name}` must be True or False. Received: {name}={value!r}"
                 )
-        if (
-            isinstance(layer_norm_epsilon, bool)
-            or not isinstance(layer_norm_epsilon, numbers.Real)
-            or not 0 < layer_norm_epsilon < math.inf
-        ):
-            raise ValueError(
-                "`layer_norm_epsilon` must be a positive number. Received: "
-                f"layer_norm_epsilon={layer_norm_epsilon!r}"
-            )
+        ops.check_positive_number("layer_norm_epsilon", layer_norm_epsilon)
         self.max_relative_positions = max_relative_positions
         self.position_buckets = position_buckets
         self.share_att_key = share_att_key

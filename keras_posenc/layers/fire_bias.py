@@ -1,5 +1,4 @@
 import math
-import numbers
 
 import keras
 
@@ -8,18 +7,6 @@ from keras_posenc.layers._schemes import HeadBias
 from keras_posenc.layers._schemes import key_distance
 from keras_posenc.layers._schemes import read_initializer
 from keras_posenc.ops import _backend
-
-
-def _check_positive_number(name, value):
-    if (
-        not isinstance(value, numbers.Real)
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(
-            f"`{name}` must be a positive number. Received: {name}={value!r}"
-        )
 
 
 def _rows_below(first, threshold, queries):
@@ -155,9 +142,9 @@ class FireBias(HeadBias):
         super().__init__(**kwargs)
         ops.check_positive_int("num_heads", num_heads)
         ops.check_positive_int("mlp_width", mlp_width)
-        _check_positive_number("init_c", init_c)
-        _check_positive_number("init_threshold", init_threshold)
-        _check_positive_number("eps", eps)
+        ops.check_positive_number("init_c", init_c)
+        ops.check_positive_number("init_threshold", init_threshold)
+        ops.check_positive_number("eps", eps)
         ops.check_bool("bidirectional", bidirectional)
         self.num_heads = num_heads
         self.mlp_width = mlp_width

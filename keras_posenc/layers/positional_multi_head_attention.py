@@ -399,20 +399,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 "`qk_norm` must be None or one of "
                 f"{', '.join(map(repr, QK_NORMS))}. Received: qk_norm={qk_norm!r}"
             )
-        if not isinstance(qk_norm_after_position, bool):
-            raise ValueError(
-                "`qk_norm_after_position` must be True or False. Received: "
-                f"qk_norm_after_position={qk_norm_after_position!r}"
-            )
-        if (
-            isinstance(qk_norm_epsilon, bool)
-            or not isinstance(qk_norm_epsilon, numbers.Real)
-            or not 0 < qk_norm_epsilon < math.inf
-        ):
-            raise ValueError(
-                "`qk_norm_epsilon` must be a positive number. Received: "
-                f"qk_norm_epsilon={qk_norm_epsilon!r}"
-            )
+        ops.check_bool("qk_norm_after_position", qk_norm_after_position)
+        ops.check_positive_number("qk_norm_epsilon", qk_norm_epsilon)
         self.qk_norm = qk_norm
         self.qk_norm_after_position = qk_norm_after_position
         self.qk_norm_epsilon = float(qk_norm_epsilon)

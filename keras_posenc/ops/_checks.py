@@ -126,6 +126,19 @@ def check_number_above_one(name, value):
         )
 
 
+def check_positive_number(name, value):
+    """Raise a `ValueError` naming `name` unless `value` is a finite number above 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            f"`{name}` must be a positive number. Received: {name}={value!r}"
+        )
+
+
 def check_max_wavelength(max_wavelength):
     """Raise a `ValueError` unless `max_wavelength` is a number above 1."""
     check_number_above_one("max_wavelength", max_wavelength)
