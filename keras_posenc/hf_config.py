@@ -704,7 +704,7 @@ _PROJECTION_NAMES = (
 )
 
 
-def attention_from_hf(config, state_dict, layer_index=0):
+def attention_from_hf(config, state_dict, layer_index=0, shared_position=None):
     """A Hugging Face decoder layer's attention, with its weights, in one call.
 
     Reads a model's `config.json` (parsed into a dict) and one layer's
@@ -749,7 +749,8 @@ def attention_from_hf(config, state_dict, layer_index=0):
       where the config says `is_decoder` (pass `dict(config,
       is_decoder=True)` for a decoder layer). The bias lives in the first
       block (`relative_attention_bias.weight`) and serves every layer:
-      give it in the state dict of any layer. T5's logits are not scaled,
+      give it in the state dict of any layer, or share the first layer's
+      with `shared_position`. T5's logits are not scaled,
       so the query kernel is multiplied by `sqrt(d_kv)`;
     - `"llama4"`, `"llama4_text"`: RoPE and NoPE layers, the attention
       temperature of the NoPE layers, and with `use_qk_norm` the L2 norm of
@@ -767,6 +768,13 @@ def attention_from_hf(config, state_dict, layer_index=0):
         config: dict. The parsed `config.json`; a composite model's text
             config is read as `text_config` finds it.
         state_dict: dict of str to array. One layer's attention weights.
+        shared_position: None, or the `position` of an attention this
+            function built for another layer of the same model: T5's
+            relative bias and DeBERTa's relative embeddings are one table
+            for every layer, which this layer then shares (trained once,
+            saved once) rather than holding a copy; the state dict need not
+            hold it. Refused for the other families, whose positions are
+            their own per layer. Defaults to `None`.
         layer_index: int. The layer's index, for its position and its
             window. Defaults to `0`.
 
@@ -816,10 +824,17 @@ def attention_from_hf(config, state_dict, layer_index=0):
         )
     if model_type in _RELATIVE_ENCODERS:
         return _relative_encoder_attention(text, name, model_type, state_dict)
+    if shared_position is not None and model_type not in ("deberta-v2", "t5", "mt5"):
+        raise ValueError(
+            "`shared_position` shares the one table of T5's relative bias or "
+            "DeBERTa's relative embeddings between layers; a "
+            f"{model_type} layer's position is its own. Received: "
+            f"shared_position={type(shared_position).__name__}"
+        )
     if model_type == "deberta-v2":
-        return _deberta_attention(text, name, state_dict)
+        return _deberta_attention(text, name, state_dict, shared_position)
     if model_type in ("t5", "mt5"):
-        return _t5_attention(text, name, state_dict)
+        return _t5_attention(text, name, state_dict, shared_position)
     num_layers = text.get("num_hidden_layers")
     ops.check_positive_int(f"{name}['num_hidden_layers']", num_layers)
     if (
@@ -1030,7 +1045,22 @@ def _relative_encoder_attention(text, name, model_type, state_dict):
     return attention
 
 
-def _deberta_attention(text, name, state_dict):
+def _check_shared(shared_position, position):
+    """`shared_position`, if it is a position of the config's kind and sizes, or None."""
+    if shared_position is None:
+        return None
+    if type(shared_position) is not type(position) or (
+        shared_position.get_config() | {"name": None}
+    ) != (position.get_config() | {"name": None}):
+        raise ValueError(
+            "`shared_position` must be the position of another layer of the "
+            f"same model: a {type(position).__name__} of the config's "
+            f"arguments. Received: shared_position={shared_position!r}"
+        )
+    return shared_position
+
+
+def _deberta_attention(text, name, state_dict, shared_position=None):
     """`attention_from_hf` of DeBERTa-v2's disentangled attention."""
     hidden_size, heads = text.get("hidden_size"), text.get("num_attention_heads")
     for key, value in (("hidden_size", hidden_size), ("num_attention_heads", heads)):
@@ -1058,6 +1088,8 @@ def _deberta_attention(text, name, state_dict):
             layer_norm="layer_norm" in norms,
             layer_norm_epsilon=text.get("layer_norm_eps", 1e-7),
         )
+    shared = _check_shared(shared_position, position)
+    position = shared or position
     attention = keras.saving.get_registered_object(
         "keras_posenc>PositionalMultiHeadAttention"
     )(num_heads=heads, key_dim=head_dim, position=position)
@@ -1084,7 +1116,7 @@ def _deberta_attention(text, name, state_dict):
         "output.dense.weight",
     )
     _assign(attention.output_dense.bias, _required(weights, "output.dense.bias"), "output.dense.bias")
-    if position is not None:
+    if position is not None and shared is None:
         _assign(position.embeddings, _required(weights, "rel_embeddings.weight"), "rel_embeddings")
         if position.layer_norm:
             _assign(position.layer_norm_gamma, _required(weights, "encoder.LayerNorm.weight"), "encoder.LayerNorm.weight")
@@ -1095,6 +1127,10 @@ def _deberta_attention(text, name, state_dict):
                     weight_name = f"pos_{role}_proj"
                     _assign(getattr(position, f"pos_{role}_kernel"), heads_kernel(f"{weight_name}.weight"), weight_name)
                     _assign(getattr(position, f"pos_{role}_bias"), heads_bias(f"{weight_name}.bias"), f"{weight_name}.bias")
+    if shared is not None:
+        # The shared table is the other layer's; a copy given here is the same.
+        for other in ("rel_embeddings.weight", "encoder.LayerNorm.weight", "encoder.LayerNorm.bias"):
+            weights.pop(other, None)
     for other in ("output.LayerNorm.weight", "output.LayerNorm.bias"):
         weights.pop(other, None)
     if weights:
@@ -1105,7 +1141,7 @@ def _deberta_attention(text, name, state_dict):
     return attention
 
 
-def _t5_attention(text, name, state_dict):
+def _t5_attention(text, name, state_dict, shared_position=None):
     """`attention_from_hf` of T5's self-attention, its relative bias inside."""
     import numpy as np
 
@@ -1118,6 +1154,8 @@ def _t5_attention(text, name, state_dict):
         max_distance=text.get("relative_attention_max_distance", 128),
         bidirectional=not text.get("is_decoder", False),
     )
+    shared = _check_shared(shared_position, position)
+    position = shared or position
     attention = keras.saving.get_registered_object(
         "keras_posenc>PositionalMultiHeadAttention"
     )(num_heads=heads, key_dim=head_dim, position=position, use_bias=False)
@@ -1150,11 +1188,14 @@ def _t5_attention(text, name, state_dict):
         output.T.reshape(heads, head_dim, hidden_size),
         "o.weight",
     )
-    _assign(
-        position.embeddings,
-        _required(weights, "relative_attention_bias.weight"),
-        "relative_attention_bias.weight",
-    )
+    if shared is None:
+        _assign(
+            position.embeddings,
+            _required(weights, "relative_attention_bias.weight"),
+            "relative_attention_bias.weight",
+        )
+    else:
+        weights.pop("relative_attention_bias.weight", None)
     if weights:
         raise ValueError(
             "`state_dict` holds weights that a T5 attention layer has no place "

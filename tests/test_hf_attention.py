@@ -392,3 +392,50 @@ def test_t5_later_layer_takes_the_first_blocks_bias():
     weights["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = bias
     attention = hf_config.attention_from_hf(config, weights)
     assert_close(attention(HIDDEN, HIDDEN), FIXTURE["t5_encoder/full/output"])
+
+
+def test_t5_layers_share_the_first_blocks_bias():
+    config = config_of("t5_encoder")
+    first = hf_config.attention_from_hf(config, state_dict_of("t5_encoder"))
+    later_weights = {
+        key: value for key, value in state_dict_of("t5_encoder").items()
+        if not key.startswith("relative_attention_bias")
+    }
+    later = hf_config.attention_from_hf(
+        config, later_weights, layer_index=1, shared_position=first.position
+    )
+    assert later.position is first.position
+    inputs = keras.Input((None, 32))
+    model = keras.Model(inputs, later(first(inputs, inputs), first(inputs, inputs)))
+    # One table in the model: trained once, saved once.
+    tables = [w for w in model.weights if w.path.endswith("embeddings")]
+    assert len(tables) == 1
+    assert_close(later(HIDDEN, HIDDEN), FIXTURE["t5_encoder/full/output"])
+
+
+def test_deberta_layers_share_the_relative_embeddings():
+    arrays, hf, state_dict = deberta_inputs("deberta_share_c2p_p2c")
+    first = hf_config.attention_from_hf(hf, state_dict)
+    later = hf_config.attention_from_hf(
+        hf,
+        {key: value for key, value in state_dict.items() if "encoder.rel" not in key},
+        shared_position=first.position,
+    )
+    assert later.position is first.position
+    tokens = arrays["hidden_states"].astype("float32")
+    np.testing.assert_allclose(
+        numpy(later(tokens, tokens)), arrays["nomask/output"], rtol=0, atol=ATOL
+    )
+
+
+def test_a_shared_position_of_another_kind_raises_value_error_naming_it():
+    t5 = hf_config.attention_from_hf(config_of("t5_encoder"), state_dict_of("t5_encoder"))
+    with pytest.raises(ValueError, match="shared_position=RelativePositionBias"):
+        hf_config.attention_from_hf(
+            config_of("llama3"), state_dict_of("llama3"), shared_position=t5.position
+        )
+    decoder = dict(config_of("t5_encoder"), is_decoder=True)
+    with pytest.raises(ValueError, match="another layer of the same model"):
+        hf_config.attention_from_hf(
+            decoder, state_dict_of("t5_encoder"), shared_position=t5.position
+        )
