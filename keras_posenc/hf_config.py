@@ -775,8 +775,9 @@ def attention_from_hf(config, state_dict, layer_index=0, shared_position=None):
             saved once) rather than holding a copy; the state dict need not
             hold it. Refused for the other families, whose positions are
             their own per layer. Defaults to `None`.
-        layer_index: int. The layer's index, for its position and its
-            window. Defaults to `0`.
+        layer_index: int. The layer's index, for a decoder's position and
+            window (the encoders' attention is alike in every layer).
+            Defaults to `0`.
 
     Returns:
         A built `PositionalMultiHeadAttention`, its projections, and the
@@ -883,7 +884,7 @@ def attention_from_hf(config, state_dict, layer_index=0, shared_position=None):
             "exact for sequences up to that many tokens.",
             stacklevel=2,
         )
-    window = _sliding_window_of(text, model_type, layer_index, num_layers)
+    window = _sliding_window_of(text, model_type, layer_index)
     if window is not None:
         ops.check_positive_int(f"{name}['sliding_window']", window)
         if "sliding_window" not in _multi_head_attention_arguments():
@@ -1227,7 +1228,7 @@ def _assign(variable, array, weight_name):
     variable.assign(array)
 
 
-def _sliding_window_of(text, model_type, layer_index, num_layers):
+def _sliding_window_of(text, model_type, layer_index):
     """The layer's sliding window, as transformers reads the config, or None."""
     window = text.get("sliding_window")
     if model_type == "mistral":

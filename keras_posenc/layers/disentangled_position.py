@@ -108,9 +108,8 @@ class DisentangledPosition(AttentionPosition):
     of shape `(features, heads, key_dim)`); with `share_att_key` the table
     goes through the attention's own key and query projections (under
     grouped heads, each query head reads the table as its keys: through its
-    group's key head). DeBERTa
-    has no output projection in this module: the attention's output
-    projection is its `DebertaV2SelfOutput.dense`.
+    group's key head). DeBERTa has no output projection in this module:
+    the attention's output projection is its `DebertaV2SelfOutput.dense`.
 
     Each term is computed once against the whole table, `(batch, heads,
     query, 2k)`, then read per query and key, so no `(query, key, key_dim)`

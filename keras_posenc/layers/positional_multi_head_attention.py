@@ -231,7 +231,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     With `num_key_value_heads` below `num_heads`, the attention is
     grouped-query attention (GQA; multi-query attention with one key/value
-    head), as Keras' `GroupedQueryAttention` and Llama 3, Qwen, Mistral and
+    head), as Keras' `GroupQueryAttention` and Llama 3, Qwen, Mistral and
     Gemma compute it: the key and value projections have
     `num_key_value_heads` heads, and query head `h` reads key/value head
     `h // (num_heads // num_key_value_heads)`. A scheme's terms per head
@@ -323,7 +323,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             without 64-bit numbers, `jax.jit` converts int64 arguments to
             int32, wrapped, before any layer sees them.)
         cache: optional float tensor of shape `(batch, 2, slots,
-            num_key_value_heads, key_dim)`: the keys and values of the tokens before these
+            num_key_value_heads, key_dim)`: the keys and values of the
+            tokens before these
             (needs `value_dim` equal to `key_dim`). With a cache, `query`
             and `value` are the new tokens, of the same length, and the
             masks of `value` and `key` are not taken: mask slots with an
@@ -924,8 +925,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if self.value_dim != self.key_dim:
             raise ValueError(
                 "A `cache` holds keys and values in one tensor of shape "
-                "(batch, 2, slots, num_key_value_heads, key_dim), as keras-hub's "
-                "CachedMultiHeadAttention does: it needs value_dim equal to "
+                "(batch, 2, slots, num_key_value_heads, key_dim), as "
+                "keras-hub's CachedMultiHeadAttention does: it needs value_dim equal to "
                 f"key_dim. Received: key_dim={self.key_dim}, "
                 f"value_dim={self.value_dim}"
             )
@@ -1084,15 +1085,20 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         """
         axes = (-2, -1) if self.qk_norm == "projection" else (-1,)
 
-        def normalized(x, role):
+        def normalized(x, scale):
             x32 = keras.ops.cast(x, "float32")
             mean_square = keras.ops.mean(keras.ops.square(x32), axis=axes, keepdims=True)
             x32 = x32 * keras.ops.rsqrt(mean_square + self.qk_norm_epsilon)
-            if self.qk_norm != "head_unscaled":
-                x32 = x32 * getattr(self, f"{role}_norm_scale")
+            if scale is not None:
+                x32 = x32 * scale
             return keras.ops.cast(x32, x.dtype)
 
-        return normalized(query, "query"), normalized(key, "key")
+        if self.qk_norm == "head_unscaled":
+            return normalized(query, None), normalized(key, None)
+        return (
+            normalized(query, self.query_norm_scale),
+            normalized(key, self.key_norm_scale),
+        )
 
     def _update_cache(self, query, key, value, cache, context):
         """Write the new keys and values in the cache, to attend over all of it.
