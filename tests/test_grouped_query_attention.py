@@ -124,24 +124,55 @@ def test_without_position_it_is_keras_grouped_query_attention():
 
 # The schemes tested against their papers in their own files: grouped, each
 # equals the multi-head attention whose key and value projections repeat
-# each key/value head over its group.
-OTHER_SCHEMES = ("transformer_xl", "deberta", "kerple", "fire", "xpos", "cope")
+# each key/value head over its group. Each with the call it takes.
+GRID = (2, 3)
+OTHER_SCHEMES = {
+    **{
+        name: (lambda heads, name=name: bench_attention.position_layer(name, heads), {})
+        for name in ("transformer_xl", "deberta", "kerple", "fire", "xpos", "cope")
+    },
+    "temperature": (
+        lambda heads: keras_posenc.AttentionTemperature(floor_scale=2, attn_scale=0.5),
+        {"use_causal_mask": True},
+    ),
+    "swin": (
+        lambda heads: keras_posenc.GridRelativePositionBias(num_heads=heads, grid_shape=GRID),
+        {"grid_shape": GRID},
+    ),
+    "graphormer": (
+        lambda heads: keras_posenc.ShortestPathBias(num_heads=heads, max_hops=3),
+        {"adjacency": "adjacency"},
+    ),
+}
+
+
+def adjacency(size, seed=4):
+    """Random undirected graphs of `size` nodes, a path through them all."""
+    rng = np.random.default_rng(seed)
+    edges = np.triu(rng.random((BATCH, size, size)) < 0.4, 1)
+    edges |= np.eye(size, k=1, dtype=bool)[None]
+    return (edges | np.transpose(edges, (0, 2, 1))).astype("float32")
 
 
 @pytest.mark.parametrize("scheme", OTHER_SCHEMES)
 def test_grouped_equals_multi_head_with_repeated_key_value_heads(scheme):
     heads, key_value_heads = 4, 2
-    tokens = random_inputs((BATCH, LENGTH, 8))
-    causal = scheme in bench_attention.CAUSAL_SCHEMES
+    make_position, call_kwargs = OTHER_SCHEMES[scheme]
+    tokens = random_inputs((BATCH, GRID[0] * GRID[1] if scheme in ("swin", "graphormer") else LENGTH, 8))
+    call_kwargs = dict(call_kwargs)
+    if scheme in bench_attention.CAUSAL_SCHEMES:
+        call_kwargs["use_causal_mask"] = True
+    if "adjacency" in call_kwargs:
+        call_kwargs["adjacency"] = adjacency(tokens.shape[1])
 
     def built(num_key_value_heads):
         layer = PositionalMultiHeadAttention(
             heads,
             KEY_DIM,
-            position=bench_attention.position_layer(scheme, heads),
+            position=make_position(heads),
             num_key_value_heads=num_key_value_heads,
         )
-        layer(tokens, tokens, use_causal_mask=causal)
+        layer(tokens, tokens, **call_kwargs)
         return layer
 
     grouped_layer, multi_head = built(key_value_heads), built(None)
@@ -154,8 +185,8 @@ def test_grouped_equals_multi_head_with_repeated_key_value_heads(scheme):
             axis = 1 if len(source.shape) == 3 else 0
             value = np.repeat(value, groups, axis=axis)
         target.assign(value)
-    expected = numpy(multi_head(tokens, tokens, use_causal_mask=causal))
-    actual = grouped_layer(tokens, tokens, use_causal_mask=causal)
+    expected = numpy(multi_head(tokens, tokens, **call_kwargs))
+    actual = grouped_layer(tokens, tokens, **call_kwargs)
     assert_close(actual, expected.astype("float64"), atol=2e-6)
 
 
