@@ -280,9 +280,9 @@ def test_causal_groups_read_the_keys_up_to_their_last_query(
     for name in ("reference", "fused"):
         inner = getattr(_attention_kernel, name)
 
-        def spy(attention, query, key, *args, inner=inner):
+        def spy(attention, query, key, *args, inner=inner, **kwargs):
             keys_read.append((query.shape[1], key.shape[1]))
-            return inner(attention, query, key, *args)
+            return inner(attention, query, key, *args, **kwargs)
 
         monkeypatch.setattr(_attention_kernel, name, spy)
     output = layer(tokens, tokens, attention_mask=mask, use_causal_mask=True)

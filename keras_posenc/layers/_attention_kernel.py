@@ -356,7 +356,7 @@ def attend(
             by_blocks(
                 attention,
                 block,
-                _one_block(path, attention, key, value, context, training, 0),
+                _one_block(path, attention, key, value, context, training, 0, True),
                 query,
                 value.shape,
                 value.dtype,
@@ -371,9 +371,12 @@ def attend(
             by_blocks(
                 attention,
                 block,
+                # The keys first in the logits' product: XLA then lays
+                # out the group's few queries, not its many keys, with
+                # their features first.
                 _one_block(
                     path, attention, key[:, :keys], value[:, :keys], context,
-                    training, start,
+                    training, start, False,
                 ),
                 query[:, start:stop],
                 value.shape,
@@ -434,10 +437,11 @@ def _mask_part(attention_mask, query, key, start, stop, keys):
     return attention_mask
 
 
-def _one_block(path, attention, key, value, context, training, offset):
+def _one_block(path, attention, key, value, context, training, offset, query_first):
     """The function of a block that `by_blocks` calls, on `path`.
 
-    `offset` is the first query of the group the blocks belong to.
+    `offset` is the first query of the group the blocks belong to;
+    `query_first` as `reference` takes it.
     """
     if path == "fused_blocks":
 
@@ -446,23 +450,24 @@ def _one_block(path, attention, key, value, context, training, offset):
             return fused(attention, rows, key, value, mask, block_context, first)
 
         return one_block
-    # The keys and values enter the loop laid out as XLA's fused kernel
-    # reads them, `(batch, heads, dim, key)`, and are turned back inside
-    # it, which XLA cancels: else it transposes them inside the loop, once
-    # per block.
+    # The keys and values enter the loop laid out as XLA's products read
+    # them, the keys `(batch, heads, dim, key)` and the values `(batch,
+    # heads, key, dim)`, and are turned back inside it, which XLA cancels:
+    # else it transposes them inside the loop, once per block.
     keys = keras.ops.transpose(key, [0, 2, 3, 1])  # (batch, heads, dim, key)
-    values = keras.ops.transpose(value, [0, 2, 3, 1])
+    values = keras.ops.transpose(value, [0, 2, 1, 3])  # (batch, heads, key, dim)
 
     def one_block(rows, mask, block_context, start):
         return reference(
             attention,
             rows,
             keras.ops.transpose(keys, [0, 3, 1, 2]),
-            keras.ops.transpose(values, [0, 3, 1, 2]),
+            keras.ops.transpose(values, [0, 2, 1, 3]),
             mask,
             block_context,
             training,
             False,
+            query_first=query_first,
         )[0]
 
     return one_block
@@ -701,9 +706,22 @@ def _biased_exponentials(logits, bias, block_size, bias_maxima):
 
 
 def reference(
-    attention, query, key, value, attention_mask, context, training, returns_scores
+    attention,
+    query,
+    key,
+    value,
+    attention_mask,
+    context,
+    training,
+    returns_scores,
+    query_first=True,
 ):
     """The reference attention: float32 logits and softmax, every contribution.
+
+    `query_first` orders the logits' product: XLA lays out its second
+    operand with the features first, a transpose of the whole tensor, and
+    the first with the features last, a cheap move of whole rows; so the
+    queries come first unless they are the fewer.
 
     Returns:
         `(output, weights)`, the weights None unless `returns_scores`.
@@ -742,10 +760,15 @@ def reference(
         key_with_factors = keras.ops.concatenate(
             [_broadcast_batch(key_factors, key), key], axis=-1
         )  # (batch, key, heads, columns + key_dim)
-    logits = keras.ops.cast(
-        keras.ops.einsum("bsnh,btnh->bnts", key_with_factors, query_with_factors),
-        "float32",
-    )  # (batch, heads, query, key)
+    if query_first:
+        logits = keras.ops.einsum(
+            "btnh,bsnh->bnts", query_with_factors, key_with_factors
+        )
+    else:
+        logits = keras.ops.einsum(
+            "bsnh,btnh->bnts", key_with_factors, query_with_factors
+        )
+    logits = keras.ops.cast(logits, "float32")  # (batch, heads, query, key)
     bias = None
     if position is not None and factors is None:
         bias = checked_bias(

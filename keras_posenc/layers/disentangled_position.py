@@ -114,7 +114,7 @@ class DisentangledPosition(AttentionPosition):
     Each term is computed once against the whole table, `(batch, heads,
     query, 2k)`, then read per query and key, so no `(query, key, key_dim)`
     tensor is formed and XLA fuses the read into the logits' sum. Inside
-    the attention, queries go by blocks of `query_block` (256), so that the
+    the attention, queries go by blocks of `query_block` (1024), so that the
     c2p term's table is a block's; at the default positions the log
     buckets are taken once per block, of the window of its `query - key`.
     Relative positions come from the positions of queries and keys, not from the
@@ -187,10 +187,13 @@ class DisentangledPosition(AttentionPosition):
         - [He et al., 2023](https://arxiv.org/abs/2111.09543)
     """
 
-    # The c2p term's per-query table a block's, `(batch, 256, 2 span,
+    # The c2p term's per-query table a block's, `(batch, 1024, 2 span,
     # heads)`, not one as large as the logits; XLA hoists the p2c table,
-    # of the keys, out of the loop over blocks.
-    query_block = 256
+    # of the keys, out of the loop over blocks. Up to 1024 queries the
+    # attention is one block: XLA's loop over blocks costs more than the
+    # block's tensors save.
+    query_block = 1024
+
     def __init__(
         self,
         max_relative_positions=512,
@@ -420,10 +423,18 @@ class DisentangledPosition(AttentionPosition):
             pos_query = self._projected(table, "query", context) * self.logits_scale(
                 self.attention_sizes["key_dim"]
             )  # (2 span, heads, key_dim)
+            # The table first, so that XLA's product writes the keys last;
+            # one per batch entry, so that it reads the keys laid out as
+            # the logits' product does, `(batch, heads, key_dim, key)`,
+            # where with the heads alone as its batch it would lay them
+            # out again.
+            pos_query = keras.ops.transpose(pos_query, [1, 0, 2])
+            pos_query = keras.ops.broadcast_to(
+                pos_query[None], (keras.ops.shape(key)[0],) + tuple(pos_query.shape)
+            )  # (batch, heads, 2 span, key_dim)
             bias = bias + _read_by_key(
-                # The table first: XLA's product then writes the keys last.
                 keras.ops.einsum(
-                    "rnd,bsnd->bnrs", pos_query, keras.ops.cast(key, "float32")
+                    "bnrd,bsnd->bnrs", pos_query, keras.ops.cast(key, "float32")
                 ),  # (batch, heads, 2 span, key)
                 rows,
             )
