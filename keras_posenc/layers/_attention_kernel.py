@@ -451,18 +451,23 @@ def _one_block(path, attention, key, value, context, training, offset, query_fir
 
         return one_block
     # The keys and values enter the loop laid out as XLA's products read
-    # them, the keys `(batch, heads, dim, key)` and the values `(batch,
-    # heads, key, dim)`, and are turned back inside it, which XLA cancels:
-    # else it transposes them inside the loop, once per block.
+    # them, and are turned back inside it, which XLA cancels: else it
+    # transposes them inside the loop, once per block. The keys `(batch,
+    # heads, dim, key)`; the values `(batch, heads, key, dim)`, or where
+    # XLA fuses Keras' order whole (`_backend.fuses_attention`) `(batch,
+    # heads, dim, key)`, as its fused kernel reads them.
     keys = keras.ops.transpose(key, [0, 2, 3, 1])  # (batch, heads, dim, key)
-    values = keras.ops.transpose(value, [0, 2, 1, 3])  # (batch, heads, key, dim)
+    value_axes, value_back = [0, 2, 1, 3], [0, 2, 1, 3]
+    if _backend.fuses_attention():
+        value_axes, value_back = [0, 2, 3, 1], [0, 3, 1, 2]
+    values = keras.ops.transpose(value, value_axes)
 
     def one_block(rows, mask, block_context, start):
         return reference(
             attention,
             rows,
             keras.ops.transpose(keys, [0, 3, 1, 2]),
-            keras.ops.transpose(values, [0, 2, 1, 3]),
+            keras.ops.transpose(values, value_back),
             mask,
             block_context,
             training,
@@ -721,7 +726,9 @@ def reference(
     `query_first` orders the logits' product: XLA lays out its second
     operand with the features first, a transpose of the whole tensor, and
     the first with the features last, a cheap move of whole rows; so the
-    queries come first unless they are the fewer.
+    queries come first unless they are the fewer. Where XLA fuses Keras'
+    order whole (`_backend.fuses_attention`), the keys come first, as
+    there.
 
     Returns:
         `(output, weights)`, the weights None unless `returns_scores`.
@@ -760,7 +767,7 @@ def reference(
         key_with_factors = keras.ops.concatenate(
             [_broadcast_batch(key_factors, key), key], axis=-1
         )  # (batch, key, heads, columns + key_dim)
-    if query_first:
+    if query_first and not fuses:
         logits = keras.ops.einsum(
             "btnh,bsnh->bnts", query_with_factors, key_with_factors
         )
