@@ -879,6 +879,40 @@ def test_a_position_shared_by_two_attention_layers_loads_as_one(
     )
 
 
+def test_the_config_serializes_its_position_once_and_marks_it_only_when_saving(
+    monkeypatch, tmp_path
+):
+    position = RelativePositionBias(HEADS, num_buckets=8, max_distance=16)
+    layer = PositionalMultiHeadAttention(HEADS, KEY_DIM, position=position)
+    calls = []
+    get_config = type(position).get_config
+
+    def counted(self):
+        calls.append(self)
+        return get_config(self)
+
+    monkeypatch.setattr(type(position), "get_config", counted)
+    config = layer.get_config()
+    assert calls == [position]
+    # Outside saving, a config has nothing of the object it came from:
+    # two alike layers' configs are equal.
+    assert "shared_object_id" not in config["position"]
+    twin = PositionalMultiHeadAttention(
+        HEADS,
+        KEY_DIM,
+        position=RelativePositionBias(HEADS, num_buckets=8, max_distance=16),
+        name=layer.name,
+    )
+    twin.position.name = position.name
+    assert twin.get_config() == config
+    # While saving, the position is serialized once per attention.
+    tokens = keras.Input(shape=(None, FEATURES))
+    model = keras.Model(tokens, layer(tokens, tokens))
+    calls.clear()
+    model.save(tmp_path / "one.keras")
+    assert calls == [position]
+
+
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_keras_file_round_trip_is_bit_identical(scheme, tmp_path):
     keras.utils.set_random_seed(0)

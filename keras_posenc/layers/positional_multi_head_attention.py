@@ -50,6 +50,22 @@ def _sliding_window(layer):
     return getattr(layer, "_sliding_window", None)
 
 
+def _saving_shares_objects():
+    """Whether Keras is saving, its objects' configs tracked for sharing.
+
+    Keras keeps no public word of it: its `ObjectSharingScope`, around
+    `model.save` and `keras.saving.load_model` (Keras 3.8 on), sets this
+    global attribute. Where it is missing, the configs are marked always,
+    and loading a lone position's config makes one object as before.
+    """
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:
+        return True
+    tracked = global_state.get_global_attribute("shared_objects/id_to_config_map")
+    return tracked is not None
+
+
 def _check_batch_sizes(**tensors):
     """A `ValueError` naming the inputs whose known batch sizes differ."""
     shapes = {
@@ -1180,16 +1196,16 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         config["qk_norm_epsilon"] = self.qk_norm_epsilon
         config["position"] = None
         if self.position is not None:
-            # Serialized twice. While Keras saves a model it marks the config
-            # of an object it serializes again with a `shared_object_id`, by
-            # which loading makes one object of every config so marked. It
-            # would mark the repeats only: the first attention's config is
-            # copied before a second attention's repeat is seen. Marked here
-            # from the first, a position serving several attention layers
-            # (a table shared by the layers, as Graphormer's) loads as one.
-            # Outside saving nothing is marked.
-            keras.saving.serialize_keras_object(self.position)
             config["position"] = keras.saving.serialize_keras_object(self.position)
+            if _saving_shares_objects():
+                # Keras marks an object's config with a `shared_object_id`
+                # when it serializes the object again, and loading makes one
+                # object of the configs so marked; but the first attention's
+                # config is copied before a second attention serializes the
+                # position. Marked here from the first, a position serving
+                # several attention layers (a table shared by the layers, as
+                # Graphormer's) loads as one.
+                config["position"]["shared_object_id"] = id(self.position)
         return config
 
     @classmethod
