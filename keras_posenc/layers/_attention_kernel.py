@@ -719,16 +719,18 @@ def reference(
     context,
     training,
     returns_scores,
-    query_first=True,
+    query_first=None,
 ):
     """The reference attention: float32 logits and softmax, every contribution.
 
     `query_first` orders the logits' product: XLA lays out its second
     operand with the features first, a transpose of the whole tensor, and
-    the first with the features last, a cheap move of whole rows; so the
-    queries come first unless they are the fewer. Where XLA fuses Keras'
-    order whole (`_backend.fuses_attention`), the keys come first, as
-    there.
+    the first with the features last, a cheap move of whole rows. So the
+    queries come first unless they are the fewer (None: as their numbers
+    say; a cached decoding step's one query goes second), or the keys
+    were laid out once for every block of queries (True). Where XLA fuses
+    Keras' order whole (`_backend.fuses_attention`), the keys come first,
+    as there.
 
     Returns:
         `(output, weights)`, the weights None unless `returns_scores`.
@@ -767,6 +769,10 @@ def reference(
         key_with_factors = keras.ops.concatenate(
             [_broadcast_batch(key_factors, key), key], axis=-1
         )  # (batch, key, heads, columns + key_dim)
+    if query_first is None:
+        query_first = None in (query.shape[1], key.shape[1]) or (
+            query.shape[1] >= key.shape[1]
+        )
     if query_first and not fuses:
         logits = keras.ops.einsum(
             "btnh,bsnh->bnts", query_with_factors, key_with_factors
