@@ -83,6 +83,21 @@ def test_take_rows_per_query_reads_each_querys_own_rows(queries, keys):
     np.testing.assert_array_equal(numpy(found), expected)
 
 
+@pytest.mark.parametrize("index_batch", [1, 2])
+def test_take_along_last_axis_reads_broadcast_indices(index_batch):
+    rng = np.random.default_rng(4)
+    values = rng.normal(size=(2, 3, 5, 7)).astype("float32")
+    indices = rng.integers(0, 7, size=(index_batch, 1, 5, 6)).astype("int32")
+    expected = np.take_along_axis(
+        values, np.broadcast_to(indices, (2, 3, 5, 6)), axis=-1
+    )
+    found = _backend.take_along_last_axis(
+        keras.ops.convert_to_tensor(values), keras.ops.convert_to_tensor(indices)
+    )
+    assert tuple(found.shape) == (2, 3, 5, 6)
+    np.testing.assert_array_equal(numpy(found), expected)
+
+
 def test_count_below_counts_the_thresholds_below_each_entry():
     rng = np.random.default_rng(1)
     thresholds = rng.normal(size=(9,)).astype("float32")

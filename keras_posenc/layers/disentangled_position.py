@@ -45,6 +45,19 @@ def _read_by_row(per_row, rows):
     )  # (batch, heads, length, other)
 
 
+def _read_along_rows(per_row, rows):
+    """Each `(batch, head, i)`'s entry of row `rows[b, i, j]`, the rows last.
+
+    Args:
+        per_row: float tensor of shape `(batch, heads, length, rows)`.
+        rows: int32 tensor of shape `(batch, length, other)`.
+
+    Returns:
+        A tensor of shape `(batch, heads, length, other)`.
+    """
+    return _backend.take_along_last_axis(per_row, rows[:, None])
+
+
 def _read_by_key(per_row, rows):
     """Each key `j`'s entry of row `rows[b, i, j]`: `per_row[b, n, rows, j]`.
 
@@ -405,18 +418,32 @@ class DisentangledPosition(AttentionPosition):
             rows = self._consecutive_rows(queries, keys, context)
         else:
             rows = self._rows(context.query_positions, context.key_positions)
-        # (batch or 1, query, key)
-        rows = keras.ops.broadcast_to(rows, (keras.ops.shape(query)[0], queries, keys))
+        # On PyTorch each term is read along its table's last axis, heads
+        # first, as Hugging Face reads it (`torch.gather`), its rows not
+        # copied for every batch entry: its reads of flattened tables below
+        # copy and transpose the whole logits.
+        along_last = _backend.backend() == "torch"
+        if not along_last:
+            rows = keras.ops.broadcast_to(
+                rows, (keras.ops.shape(query)[0], queries, keys)
+            )  # (batch, query, key)
         table = self._table()
-        bias = 0.0
+        terms = []
         if "c2p" in self.pos_att_type:
             # q_i . P_k[r] for every row r; the queries carry the scale.
-            per_row = keras.ops.einsum(
-                "btnd,rnd->btrn",
-                keras.ops.cast(query, "float32"),
-                self._projected(table, "key", context),
-            )  # (batch, query, 2 span, heads)
-            bias = bias + _read_by_row(per_row, rows)
+            pos_key = self._projected(table, "key", context)  # (2 span, heads, key_dim)
+            query = keras.ops.cast(query, "float32")
+            if along_last:
+                terms.append(
+                    _read_along_rows(
+                        keras.ops.einsum("btnd,rnd->bntr", query, pos_key), rows
+                    )
+                )
+            else:
+                per_row = keras.ops.einsum(
+                    "btnd,rnd->btrn", query, pos_key
+                )  # (batch, query, 2 span, heads)
+                terms.append(_read_by_row(per_row, rows))
         if "p2c" in self.pos_att_type:
             # k_j . P_q[r], read at the same row: HF's p2c index, `-(key -
             # query)`, is the c2p one, the buckets being odd.
@@ -432,13 +459,28 @@ class DisentangledPosition(AttentionPosition):
             pos_query = keras.ops.broadcast_to(
                 pos_query[None], (keras.ops.shape(key)[0],) + tuple(pos_query.shape)
             )  # (batch, heads, 2 span, key_dim)
-            bias = bias + _read_by_key(
-                keras.ops.einsum(
-                    "bnrd,bsnd->bnrs", pos_query, keras.ops.cast(key, "float32")
-                ),  # (batch, heads, 2 span, key)
-                rows,
-            )
-        return bias
+            per_row = keras.ops.einsum(
+                "bnrd,bsnd->bnrs", pos_query, keras.ops.cast(key, "float32")
+            )  # (batch, heads, 2 span, key)
+            if along_last:
+                # Each pair's entry of the table read as one row per head.
+                batch_size, count = keras.ops.shape(per_row)[0], per_row.shape[2]
+                entries = keras.ops.reshape(
+                    rows * keys + keras.ops.arange(keys, dtype="int32"),
+                    (-1, 1, queries * keys),
+                )  # (batch or 1, 1, query * key)
+                terms.append(
+                    keras.ops.reshape(
+                        _backend.take_along_last_axis(
+                            keras.ops.reshape(per_row, (batch_size, -1, count * keys)),
+                            entries,
+                        ),
+                        (batch_size, -1, queries, keys),
+                    )
+                )  # (batch, heads, query, key)
+            else:
+                terms.append(_read_by_key(per_row, rows))
+        return sum(terms[1:], terms[0])
 
     def get_config(self):
         config = super().get_config()

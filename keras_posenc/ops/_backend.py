@@ -324,6 +324,31 @@ def computed_apart(x):
     return jax.numpy.matmul(x, identity, precision=jax.lax.Precision.HIGHEST)
 
 
+def take_along_last_axis(values, indices):
+    """`values`' entries along its last axis at `indices`, broadcast.
+
+    On PyTorch one `torch.gather` of the indices expanded, a view, where
+    `keras.ops.take_along_axis` maps negative indices up over the whole
+    expanded index first; elsewhere `keras.ops.take_along_axis`.
+
+    Args:
+        values: tensor of shape `(..., count)`.
+        indices: integer tensor broadcastable to `values`' leading axes
+            with a last axis of its own, every entry in `[0, count)`.
+
+    Returns:
+        A tensor of shape `values.shape[:-1] + indices.shape[-1:]`.
+    """
+    shape = tuple(values.shape[:-1]) + tuple(indices.shape[-1:])
+    if backend() == "torch" and not is_symbolic(values) and not is_symbolic(indices):
+        import torch
+
+        return torch.gather(values, -1, indices.to(torch.int64).expand(shape))
+    return keras.ops.take_along_axis(
+        values, keras.ops.broadcast_to(indices, shape), axis=-1
+    )
+
+
 def take_rows_per_query(values, rows):
     """Each `(batch, query)`'s rows `rows[b, q]` of its own `values[b, q]`.
 
