@@ -127,9 +127,10 @@ class DisentangledPosition(AttentionPosition):
     Each term is computed once against the whole table, `(batch, heads,
     query, 2k)`, then read per query and key, so no `(query, key, key_dim)`
     tensor is formed and XLA fuses the read into the logits' sum. Inside
-    the attention, queries go by blocks of `query_block` (1024), so that the
-    c2p term's table is a block's; at the default positions the log
-    buckets are taken once per block, of the window of its `query - key`.
+    the attention, queries go by blocks of `query_block` (1024 on
+    TensorFlow, 256 elsewhere), so that the c2p term's table is a block's;
+    at the default positions the log buckets are taken once per block, of
+    the window of its `query - key`.
     Relative positions come from the positions of queries and keys, not from the
     lengths of their axes: cached decoding, keys longer than the queries
     and explicit positions need only their positions (Hugging Face
@@ -200,12 +201,17 @@ class DisentangledPosition(AttentionPosition):
         - [He et al., 2023](https://arxiv.org/abs/2111.09543)
     """
 
-    # The c2p term's per-query table a block's, `(batch, 1024, 2 span,
-    # heads)`, not one as large as the logits; XLA hoists the p2c table,
-    # of the keys, out of the loop over blocks. Up to 1024 queries the
-    # attention is one block: XLA's loop over blocks costs more than the
-    # block's tensors save.
-    query_block = 1024
+    @property
+    def query_block(self):
+        """The queries of a block: the c2p term's per-query table a block's.
+
+        XLA hoists the p2c table, of the keys, out of the loop over blocks.
+        On TensorFlow, 1024, so that up to 1024 queries the attention is
+        one block (its loop over blocks costs more than the blocks' tensors
+        save); elsewhere 256, so that on JAX's CPU, whose fused kernel
+        takes a block's logits, they stay small.
+        """
+        return 1024 if _backend.backend() == "tensorflow" else 256
 
     def __init__(
         self,
