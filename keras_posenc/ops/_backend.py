@@ -339,7 +339,7 @@ def take_along_last_axis(values, indices):
     Returns:
         A tensor of shape `values.shape[:-1] + indices.shape[-1:]`.
     """
-    shape = tuple(values.shape[:-1]) + tuple(indices.shape[-1:])
+    shape = tuple(keras.ops.shape(values)[:-1]) + tuple(keras.ops.shape(indices)[-1:])
     if backend() == "torch" and not is_symbolic(values) and not is_symbolic(indices):
         import torch
 
