@@ -50,20 +50,22 @@ def _sliding_window(layer):
     return getattr(layer, "_sliding_window", None)
 
 
-def _saving_shares_objects():
-    """Whether Keras is saving, its objects' configs tracked for sharing.
+# A Keras object, alive as long as the module, serialized to tell whether
+# Keras tracks the objects it serializes (`_saving_shares_objects`).
+_SHARING_PROBE = keras.initializers.Zeros()
 
-    Keras keeps no public word of it: its `ObjectSharingScope`, around
-    `model.save` and `keras.saving.load_model` (Keras 3.8 on), sets this
-    global attribute. Where it is missing, the configs are marked always,
-    and loading a lone position's config makes one object as before.
+
+def _saving_shares_objects():
+    """Whether Keras is saving, the configs it serializes tracked for sharing.
+
+    Keras keeps no public word of it: inside the scope it opens around
+    `model.save` and `keras.saving.load_model`, an object serialized again
+    comes back marked with a `shared_object_id`, and outside it never does.
+    So a probe of its own is serialized twice, never the position.
     """
-    try:
-        from keras.src.backend.common import global_state
-    except ImportError:
-        return True
-    tracked = global_state.get_global_attribute("shared_objects/id_to_config_map")
-    return tracked is not None
+    keras.saving.serialize_keras_object(_SHARING_PROBE)
+    again = keras.saving.serialize_keras_object(_SHARING_PROBE)
+    return "shared_object_id" in again
 
 
 def _check_batch_sizes(**tensors):
