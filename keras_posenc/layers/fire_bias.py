@@ -206,6 +206,22 @@ class FireBias(HeadBias):
                     (self._psi(key_distance(relative, self.bidirectional))
                      / (self._psi(threshold) + self.eps))[None, None]
                 )  # (1, heads, 1, below + key - 1)
+                empty = None
+                if below < queries and query_positions.shape[0] == 1:
+                    empty = _backend.writes_into(per_distance)
+                if empty is not None:
+                    # Eager PyTorch: both parts written into one tensor,
+                    # where joining them would copy both again.
+                    bias = empty((1, self.num_heads, queries, keys), "float32")
+                    _backend.spread_diagonals(
+                        per_distance[:, :, 0], below, keys, out=bias[:, :, :below]
+                    )
+                    self._consecutive_bias(
+                        first + below, queries - below, keys,
+                        query_positions[:, below:], threshold, batch_size,
+                        out=bias[:, :, below:],
+                    )
+                    return bias
                 bias = _backend.spread_diagonals(
                     per_distance[:, :, 0], below, keys
                 )  # (1, heads, below, key)
@@ -234,18 +250,25 @@ class FireBias(HeadBias):
         return keras.ops.log1p(keras.ops.abs(c * keras.ops.cast(x, "float32")))
 
     def _consecutive_bias(
-        self, first, queries, keys, query_positions, threshold, batch_size
+        self, first, queries, keys, query_positions, threshold, batch_size, out=None
     ):
-        """The bias of queries `first ..` and keys `0 ..`, entry by entry."""
+        """The bias of queries `first ..` and keys `0 ..`, entry by entry.
+
+        `out` as `_backend.piecewise_linear` takes it.
+        """
         # The numerator is one value per relative position, spread over the
         # diagonals.
         relative = _relative_window(first, queries, keys)
         numerator = _backend.spread_diagonals(
             self._psi(key_distance(relative, self.bidirectional)), queries, keys
         )[None]  # (1, query, key)
-        return self._interpolated_bias(numerator, query_positions, threshold, batch_size)
+        return self._interpolated_bias(
+            numerator, query_positions, threshold, batch_size, out
+        )
 
-    def _interpolated_bias(self, numerator, query_positions, threshold, batch_size):
+    def _interpolated_bias(
+        self, numerator, query_positions, threshold, batch_size, out=None
+    ):
         """`f(numerator / psi(max(i, L)))` per head, `(batch, heads, query, key)`."""
         normalizer = keras.ops.maximum(
             keras.ops.cast(query_positions, "float32"), threshold
@@ -253,7 +276,7 @@ class FireBias(HeadBias):
         interpolated = numerator / (
             self._psi(normalizer) + self.eps
         )  # (batch or 1, query, key), in [0, 1] for keys up to the query
-        return self._evaluate(interpolated, batch_size)
+        return self._evaluate(interpolated, batch_size, out)
 
     def _pieces(self):
         """The MLP as the piecewise linear function it is, from its weights.
@@ -305,17 +328,18 @@ class FireBias(HeadBias):
             keras.ops.transpose(intercepts),
         )  # (width,), (heads, width + 1) twice
 
-    def _evaluate(self, interpolated, batch_size=None):
+    def _evaluate(self, interpolated, batch_size=None, out=None):
         """`f` of `interpolated`, `(batch or 1, query, key)`, per head.
 
-        `batch_size`, inside attention, is the logits' batch.
+        `batch_size`, inside attention, is the logits' batch; `out` as
+        `_backend.piecewise_linear` takes it.
         """
         breakpoints, slopes, intercepts = self._pieces()
         interval = _backend.count_below(
             breakpoints, interpolated
         )  # (batch or 1, query, key): the breakpoints below each x
         return _backend.piecewise_linear(
-            slopes, intercepts, interval, interpolated, batch_size
+            slopes, intercepts, interval, interpolated, batch_size, out
         )  # (batch, heads, query, key)
 
     def get_config(self):

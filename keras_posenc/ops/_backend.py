@@ -545,7 +545,7 @@ def count_below(thresholds, x):
     return keras.ops.sum(keras.ops.cast(thresholds < x[..., None], "int32"), axis=-1)
 
 
-def spread_diagonals(vectors, queries, keys):
+def spread_diagonals(vectors, queries, keys, out=None):
     """The matrices whose diagonals are `vectors`' entries: `(..., query, key)`.
 
     Entry `(i, j)` is `vectors[..., j - i + queries - 1]`: the vector holds
@@ -557,9 +557,11 @@ def spread_diagonals(vectors, queries, keys):
         vectors: tensor of shape `(..., queries + keys - 1)`.
         queries: int. The rows.
         keys: int. The columns.
+        out: None, or on eager PyTorch without a gradient (`writes_into`) a
+            tensor of the result's shape to write it into.
 
     Returns:
-        A tensor of shape `(..., queries, keys)`.
+        A tensor of shape `(..., queries, keys)`: `out` where given.
     """
     if (
         backend() == "torch"
@@ -572,17 +574,44 @@ def spread_diagonals(vectors, queries, keys):
         # The windows in reverse order, gathered whole rows at a time: row
         # `i` is window `queries - 1 - i`, laid out row by row (a flip of
         # the windows would lay them out column by column).
-        return torch.index_select(
-            vectors.unfold(-1, keys, 1),
-            -2,
-            torch.arange(queries - 1, -1, -1, device=vectors.device),
-        )
+        windows = vectors.unfold(-1, keys, 1)
+        order = torch.arange(queries - 1, -1, -1, device=vectors.device)
+        if out is None:
+            return torch.index_select(windows, -2, order)
+        return torch.index_select(windows, -2, order, out=out)
     rows = (
         keras.ops.arange(keys, dtype="int32")[None]
         - keras.ops.arange(queries, dtype="int32")[:, None]
         + (queries - 1)
     )  # (query, key): where `key - query` sits in the vector
     return keras.ops.take(vectors, rows, axis=-1)
+
+
+def writes_into(*tensors):
+    """An empty tensor to write a result's parts into, or None.
+
+    On eager PyTorch, where no gradient is recorded for `tensors`, each
+    part can be written in place (`out=`), where joining the parts would
+    copy them again, into new memory; elsewhere None.
+
+    Returns:
+        A function of `(shape, dtype)` to an empty tensor on the tensors'
+        device, or None.
+    """
+    if not writes_every_tensor():
+        return None
+    import torch
+
+    if torch.is_grad_enabled() and any(
+        getattr(t, "requires_grad", False) for t in tensors
+    ):
+        return None
+    device = tensors[0].device
+
+    def empty(shape, dtype):
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+
+    return empty
 
 
 def differentiates_update_slices():
@@ -595,7 +624,7 @@ def differentiates_update_slices():
     return backend() != "tensorflow"
 
 
-def piecewise_linear(slopes, intercepts, interval, x, batch_size=None):
+def piecewise_linear(slopes, intercepts, interval, x, batch_size=None, out=None):
     """Per head, the line of each entry's interval at that entry.
 
     On TensorFlow, whose XLA fuses a gather per head into the product, a
@@ -614,10 +643,13 @@ def piecewise_linear(slopes, intercepts, interval, x, batch_size=None):
         batch_size: None, or int or scalar integer tensor: on TensorFlow,
             the batch that `interval` and `x`, of batch 1, are read for, as
             the attention's logits have it. Defaults to `None`.
+        out: None, or on eager PyTorch without a gradient (`writes_into`) a
+            tensor of the result's shape, each head's rows contiguous, to
+            write it into.
 
     Returns:
         `slopes[h, interval] * x + intercepts[h, interval]`, of shape
-        `(batch, heads, query, key)`.
+        `(batch, heads, query, key)`: `out` where given.
     """
     heads, intervals = slopes.shape
     symbolic = any(
@@ -644,11 +676,12 @@ def piecewise_linear(slopes, intercepts, interval, x, batch_size=None):
                 ],
                 1,
             )  # (batch, heads, query, key)
-        out = torch.empty(
-            (interval.shape[0], heads) + tuple(interval.shape[1:]),
-            dtype=x.dtype,
-            device=x.device,
-        )
+        if out is None:
+            out = torch.empty(
+                (interval.shape[0], heads) + tuple(interval.shape[1:]),
+                dtype=x.dtype,
+                device=x.device,
+            )
         for b in range(interval.shape[0]):
             index, at = interval[b].reshape(-1), x[b].reshape(-1)
             for h in range(heads):
