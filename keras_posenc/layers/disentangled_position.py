@@ -65,18 +65,27 @@ def _read_by_key(per_row, rows):
     where their log bucket is the same (most of them, at long lengths),
     one after another; with the rows last, each key would read a row of
     its own, `2 span` floats from the last's. The table is read as one
-    row of `2 span * key` entries per batch entry and head.
+    row of `2 span * key` entries per batch entry and head: on PyTorch
+    along that row (`_backend.take_along_last_axis`), `rows` of batch 1
+    read by every batch entry as they are.
 
     Args:
         per_row: float tensor of shape `(batch, heads, rows, key)`.
-        rows: int32 tensor of shape `(batch, query, key)`.
+        rows: int32 tensor of shape `(batch or 1, query, key)`; of batch
+            1 on PyTorch only.
 
     Returns:
         A tensor of shape `(batch, heads, query, key)`.
     """
     batch_size, heads, count, keys = keras.ops.shape(per_row)
     queries = keras.ops.shape(rows)[1]
-    entries = rows * keys + keras.ops.arange(keys, dtype="int32")  # (batch, query, key)
+    entries = rows * keys + keras.ops.arange(keys, dtype="int32")  # (batch or 1, query, key)
+    if _backend.backend() == "torch":
+        taken = _backend.take_along_last_axis(
+            keras.ops.reshape(per_row, (batch_size, heads, count * keys)),
+            keras.ops.reshape(entries, (-1, 1, queries * keys)),
+        )  # (batch, heads, query * key)
+        return keras.ops.reshape(taken, (batch_size, heads, queries, keys))
     entries = keras.ops.broadcast_to(
         keras.ops.reshape(entries, (batch_size, 1, queries * keys)),
         (batch_size, heads, queries * keys),
@@ -468,24 +477,7 @@ class DisentangledPosition(AttentionPosition):
             per_row = keras.ops.einsum(
                 "bnrd,bsnd->bnrs", pos_query, keras.ops.cast(key, "float32")
             )  # (batch, heads, 2 span, key)
-            if along_last:
-                # Each pair's entry of the table read as one row per head.
-                batch_size, count = keras.ops.shape(per_row)[0], per_row.shape[2]
-                entries = keras.ops.reshape(
-                    rows * keys + keras.ops.arange(keys, dtype="int32"),
-                    (-1, 1, queries * keys),
-                )  # (batch or 1, 1, query * key)
-                terms.append(
-                    keras.ops.reshape(
-                        _backend.take_along_last_axis(
-                            keras.ops.reshape(per_row, (batch_size, -1, count * keys)),
-                            entries,
-                        ),
-                        (batch_size, -1, queries, keys),
-                    )
-                )  # (batch, heads, query, key)
-            else:
-                terms.append(_read_by_key(per_row, rows))
+            terms.append(_read_by_key(per_row, rows))
         return sum(terms[1:], terms[0])
 
     def get_config(self):
