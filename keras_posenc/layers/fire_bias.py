@@ -206,13 +206,16 @@ class FireBias(HeadBias):
                     (self._psi(key_distance(relative, self.bidirectional))
                      / (self._psi(threshold) + self.eps))[None, None]
                 )  # (1, heads, 1, below + key - 1)
-                empty = None
-                if below < queries and query_positions.shape[0] == 1:
-                    empty = _backend.writes_into(per_distance)
-                if empty is not None:
+                if (
+                    below < queries
+                    and query_positions.shape[0] == 1
+                    and _backend.writes_in_place(per_distance)
+                ):
                     # Eager PyTorch: both parts written into one tensor,
                     # where joining them would copy both again.
-                    bias = empty((1, self.num_heads, queries, keys), "float32")
+                    bias = keras.ops.empty(
+                        (1, self.num_heads, queries, keys), "float32"
+                    )
                     _backend.spread_diagonals(
                         per_distance[:, :, 0], below, keys, out=bias[:, :, :below]
                     )

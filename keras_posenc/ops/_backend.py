@@ -557,7 +557,7 @@ def spread_diagonals(vectors, queries, keys, out=None):
         vectors: tensor of shape `(..., queries + keys - 1)`.
         queries: int. The rows.
         keys: int. The columns.
-        out: None, or on eager PyTorch without a gradient (`writes_into`) a
+        out: None, or on eager PyTorch without a gradient (`writes_in_place`) a
             tensor of the result's shape to write it into.
 
     Returns:
@@ -587,31 +587,21 @@ def spread_diagonals(vectors, queries, keys, out=None):
     return keras.ops.take(vectors, rows, axis=-1)
 
 
-def writes_into(*tensors):
-    """An empty tensor to write a result's parts into, or None.
+def writes_in_place(*tensors):
+    """Whether a result's parts may be written into one tensor (`out=`).
 
     On eager PyTorch, where no gradient is recorded for `tensors`, each
-    part can be written in place (`out=`), where joining the parts would
-    copy them again, into new memory; elsewhere None.
-
-    Returns:
-        A function of `(shape, dtype)` to an empty tensor on the tensors'
-        device, or None.
+    part can be written in place, where joining the parts would copy them
+    again, into new memory; elsewhere no.
     """
     if not writes_every_tensor():
-        return None
+        return False
     import torch
 
-    if torch.is_grad_enabled() and any(
-        getattr(t, "requires_grad", False) for t in tensors
-    ):
-        return None
-    device = tensors[0].device
-
-    def empty(shape, dtype):
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-
-    return empty
+    return not (
+        torch.is_grad_enabled()
+        and any(getattr(t, "requires_grad", False) for t in tensors)
+    )
 
 
 def differentiates_update_slices():
@@ -643,7 +633,7 @@ def piecewise_linear(slopes, intercepts, interval, x, batch_size=None, out=None)
         batch_size: None, or int or scalar integer tensor: on TensorFlow,
             the batch that `interval` and `x`, of batch 1, are read for, as
             the attention's logits have it. Defaults to `None`.
-        out: None, or on eager PyTorch without a gradient (`writes_into`) a
+        out: None, or on eager PyTorch without a gradient (`writes_in_place`) a
             tensor of the result's shape, each head's rows contiguous, to
             write it into.
 
