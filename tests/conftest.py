@@ -46,6 +46,8 @@ def _runs_here(item):
         return False
     if BACKEND != "jax" and item.get_closest_marker("jax_only"):
         return False
+    if BACKEND != "torch" and item.get_closest_marker("torch_only"):
+        return False
     if BACKEND == "jax" and item.get_closest_marker("float64"):
         return False
     # A crossing of backends, where no other backend is installed.
@@ -55,7 +57,7 @@ def _runs_here(item):
 
 def pytest_collection_modifyitems(config, items):
     """Deselect what cannot run here: TensorFlow's own tests off TensorFlow,
-    JAX's distribution off JAX, float64 on JAX, and crossings of backends
+    JAX's distribution off JAX, PyTorch's kernels off PyTorch, float64 on JAX, and crossings of backends
     where only one is installed."""
     kept, dropped = [], []
     for item in items:

@@ -183,87 +183,133 @@ def mask_of(attention, attention_mask, context):
     return functools.reduce(keras.ops.logical_and, masks)
 
 
-def choose(attention, query, value, context, returns_scores, training):
-    """The path `attend` takes, and its block of queries: `(name, block)`.
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """What the paths read of one call to choose among themselves."""
 
-    Args:
-        attention: the call's `Attention`.
-        query: the scaled heads, `(batch, query, heads, key_dim)`.
-        value: the values, `(batch, key, heads, value_dim)`.
-        context: the call's `AttentionContext`.
-        returns_scores: bool. Whether the weights are returned.
-        training: bool or None.
+    attention: Attention
+    query: object
+    value: object
+    context: object
+    returns_scores: bool
+    training: object
+    capabilities: _backend.Capabilities
 
-    Returns:
-        `(name, block)`: one of `"reference"`, `"reference_blocks"`,
-        `"fused"` and `"fused_blocks"`, and the queries of a block (None
-        for the paths without blocks).
+    @property
+    def contributions(self):
+        position = self.attention.position
+        return frozenset() if position is None else position.contributions
+
+    @property
+    def dropout_in_training(self):
+        return self.attention.dropout > 0.0 and bool(self.training)
+
+    @property
+    def blockable(self):
+        """Whether the queries may go by blocks: nothing reads them whole."""
+        position = self.attention.position
+        return (
+            not self.returns_scores
+            and not self.dropout_in_training
+            and self.context.cache_update_index is None
+            and self.context.adjacency is None
+            and not (position is not None and position.num_prefix_tokens)
+            and self.query.shape[1] is not None
+            and None not in self.query.shape[2:]
+        )
+
+
+def _flex_accepts(call):
+    """FlexAttention, the scheme's `score_bias` inside it: PyTorch on GPUs.
+
+    For a scheme with a `score_bias`, no value term and no prefix tokens,
+    whole (never by blocks), of static shapes; on a device where it has
+    no backward pass (the CPU), only where no gradient is recorded.
     """
+    position = call.attention.position
+    capabilities = call.capabilities
+    if not (
+        capabilities.flex
+        and position is not None
+        and "score_bias" in call.contributions
+        and "value_term" not in call.contributions
+        and not call.returns_scores
+        and not call.dropout_in_training
+        and call.context.adjacency is None
+        and not position.num_prefix_tokens
+        and None not in call.query.shape
+        and None not in call.value.shape
+        and (capabilities.flex_trains or not _backend.records_gradient())
+    ):
+        return None
+    return "flex", None
+
+
+def _fused_accepts(call):
+    """The backend's fused attention, the bias whole or by blocks of queries."""
+    attention, query, value = call.attention, call.query, call.value
     position = attention.position
-    contributions = frozenset() if position is None else position.contributions
-    dropout_in_training = attention.dropout > 0.0 and bool(training)
-    queries = query.shape[1]
-    blockable = (
-        not returns_scores
-        and not dropout_in_training
-        and context.cache_update_index is None
-        and context.adjacency is None
-        and not (position is not None and position.num_prefix_tokens)
-        and queries is not None
-        and None not in query.shape[2:]
-    )
-    fused = (
-        (_backend.has_fused_attention() or attention.flash_attention)
-        and not returns_scores
-        and not dropout_in_training
+    contributions = call.contributions
+    capabilities = call.capabilities
+    dtype = keras.backend.standardize_dtype(query.dtype)
+    if not (
+        (capabilities.fused or attention.flash_attention)
+        and not call.returns_scores
+        and not call.dropout_in_training
         and "value_term" not in contributions
         and (
             attention.flash_attention
-            or keras.backend.standardize_dtype(query.dtype) == "float32"
+            or dtype == "float32"
+            # On GPUs the kernels take bfloat16 and float16 at their own
+            # precision, accumulating in float32, as Keras' attention does.
+            or capabilities.low_precision_fused
         )
         and not (
             value.shape[-1] != query.shape[-1]
             and _backend.dot_product_attention_needs_equal_head_sizes()
         )
+    ):
+        return None
+    # Blocks where the kernel would take a bias whole, each block's of
+    # at most `BLOCK_ELEMENTS` entries, or write the logits itself
+    # (XLA's implementation on JAX), each block's of at most
+    # `LOGITS_ELEMENTS`, as the reference's.
+    writes_logits = _backend.fused_attention_writes_logits(
+        attention.flash_attention or _backend.takes_cudnn(dtype)
     )
-    if fused:
-        # Blocks where the kernel would take a bias whole, each block's of
-        # at most `BLOCK_ELEMENTS` entries, or write the logits itself
-        # (XLA's implementation on JAX), each block's of at most
-        # `LOGITS_ELEMENTS`, as the reference's.
-        writes_logits = _backend.fused_attention_writes_logits(
-            attention.flash_attention
-        )
-        keys = value.shape[1]
-        if (
-            ("logits_bias" in contributions or writes_logits)
-            and blockable
-            and keys is not None
-        ):
-            per_query = query.shape[2] * keys  # a bias's entries, shared by the batch
-            if writes_logits and query.shape[0] is not None:
-                per_query *= query.shape[0]
-            budget = LOGITS_ELEMENTS if writes_logits else BLOCK_ELEMENTS
-            block = max(SMALLEST_QUERY_BLOCK, budget // max(per_query, 1))
-            if (
-                writes_logits
-                and position is not None
-                and position.query_block is not None
-            ):
-                # A scheme's own block bounds its tensors beside the logits
-                # (FIRE's pieces, Transformer-XL's relative logits).
-                block = min(block, position.query_block)
-            if queries > block:
-                block = _eager_block(block, per_query)
-            if queries > block:
-                return "fused_blocks", block
-        return "fused", None
+    queries, keys = query.shape[1], value.shape[1]
+    if (
+        ("logits_bias" in contributions or writes_logits)
+        and call.blockable
+        and keys is not None
+    ):
+        per_query = query.shape[2] * keys  # a bias's entries, shared by the batch
+        if writes_logits and query.shape[0] is not None:
+            per_query *= query.shape[0]
+        budget = LOGITS_ELEMENTS if writes_logits else BLOCK_ELEMENTS
+        block = max(SMALLEST_QUERY_BLOCK, budget // max(per_query, 1))
+        if writes_logits and position is not None and position.query_block is not None:
+            # A scheme's own block bounds its tensors beside the logits
+            # (FIRE's pieces, Transformer-XL's relative logits).
+            block = min(block, position.query_block)
+        if queries > block:
+            block = _eager_block(block, per_query)
+        if queries > block:
+            return "fused_blocks", block
+    return "fused", None
+
+
+def _reference_accepts(call):
+    """The reference, whole or by blocks of queries: every call."""
+    query, value, context = call.query, call.value, call.context
+    position = call.attention.position
+    queries = query.shape[1]
     block = None if position is None else position.query_block
     if block is None:
         if _backend.fuses_attention():
             block = (
                 FUSED_XLA_VALUE_TERM_QUERY_BLOCK
-                if "value_term" in contributions
+                if "value_term" in call.contributions
                 else FUSED_XLA_QUERY_BLOCK
             )
         elif None in (query.shape[0], value.shape[1]):
@@ -277,10 +323,10 @@ def choose(attention, query, value, context, returns_scores, training):
             block = max(QUERY_BLOCK, LOGITS_ELEMENTS // max(per_query, 1))
             if queries is not None and queries > block:
                 block = _eager_block(block, per_query)
-    if blockable and queries > block:
+    if call.blockable and queries > block:
         return "reference_blocks", block
     if (
-        blockable
+        call.blockable
         and context.causal
         and context.consecutive
         and queries // CAUSAL_GROUPS >= CAUSAL_QUERY_BLOCK
@@ -289,6 +335,51 @@ def choose(attention, query, value, context, returns_scores, training):
         # each group's queries are never read (`causal_groups`).
         return "reference_blocks", queries // CAUSAL_GROUPS
     return "reference", None
+
+
+# The kernel's paths, in the order they are asked: each accepts a call
+# with its name and block of queries, or passes it on (None).
+PATHS = (
+    ("flex", _flex_accepts),
+    ("fused", _fused_accepts),
+    ("reference", _reference_accepts),
+)
+
+
+def choose(
+    attention, query, value, context, returns_scores, training, capabilities=None,
+    skip=(),
+):
+    """The path `attend` takes, and its block of queries: `(name, block)`.
+
+    The first of `PATHS` that accepts the call, from one `Capabilities`
+    of the backend and its device.
+
+    Args:
+        attention: the call's `Attention`.
+        query: the scaled heads, `(batch, query, heads, key_dim)`.
+        value: the values, `(batch, key, heads, value_dim)`.
+        context: the call's `AttentionContext`.
+        returns_scores: bool. Whether the weights are returned.
+        training: bool or None.
+        capabilities: None (the backend's own), or a `Capabilities`.
+        skip: the names of paths not to ask (a path that declined the call).
+
+    Returns:
+        `(name, block)`: one of `"flex"`, `"fused"`, `"fused_blocks"`,
+        `"reference"` and `"reference_blocks"`, and the queries of a block
+        (None for the paths without blocks).
+    """
+    call = Call(
+        attention, query, value, context, returns_scores, training,
+        capabilities or _backend.capabilities(),
+    )
+    for name, accepts in PATHS[:-1]:
+        if name not in skip:
+            chosen = accepts(call)
+            if chosen is not None:
+                return chosen
+    return _reference_accepts(call)
 
 
 def _eager_block(block, per_query):
@@ -328,8 +419,18 @@ def attend(
         where they are not asked for.
     """
     path, block = choose(attention, query, value, context, returns_scores, training)
-    groups = query.shape[2] // key.shape[2]
     position = attention.position
+    if path == "flex":
+        output = flex(attention, query, key, value, attention_mask, context)
+        if output is not None:
+            return output, None
+        # Declined (no bias from the scheme) or failed: the next path.
+        path, block = choose(
+            attention, query, value, context, returns_scores, training, skip=("flex",)
+        )
+        if path == "flex":  # a `choose` made to take it, in the tests
+            path, block = "fused", None
+    groups = query.shape[2] // key.shape[2]
     if groups > 1 and not (
         path == "fused"
         and (
@@ -476,6 +577,99 @@ def _one_block(path, attention, key, value, context, training, offset, query_fir
         )[0]
 
     return one_block
+
+
+def flex(attention, query, key, value, attention_mask, context):
+    """FlexAttention with the scheme's `score_bias` inside it, or None.
+
+    The masks become FlexAttention's `mask_mod`: the caller's mask read
+    entry by entry, the cache's empty slots, the causal mask and the
+    sliding window from the positions. Where the positions are
+    consecutive and nothing else masks, the blocks of queries and keys
+    that the causal mask or the window empties are skipped. None where
+    the scheme gives no `score_bias`, where there is a gradient to record
+    and FlexAttention has no backward pass here, or where it fails (it
+    warns once).
+
+    Returns:
+        None, or the output, `(batch, query, heads, value_dim)`.
+    """
+    position = attention.position
+    capabilities = _backend.capabilities()
+    if not capabilities.flex_trains and _backend.records_gradient():
+        return None
+    bias = position.score_bias(query, key, context)
+    if bias is None:
+        return None
+
+    def score_mod(score, batch, head, query_index, key_index):
+        return score + keras.ops.cast(
+            bias(batch, head, query_index, key_index), score.dtype
+        )
+
+    mask = None
+    if attention_mask is not None:
+        mask = keras.ops.cast(attention_mask, "bool")
+        while len(mask.shape) < 4:
+            mask = keras.ops.expand_dims(mask, -3)  # (batch | 1, heads | 1, query, key)
+    written = None
+    if context.cache_update_index is not None:
+        written = context.cache_update_index + query.shape[1]
+    window = attention.sliding_window
+    causal = context.causal
+    mask_mod = band = None
+    if mask is not None or written is not None or causal or window is not None:
+
+        def mask_mod(batch, head, query_index, key_index):
+            allowed = key_index >= 0
+            if mask is not None:
+                allowed = keras.ops.logical_and(
+                    allowed,
+                    ops.table_at(
+                        mask,
+                        batch if mask.shape[0] != 1 else 0,
+                        head if mask.shape[1] != 1 else 0,
+                        query_index,
+                        key_index,
+                    ),
+                )
+            if written is not None:
+                allowed = keras.ops.logical_and(allowed, key_index < written)
+            if causal or window is not None:
+                distance = context.key_position_at(
+                    batch, key_index
+                ) - context.query_position_at(batch, query_index)  # j - i
+                if causal:
+                    allowed = keras.ops.logical_and(allowed, distance <= 0)
+                if window is not None:
+                    allowed = keras.ops.logical_and(
+                        allowed, keras.ops.abs(distance) < window
+                    )
+            return allowed
+
+        if (
+            context.consecutive
+            and mask is None
+            and (written is None or causal)
+            and (causal or window is not None)
+        ):
+            # The keys from 0, the queries from their first position on.
+            first = ops.table_at(context.query_positions, 0, 0) - ops.table_at(
+                context.key_positions, 0, 0
+            )
+            low = None if window is None else 1 - window
+            high = 0 if causal else (None if window is None else window - 1)
+            band = (first, low, high)
+    return _backend.flex_attention(
+        keras.ops.cast(query, value.dtype),
+        keras.ops.cast(key, value.dtype),
+        value,
+        score_mod,
+        mask_mod,
+        band,
+        compiled=capabilities.flex_compiles,
+        name=type(position).__name__,
+    )
 
 
 def fused(attention, query, key, value, attention_mask, context, first_query):

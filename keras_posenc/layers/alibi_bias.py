@@ -177,6 +177,19 @@ class AlibiBias(HeadBias):
             slopes[:, None, None] * keras.ops.cast(distance, "float32")[:, None]
         )  # (batch or 1, heads, query, key)
 
+    def score_bias(self, query, key, context):
+        slopes = self._slopes()
+
+        def bias(batch, head, query_index, key_index):
+            distance = context.key_position_at(
+                batch, key_index
+            ) - context.query_position_at(batch, query_index)  # j - i
+            if self.bidirectional:
+                distance = -keras.ops.abs(distance)
+            return ops.table_at(slopes, head) * keras.ops.cast(distance, "float32")
+
+        return bias
+
     def logits_bias_maxima(self, context):
         # Within a block of B consecutive keys the bias is `m (j - i)`, from
         # its first key to its last, or `-m |j - i|`, largest at the key

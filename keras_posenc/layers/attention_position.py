@@ -114,6 +114,35 @@ class AttentionContext:
         """A copy of this context with `changes` to its fields."""
         return dataclasses.replace(self, **changes)
 
+    def query_position_at(self, batch, index):
+        """The position of query `index` of batch entry `batch`, pointwise.
+
+        For `AttentionPosition.score_bias`: `batch` and `index` are integer
+        tensors that broadcast together (whole grids, or one entry each
+        inside a fused kernel). On a grid, a tuple of one tensor per axis.
+        """
+        return _position_at(self.query_positions, batch, index, self.consecutive)
+
+    def key_position_at(self, batch, index):
+        """The position of key `index` of batch entry `batch`, pointwise.
+
+        As `query_position_at`, for the keys (a cache's slots included).
+        """
+        return _position_at(self.key_positions, batch, index, self.consecutive)
+
+
+def _position_at(positions, batch, index, consecutive):
+    """`positions[batch, index]`, batch 1 read for every entry; per axis on grids."""
+    if consecutive and len(positions.shape) == 2:
+        # Consecutive positions run on from the first by one per index.
+        return ops.table_at(positions, 0, 0) + keras.ops.cast(index, "int32")
+    row = batch if positions.shape[0] != 1 else 0
+    if len(positions.shape) == 2:
+        return ops.table_at(positions, row, index)
+    return tuple(
+        ops.table_at(positions, row, index, axis) for axis in range(positions.shape[2])
+    )
+
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
 class AttentionPosition(keras.layers.Layer):
@@ -195,13 +224,14 @@ class AttentionPosition(keras.layers.Layer):
         """What this scheme contributes: the hooks its class overrides.
 
         A frozenset of the names among `"transform_query_key"`,
-        `"logits_scale"`, `"logits_bias"`, `"relative_bias"` and
-        `"value_term"` that the scheme's class defines anew. The
-        attention's kernel reads it: a scheme without `"logits_bias"` and
-        `"value_term"` runs on the backend's fused attention, with
-        `flash_attention=True` too; one with `"relative_bias"` has its bias
-        computed once per relative position where the positions are
-        consecutive.
+        `"logits_scale"`, `"logits_bias"`, `"relative_bias"`,
+        `"score_bias"` and `"value_term"` that the scheme's class defines
+        anew. The attention's kernel reads it: a scheme without
+        `"logits_bias"` and `"value_term"` runs on the backend's fused
+        attention, with `flash_attention=True` too; one with
+        `"score_bias"` has its bias computed inside FlexAttention on
+        PyTorch's GPUs; one with `"relative_bias"` has its bias computed
+        once per relative position where the positions are consecutive.
         """
         return frozenset(
             name
@@ -210,6 +240,7 @@ class AttentionPosition(keras.layers.Layer):
                 "logits_scale",
                 "logits_bias",
                 "relative_bias",
+                "score_bias",
                 "value_term",
             )
             if getattr(type(self), name) is not getattr(AttentionPosition, name)
@@ -381,6 +412,34 @@ class AttentionPosition(keras.layers.Layer):
         Returns:
             None, or a float32 tensor broadcastable to `(batch, heads,
             num_prefix_tokens + query, num_prefix_tokens + key)`.
+        """
+        return None
+
+    def score_bias(self, query, key, context):
+        """Optional: `logits_bias` entry by entry, for a fused kernel, or None.
+
+        For speed only. Returns a function `bias(batch, head, query_index,
+        key_index)` of integer tensors that broadcast together, giving the
+        float32 bias at those entries, or None. A fused kernel
+        (FlexAttention on PyTorch's GPUs, as its `score_mod`) calls it with
+        one entry of each and adds it to each logit inside the kernel, so
+        that no tensor of the logits' size is written; the tests call it
+        on whole grids and compare it with `logits_bias`, which it must
+        equal. Write it with `keras.ops` element-wise ops, read positions
+        with `context.query_position_at(batch, query_index)` and
+        `context.key_position_at(batch, key_index)`, and small tables (per
+        head, per distance, per query) with `keras_posenc.ops.table_at`:
+        nothing of the logits' size. Returns None by default.
+
+        Args:
+            query: tensor of shape `(batch, query, heads, key_dim)`, as
+                `logits_bias` takes it.
+            key: tensor of shape `(batch, key, heads, key_dim)`.
+            context: the call's `AttentionContext`.
+
+        Returns:
+            None, or a function of four integer tensors to a float32 tensor
+            of their broadcast shape.
         """
         return None
 

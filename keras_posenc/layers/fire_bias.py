@@ -247,6 +247,34 @@ class FireBias(HeadBias):
         numerator = self._psi(key_distance(relative, self.bidirectional))
         return self._interpolated_bias(numerator, query_positions, threshold, batch_size)
 
+    def score_bias(self, query, key, context):
+        threshold = keras.ops.abs(
+            keras.ops.cast(self.threshold_multiplier, "float32") * self.init_threshold
+        )
+        breakpoints, slopes, intercepts = self._pieces()
+
+        def bias(batch, head, query_index, key_index):
+            query_position = context.query_position_at(batch, query_index)
+            relative = context.key_position_at(batch, key_index) - query_position
+            normalizer = keras.ops.maximum(
+                keras.ops.cast(query_position, "float32"), threshold
+            )  # max(i, L)
+            interpolated = self._psi(key_distance(relative, self.bidirectional)) / (
+                self._psi(normalizer) + self.eps
+            )
+            # The breakpoints below, counted one unit at a time: a sum over
+            # an axis is no element-wise op.
+            interval = 0
+            for unit in range(self.mlp_width):
+                interval = interval + keras.ops.cast(
+                    ops.table_at(breakpoints, unit) < interpolated, "int32"
+                )
+            return ops.table_at(slopes, head, interval) * interpolated + ops.table_at(
+                intercepts, head, interval
+            )
+
+        return bias
+
     def _psi(self, x):
         """`log(|c x| + 1)`, Eq. (6) with the appendix's absolute value."""
         c = keras.ops.cast(self.c, "float32")

@@ -192,13 +192,34 @@ class KerpleBias(HeadBias):
         return self.relative_bias(relative)
 
     def relative_bias(self, relative):
-        distance = key_distance(relative, self.bidirectional)
-        distance = keras.ops.cast(distance, "float32")[:, None]  # (b, 1, q, k)
-        r1 = _clamped(self.r1, SMALLEST, float("inf"))[:, None, None]  # (heads, 1, 1)
+        distance = keras.ops.cast(key_distance(relative, self.bidirectional), "float32")
+        r1, r2 = self._coefficients()
+        return self._kernel(
+            distance[:, None], r1[:, None, None], r2[:, None, None]
+        )  # (batch or 1, heads, query, key)
+
+    def score_bias(self, query, key, context):
+        r1, r2 = self._coefficients()
+
+        def bias(batch, head, query_index, key_index):
+            relative = context.key_position_at(
+                batch, key_index
+            ) - context.query_position_at(batch, query_index)  # j - i
+            distance = keras.ops.cast(key_distance(relative, self.bidirectional), "float32")
+            return self._kernel(distance, ops.table_at(r1, head), ops.table_at(r2, head))
+
+        return bias
+
+    def _coefficients(self):
+        """`r1` and `r2` per head, `(heads,)` each, clamped to their ranges."""
+        r1 = _clamped(self.r1, SMALLEST, float("inf"))
+        largest = float("inf") if self.form == "log" else LARGEST_POWER
+        return r1, _clamped(self.r2, SMALLEST, largest)
+
+    def _kernel(self, distance, r1, r2):
+        """The bias at float32 distances, the coefficients broadcast to them."""
         if self.form == "log":
-            r2 = _clamped(self.r2, SMALLEST, float("inf"))[:, None, None]
-            return -r1 * keras.ops.log1p(r2 * distance)  # (b, heads, q, k)
-        r2 = _clamped(self.r2, SMALLEST, LARGEST_POWER)[:, None, None]
+            return -r1 * keras.ops.log1p(r2 * distance)
         # d ** r2 for d >= 1, and 0 at d = 0 (r2 > 0), without the 0 * log 0
         # of the power's gradient there.
         powers = keras.ops.power(keras.ops.maximum(distance, 1.0), r2)

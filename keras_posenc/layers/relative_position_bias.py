@@ -133,8 +133,26 @@ class RelativePositionBias(HeadBias):
         )  # (batch or 1, query, key)
         return self._bias_of_rows(rows)
 
+    def score_bias(self, query, key, context):
+        table = self._distance_table()  # (2 * max_distance + 1, heads)
+
+        def bias(batch, head, query_index, key_index):
+            relative = context.key_position_at(
+                batch, key_index
+            ) - context.query_position_at(batch, query_index)  # j - i
+            rows = keras.ops.clip(relative, -self.max_distance, self.max_distance)
+            return ops.table_at(table, rows + self.max_distance, head)
+
+        return bias
+
     def _bias_of_rows(self, rows):
         """The bias read at `rows`, `clip(j - i) + max_distance`, per head."""
+        return keras.ops.transpose(
+            _backend.take_in_range(self._distance_table(), rows), [0, 3, 1, 2]
+        )  # (batch or 1, heads, query, key)
+
+    def _distance_table(self):
+        """The bias of each clipped distance, `(2 * max_distance + 1, heads)`."""
         # Every distance from `max_distance` on falls in the last bucket of
         # its direction, so the bias is a table of the 2 * max_distance + 1
         # clipped distances, read by `clip(j - i)`: the buckets (and their
@@ -161,9 +179,7 @@ class RelativePositionBias(HeadBias):
             ),
             axis=1,
         )  # (2 * max_distance + 1, heads)
-        return keras.ops.transpose(
-            _backend.take_in_range(table, rows), [0, 3, 1, 2]
-        )  # (batch or 1, heads, query, key)
+        return table
 
     def get_config(self):
         config = super().get_config()

@@ -58,6 +58,7 @@ from keras_posenc.ops.relative import (
     relative_distance_shape,
     relative_distance,
     clipped_distance_rows,
+    table_at,
     relative_position_bucket,
     grid_relative_position_index,
     make_log_bucket_position,
@@ -129,5 +130,6 @@ __all__ = [
     "rotate_by_tables",
     "shifted_cos_sin",
     "sinusoidal",
+    "table_at",
     "translation_matrix",
 ]

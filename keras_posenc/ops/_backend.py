@@ -7,8 +7,11 @@ backend, and is answered here, for TensorFlow, JAX and PyTorch. Each
 backend's library is imported only when it is the one in use.
 """
 
+import dataclasses
 import functools
+import importlib.util
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -384,6 +387,270 @@ def take_rows_per_query(values, rows):
     )  # (batch, query, key, features)
 
 
+def read_at(table, *indices):
+    """`table[indices]`, each index an integer tensor, broadcast together.
+
+    Pointwise: the form a scheme's `score_bias` reads its small tables in,
+    called with whole grids of indices (the reference's bias) or, inside
+    PyTorch's FlexAttention, with one index of each, where only Python's
+    indexing of a tensor is traced. On PyTorch that indexing; elsewhere one
+    `keras.ops.take` of the flattened table at the flattened index.
+
+    Args:
+        table: tensor of rank `len(indices)`.
+        *indices: integer tensors (or Python ints) that broadcast together,
+            each in `[0, table.shape[axis])` along its axis.
+
+    Returns:
+        A tensor of the indices' broadcast shape.
+    """
+    if backend() == "torch" and not isinstance(table, keras.KerasTensor):
+        import torch
+
+        return table[
+            tuple(
+                index if isinstance(index, int) else index.to(torch.int64)
+                for index in indices
+            )
+        ]
+    flat = 0
+    for size, index in zip(tuple(table.shape), indices):
+        flat = flat * size + (
+            index if isinstance(index, int) else keras.ops.cast(index, "int32")
+        )
+    return keras.ops.take(keras.ops.reshape(table, (-1,)), flat)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What the backend and its device offer the attention's kernel.
+
+    One object, asked once per call: the kernel's paths say which calls
+    they accept from it, so no other place asks the backend.
+
+    Attributes:
+        backend: str. Keras' backend, `"tensorflow"`, `"jax"` or `"torch"`.
+        device: str. The default device's kind: `"cpu"`, `"gpu"` or `"tpu"`.
+        fused: bool. Whether `fused_attention` is there to call
+            (`has_fused_attention`).
+        low_precision_fused: bool. Whether the fused kernel takes bfloat16
+            and float16 heads, their bias too, at their own precision
+            (SDPA and JAX's cuDNN attention on GPUs; on CPUs the reference's
+            float32 logits are kept).
+        flex: bool. Whether PyTorch's FlexAttention computes a scheme's
+            `score_bias` inside the kernel (on CUDA, where torch has it).
+        flex_compiles: bool. Whether FlexAttention runs compiled
+            (`torch.compile`, on GPUs), else eagerly, as on the CPU.
+        flex_trains: bool. Whether FlexAttention has a backward pass on
+            this device (not on the CPU).
+    """
+
+    backend: str
+    device: str
+    fused: bool
+    low_precision_fused: bool = False
+    flex: bool = False
+    flex_compiles: bool = False
+    flex_trains: bool = False
+
+
+@functools.lru_cache(maxsize=None)
+def capabilities():
+    """The `Capabilities` of this backend and its default device."""
+    name = backend()
+    device = "cpu"
+    flex = False
+    if name == "torch":
+        import torch
+
+        device = "gpu" if torch.cuda.is_available() else "cpu"
+        flex = device == "gpu" and (
+            importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+        )
+    elif name == "jax":
+        import jax
+
+        device = {"cpu": "cpu", "tpu": "tpu"}.get(jax.default_backend(), "gpu")
+    elif name == "tensorflow":
+        import tensorflow as tf
+
+        if tf.config.list_logical_devices("TPU"):
+            device = "tpu"
+        elif tf.config.list_logical_devices("GPU"):
+            device = "gpu"
+    return Capabilities(
+        backend=name,
+        device=device,
+        fused=has_fused_attention(),
+        low_precision_fused=name in ("torch", "jax") and device == "gpu",
+        flex=flex,
+        flex_compiles=flex,
+        flex_trains=flex,
+    )
+
+
+def records_gradient():
+    """Whether the backend records a gradient of what is computed now.
+
+    PyTorch's `torch.is_grad_enabled()`; elsewhere a gradient is taken of
+    a function, and may be of any call: True.
+    """
+    if backend() != "torch":
+        return True
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+# The (scheme, dtype, shapes) of calls that FlexAttention failed to run:
+# they go to the next path, with one warning each.
+_FLEX_FAILURES = set()
+FLEX_BLOCK = 128
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex_attention():
+    """`flex_attention` under `torch.compile`, made once per process."""
+    import torch
+    from torch.nn.attention import flex_attention
+
+    return torch.compile(flex_attention.flex_attention, dynamic=False)
+
+
+def _band_block_mask(mask_mod, queries, keys, first, low, high, device):
+    """FlexAttention's blocks where `low <= key - (query + first) <= high`.
+
+    Each block of `FLEX_BLOCK` queries and keys is empty (skipped), full
+    (no mask read) or partial (`mask_mod` read), from the range of `key -
+    query` over it: no tensor of the logits' size is made.
+    """
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+    query_blocks = -(-queries // FLEX_BLOCK)
+    key_blocks = -(-keys // FLEX_BLOCK)
+    rows = torch.arange(query_blocks, device=device)[:, None]
+    columns = torch.arange(key_blocks, device=device)[None, :]
+    first_query = rows * FLEX_BLOCK + first
+    last_query = torch.clamp((rows + 1) * FLEX_BLOCK, max=queries) - 1 + first
+    first_key = columns * FLEX_BLOCK
+    last_key = torch.clamp((columns + 1) * FLEX_BLOCK, max=keys) - 1
+    smallest, largest = first_key - last_query, last_key - first_query
+    inside = torch.ones_like(smallest, dtype=torch.bool)
+    meets = torch.ones_like(inside)
+    if low is not None:
+        inside &= smallest >= low
+        meets &= largest >= low
+    if high is not None:
+        inside &= largest <= high
+        meets &= smallest <= high
+    partial = meets & ~inside  # (query blocks, key blocks)
+
+    def listed(flags):
+        count = flags.sum(-1, dtype=torch.int32)
+        # The flagged blocks first, in order: a stable sort of the others after.
+        order = torch.argsort((~flags).to(torch.int8), dim=-1, stable=True)
+        return count[None, None], order.to(torch.int32)[None, None]
+
+    return BlockMask.from_kv_blocks(
+        *listed(partial),
+        *listed(inside),
+        BLOCK_SIZE=FLEX_BLOCK,
+        mask_mod=mask_mod,
+        seq_lengths=(queries, keys),
+    )
+
+
+def _dense_block_mask(mask_mod, queries, keys, device):
+    """FlexAttention's blocks, every one read with `mask_mod`."""
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+    query_blocks = -(-queries // FLEX_BLOCK)
+    key_blocks = -(-keys // FLEX_BLOCK)
+    count = torch.full((1, 1, query_blocks), key_blocks, dtype=torch.int32, device=device)
+    order = torch.arange(key_blocks, dtype=torch.int32, device=device).expand(
+        1, 1, query_blocks, key_blocks
+    )
+    return BlockMask.from_kv_blocks(
+        count,
+        order.contiguous(),
+        BLOCK_SIZE=FLEX_BLOCK,
+        mask_mod=mask_mod,
+        seq_lengths=(queries, keys),
+    )
+
+
+def flex_attention(
+    query, key, value, score_mod, mask_mod=None, band=None, compiled=True, name=""
+):
+    """PyTorch's FlexAttention of scaled heads, a bias added inside the kernel.
+
+    Compiled once per process (`torch.compile` then keeps one kernel per
+    scheme, dtype and shape), or eager where `compiled` is False. Where
+    FlexAttention fails for a kind of call (a kernel that does not
+    compile, say), it warns once, in one line, and returns None for that
+    kind from then on, so that the caller takes its next path.
+
+    Args:
+        query: tensor of shape `(batch, query, heads, key_dim)`, scaled.
+        key: tensor of shape `(batch, key, key/value heads, key_dim)`.
+        value: tensor of shape `(batch, key, key/value heads, value_dim)`.
+        score_mod: function `(score, batch, head, query, key)` to the
+            score, FlexAttention's.
+        mask_mod: None, or a function `(batch, head, query, key)` to a
+            bool, True where the query attends to the key.
+        band: None, or `(first, low, high)`, for a `mask_mod` that holds
+            inside `low <= key - (query + first) <= high` alone (either
+            bound None): the blocks outside are skipped.
+        compiled: bool. Whether to run the compiled kernel.
+        name: str. What the warning names (the scheme).
+
+    Returns:
+        A tensor of shape `(batch, query, heads, value_dim)`, or None.
+    """
+    import torch
+    from torch.nn.attention import flex_attention as flex
+
+    failure = (name, query.dtype, tuple(query.shape), tuple(key.shape), mask_mod is None)
+    if failure in _FLEX_FAILURES:
+        return None
+    query_, key_, value_ = (torch.transpose(x, 1, 2) for x in (query, key, value))
+    queries, keys = query_.shape[2], key_.shape[2]
+    block_mask = None
+    if mask_mod is not None:
+        if band is not None:
+            block_mask = _band_block_mask(mask_mod, queries, keys, *band, query.device)
+        else:
+            block_mask = _dense_block_mask(mask_mod, queries, keys, query.device)
+    arguments = dict(score_mod=score_mod, block_mask=block_mask, scale=1.0)
+    if query_.shape[1] != key_.shape[1]:
+        arguments["enable_gqa"] = True
+    if torch.compiler.is_compiling():
+        # Inside a compiled model, whose compiler takes it in.
+        output = flex.flex_attention(query_, key_, value_, **arguments)
+        return torch.transpose(output, 1, 2)
+    attend = _compiled_flex_attention() if compiled else flex.flex_attention
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", "flex_attention called without torch.compile", UserWarning
+            )
+            output = attend(query_, key_, value_, **arguments)
+    except Exception as error:  # noqa: BLE001: any failure falls back, once
+        _FLEX_FAILURES.add(failure)
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        warnings.warn(
+            f"FlexAttention failed for {name} in {query.dtype} at "
+            f"{tuple(query.shape)}, which takes PyTorch's SDPA from now on: "
+            f"{reason[:200]}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return torch.transpose(output, 1, 2)  # (batch, query, heads, value_dim)
+
+
 def has_fused_attention():
     """Whether this backend's device has a fused attention kernel to call.
 
@@ -398,6 +665,19 @@ def has_fused_attention():
     if name == "torch":
         return True
     return name == "jax" and not _jax_on_the_cpu()
+
+
+def takes_cudnn(dtype):
+    """Whether JAX's attention of heads in `dtype` goes to cuDNN's kernel.
+
+    On JAX's GPUs in bfloat16 and float16, which cuDNN's fused attention
+    takes with a bias; float32 stays with XLA, which cuDNN refuses.
+    """
+    return (
+        backend() == "jax"
+        and capabilities().device == "gpu"
+        and keras.backend.standardize_dtype(dtype) in ("bfloat16", "float16")
+    )
 
 
 def fused_attention_writes_logits(flash_attention):
@@ -438,6 +718,7 @@ def fused_attention(
     Returns:
         A tensor of shape `(batch, query, heads, value_dim)`.
     """
+    cudnn = takes_cudnn(query.dtype)
     if flash_attention and not (
         backend() == "torch" or (backend() == "jax" and not _jax_on_the_cpu())
     ):
@@ -467,15 +748,19 @@ def fused_attention(
             attend["enable_gqa"] = True
         # SDPA gives a query holding NaN (xPos's sign of a position out of
         # its range) an output of zeros, and with a mask or a bias passes a
-        # key's NaN on to every query, those that mask the key too. Where a
-        # sum shows a NaN (one pass each, no copy), the queries' NaN is
-        # passed on, and a NaN key read as zeros with NaN given to the
-        # queries that attend to it, as the reference kernel gives them.
+        # key's NaN on to every query, those that mask the key too. So the
+        # queries' NaN is passed on, and a NaN key is read as zeros with
+        # NaN given to the queries that attend to it, as the reference
+        # kernel gives them. On an accelerator, or compiled, that is done
+        # whatever the values, with no test on the host, which would wait
+        # for the device and break the graph; eagerly on the CPU, where a
+        # test costs nothing, only where a sum shows a NaN (one pass each).
+        on_host = query_.device.type == "cpu" and not torch.compiler.is_compiling()
         nan_queries = reads_nan = None
-        if torch.isnan(torch.sum(query_) + torch.sum(key_)):
+        if not on_host or torch.isnan(torch.sum(query_) + torch.sum(key_)):
             nan_queries = torch.isnan(query_).any(-1, keepdim=True)  # (b, h, t, 1)
             nan_keys = torch.isnan(key_).any(-1)  # (batch, key/value heads, key)
-            if attend["attn_mask"] is not None and nan_keys.any():
+            if attend["attn_mask"] is not None and (not on_host or nan_keys.any()):
                 key_ = torch.where(nan_keys[..., None], 0.0, key_)
                 attended = (
                     mask if mask is not None else bias > float("-inf")
@@ -501,16 +786,29 @@ def fused_attention(
     else:
         import jax
 
-        output = jax.nn.dot_product_attention(
-            query,
-            key,
-            value,
-            bias=bias,
-            mask=mask,
-            scale=1.0,
-            is_causal=is_causal,
-            implementation="cudnn" if flash_attention else None,
-        )  # (batch, query, heads, value_dim)
+        if flash_attention and capabilities().device == "tpu":
+            # Keras' own flash attention on TPUs (Pallas' splash attention).
+            output = keras.ops.dot_product_attention(
+                query,
+                key,
+                value,
+                bias=bias,
+                mask=mask,
+                scale=1.0,
+                is_causal=is_causal,
+                flash_attention=True,
+            )
+        else:
+            output = jax.nn.dot_product_attention(
+                query,
+                key,
+                value,
+                bias=bias,
+                mask=mask,
+                scale=1.0,
+                is_causal=is_causal,
+                implementation="cudnn" if flash_attention or cudnn else None,
+            )  # (batch, query, heads, value_dim)
     if has_key is not None:
         output = keras.ops.where(
             keras.ops.transpose(has_key, [0, 2, 1, 3]), output, 0.0

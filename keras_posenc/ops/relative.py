@@ -144,6 +144,36 @@ def relative_position(query_positions, key_positions, num_axes=1):
     )  # (batch or 1, query, key[, num_axes])
 
 
+def table_at(table, *indices):
+    """The entries of a small table at integer indices, pointwise.
+
+    `table[i, j, ...]` for tensors of indices that broadcast together: the
+    one read a scheme's `score_bias` needs, which runs both on whole grids
+    of indices and, inside PyTorch's FlexAttention, on one index each.
+
+    Args:
+        table: tensor of rank `len(indices)`.
+        *indices: integer tensors or Python ints, one per axis of `table`,
+            broadcast together, each within its axis.
+
+    Returns:
+        A tensor of the indices' broadcast shape.
+
+    Example:
+
+    >>> table = keras.ops.reshape(keras.ops.arange(6, dtype="float32"), (2, 3))
+    >>> keras.ops.convert_to_numpy(table_at(table, np.array([[0], [1]]), np.array([2, 0])))
+    array([[2., 0.],
+           [5., 3.]], dtype=float32)
+    """
+    if len(indices) != len(table.shape):
+        raise ValueError(
+            f"`indices` must be one per axis of `table`, {len(table.shape)}. "
+            f"Received: {len(indices)} indices"
+        )
+    return _backend.read_at(table, *indices)
+
+
 def clipped_distance_rows(query_positions, key_positions, max_distance, batch_size=None):
     """Rows `clip(j - i, -k, k) + k` of a table of the `2k + 1` clipped distances.
 
