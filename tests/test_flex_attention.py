@@ -228,3 +228,143 @@ def test_flex_attention_equals_the_reference(name, masks, flex_on_the_cpu):
     assert len(flex_on_the_cpu) == 1 and flex_on_the_cpu[0] is not None
     # float32 sums over 300 keys, in another order than the reference.
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+@torch_only
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_flex_attention_cached_decoding(name, flex_on_the_cpu):
+    import torch
+
+    layer = built_scheme(name)
+    inputs = tokens(length=140)
+    slots = 144
+    with torch.no_grad():
+        expected = reference_output(layer, inputs, inputs, use_causal_mask=True)
+        cache = keras.ops.zeros((BATCH, 2, slots, HEADS, KEY_DIM))
+        # The prompt, then one token at a time into the cache's slots.
+        prompt, cache = layer(
+            inputs[:, :130], inputs[:, :130], cache=cache, cache_update_index=0,
+            use_causal_mask=True,
+        )
+        outputs = [numpy(prompt)]
+        for step in range(130, 140):
+            token = inputs[:, step : step + 1]
+            output, cache = layer(
+                token, token, cache=cache, cache_update_index=step, use_causal_mask=True
+            )
+            outputs.append(numpy(output))
+    assert len(flex_on_the_cpu) == 11 and all(o is not None for o in flex_on_the_cpu)
+    np.testing.assert_allclose(
+        np.concatenate(outputs, axis=1), expected, rtol=1e-4, atol=1e-4
+    )
+
+
+@torch_only
+@pytest.mark.parametrize("name", ["alibi", "kerple"])
+def test_flex_attention_grouped_heads(name, flex_on_the_cpu):
+    import torch
+
+    layer = PositionalMultiHeadAttention(
+        HEADS, KEY_DIM, num_key_value_heads=2, position=SCHEMES[name]()
+    )
+    layer.build((1, 1, FEATURES), (1, 1, FEATURES))
+    randomize_weights(layer, 3)
+    inputs = tokens()
+    with torch.no_grad():
+        expected = reference_output(layer, inputs, inputs, use_causal_mask=True)
+        actual = numpy(layer(inputs, inputs, use_causal_mask=True))
+    assert flex_on_the_cpu and flex_on_the_cpu[0] is not None
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+@torch_only
+def test_flex_attention_in_bfloat16_is_as_close_as_the_reference(flex_on_the_cpu):
+    # Against the same weights in float32: FlexAttention's scores and bias
+    # stay float32 inside, so its error is at most the reference path's,
+    # whose logits are a product of bfloat16 heads.
+    import torch
+
+    layer = PositionalMultiHeadAttention(
+        HEADS, KEY_DIM, position=SCHEMES["alibi"](), dtype="mixed_bfloat16"
+    )
+    exact = PositionalMultiHeadAttention(HEADS, KEY_DIM, position=SCHEMES["alibi"]())
+    for each in (layer, exact):
+        each.build((1, 1, FEATURES), (1, 1, FEATURES))
+    randomize_weights(layer, 3)
+    exact.set_weights(layer.get_weights())
+    inputs = tokens()
+    with torch.no_grad():
+        truth = numpy(exact(inputs, inputs, use_causal_mask=True))
+        reference = reference_output(layer, inputs, inputs, use_causal_mask=True)
+        actual = layer(inputs, inputs, use_causal_mask=True)
+    assert flex_on_the_cpu[-1] is not None
+    assert keras.backend.standardize_dtype(actual.dtype) == "bfloat16"
+    flex_error = np.abs(numpy(actual).astype("float32") - truth).mean()
+    reference_error = np.abs(reference.astype("float32") - truth).mean()
+    assert flex_error <= 1.1 * reference_error, (flex_error, reference_error)
+    # A few of bfloat16's steps (2 ** -8) of the outputs' size.
+    assert flex_error < 2**-6 * np.abs(truth).mean()
+
+
+@torch_only
+def test_a_failing_flex_attention_falls_back_with_one_warning(
+    flex_on_the_cpu, monkeypatch
+):
+    import torch
+    from torch.nn.attention import flex_attention
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("No valid triton configs. OutOfResources: out of resource")
+
+    monkeypatch.setattr(flex_attention, "flex_attention", fails)
+    monkeypatch.setattr(_backend, "_FLEX_FAILURES", set())
+    layer = built_scheme("t5")
+    inputs = tokens(length=40)
+    with torch.no_grad():
+        expected = reference_output(layer, inputs, inputs)
+        with pytest.warns(
+            RuntimeWarning, match="FlexAttention failed for RelativePositionBias"
+        ) as caught:
+            first = layer(inputs, inputs)
+        first = numpy(first)
+        assert len(caught) == 1 and "\n" not in str(caught[0].message)
+        second = numpy(layer(inputs, inputs))  # no second try, no warning
+    assert flex_on_the_cpu == [None, None]
+    np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(second, expected, rtol=1e-5, atol=1e-5)
+
+
+@torch_only
+@pytest.mark.parametrize(
+    "first, low, high", [(0, None, 0), (0, -99, 0), (5, -99, 99), (130, None, 0)]
+)
+def test_band_blocks_are_those_the_mask_empties_or_fills(first, low, high):
+    # Each block of 128 queries and keys is empty, full or partial as the
+    # mask over its entries says: the mask read entry by entry, in NumPy.
+    import torch
+
+    queries, keys = 300, 430
+    block_mask = _backend._band_block_mask(
+        None, queries, keys, torch.tensor(first), low, high, "cpu"
+    )
+    query = np.arange(queries)[:, None] + first
+    key = np.arange(keys)[None, :]
+    allowed = np.ones((queries, keys), bool)
+    if low is not None:
+        allowed &= key - query >= low
+    if high is not None:
+        allowed &= key - query <= high
+    size = _backend.FLEX_BLOCK
+    for row in range(-(-queries // size)):
+        rows = allowed[row * size : (row + 1) * size]
+        partial, full = set(), set()
+        for column in range(-(-keys // size)):
+            part = rows[:, column * size : (column + 1) * size]
+            if part.all():
+                full.add(column)
+            elif part.any():
+                partial.add(column)
+        count = int(block_mask.kv_num_blocks[0, 0, row])
+        full_count = int(block_mask.full_kv_num_blocks[0, 0, row])
+        assert set(block_mask.kv_indices[0, 0, row, :count].tolist()) == partial
+        assert set(block_mask.full_kv_indices[0, 0, row, :full_count].tolist()) == full

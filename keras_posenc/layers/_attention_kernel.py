@@ -603,8 +603,10 @@ def flex(attention, query, key, value, attention_mask, context):
         return None
 
     def score_mod(score, batch, head, query_index, key_index):
-        return score + keras.ops.cast(
-            bias(batch, head, query_index, key_index), score.dtype
+        # In float32, as the logits: a compiled kernel's scores are, and an
+        # eager one's in bfloat16 would round a bias of 75 to a half.
+        return keras.ops.cast(score, "float32") + bias(
+            batch, head, query_index, key_index
         )
 
     mask = None
