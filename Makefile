@@ -157,7 +157,8 @@ test-torch: $(TORCH)/.installed
 		tests/test_kerple_bias.py tests/test_fire_bias.py tests/test_contextual_position.py \
 		tests/test_disentangled_position.py tests/test_transformer_xl_position.py \
 		tests/test_grid_attention.py tests/test_shortest_path_bias.py tests/test_hf_config.py \
-		tests/test_ops.py tests/test_doc_pages.py
+		tests/test_ops.py tests/test_doc_pages.py tests/test_flex_attention.py \
+		tests/test_torch_compile.py
 
 # Every page of the built site in headless Chromium, offline; needs
 # Debian's chromium (apt-get install chromium).

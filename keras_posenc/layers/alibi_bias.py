@@ -152,6 +152,9 @@ class AlibiBias(HeadBias):
             if slopes is None
             else np.asarray(self.slopes, "float32")
         )
+        # Made once: a compiler tracing a call (PyTorch's) cannot make a
+        # tensor of a NumPy array or a list there, and breaks its graph.
+        self._slope_tensor = keras.ops.convert_to_tensor(self._slope_values, "float32")
 
     def logits_bias(self, query, key, context):
         query_positions = context.query_positions
@@ -240,7 +243,7 @@ class AlibiBias(HeadBias):
         return query_factors, key_factors
 
     def _slopes(self):
-        return keras.ops.convert_to_tensor(self._slope_values, "float32")
+        return self._slope_tensor
 
     def get_config(self):
         config = super().get_config()

@@ -735,10 +735,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 # attention without `dot_product_attention`. Its softmax
                 # warns of a single key, whose weight of 1 is right here.
                 arguments["return_attention_scores"] = True
-                with warnings.catch_warnings():
-                    warnings.filterwarnings(
-                        "ignore", "You are using a softmax over axis", UserWarning
-                    )
+                with _backend.ignoring_warnings("You are using a softmax over axis"):
                     output, _ = super().call(query, value, **arguments)
                 return output
             return super().call(query, value, **arguments)
@@ -1042,13 +1039,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             features)`; the weights, `(batch, heads, query, key)`, or None
             unless `returns_scores`; the updated cache, or None.
         """
-        with warnings.catch_warnings():
-            # The masks are in `mask`; the projections take none and would
-            # warn that they drop those the inputs carry. Keras' `__call__`
-            # sets the queries' mask on the output.
-            warnings.filterwarnings(
-                "ignore", "Layer .* was passed an input with a mask", UserWarning
-            )
+        # The masks are in `mask`; the projections take none and would
+        # warn that they drop those the inputs carry. Keras' `__call__`
+        # sets the queries' mask on the output.
+        with _backend.ignoring_warnings("Layer .* was passed an input with a mask"):
             gate = _gate_projection(self)(query) if _gate_projection(self) else None
             query = _query_projection(self)(query)  # (batch, query, heads, key_dim)
             key = _key_projection(self)(keys)  # (batch, key, heads, key_dim)

@@ -7,6 +7,7 @@ backend, and is answered here, for TensorFlow, JAX and PyTorch. Each
 backend's library is imported only when it is the one in use.
 """
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -68,6 +69,28 @@ def static_value(value):
     if is_symbolic(value):
         return None
     return keras.ops.convert_to_numpy(value)
+
+
+def ignoring_warnings(message, category=UserWarning):
+    """A context in which warnings matching `message` are not shown.
+
+    `warnings.catch_warnings`, but where PyTorch's compiler traces the code,
+    which cannot trace it and would break its graph there: there nothing.
+    """
+    if backend() == "torch":
+        import torch
+
+        if torch.compiler.is_compiling():
+            return contextlib.nullcontext()
+    context = warnings.catch_warnings()
+
+    @contextlib.contextmanager
+    def ignoring():
+        with context:
+            warnings.filterwarnings("ignore", message, category)
+            yield
+
+    return ignoring()
 
 
 def executing_eagerly():
