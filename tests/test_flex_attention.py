@@ -368,3 +368,43 @@ def test_band_blocks_are_those_the_mask_empties_or_fills(first, low, high):
         full_count = int(block_mask.full_kv_num_blocks[0, 0, row])
         assert set(block_mask.kv_indices[0, 0, row, :count].tolist()) == partial
         assert set(block_mask.full_kv_indices[0, 0, row, :full_count].tolist()) == full
+
+
+@torch_only
+def test_paths_chosen_for_a_gpu():
+    # The choice alone, from the capabilities of a GPU and of a CPU.
+    attention = _attention_kernel.Attention(
+        position=keras_posenc.AlibiBias(8),
+        dropout=0.0,
+        dropout_layer=None,
+        flash_attention=False,
+        sliding_window=None,
+        scores_dtype="float32",
+    )
+    context = AttentionContext(
+        query_positions=keras.ops.arange(4096, dtype="int32")[None],
+        key_positions=keras.ops.arange(4096, dtype="int32")[None],
+        consecutive=True,
+    )
+    gpu = _backend.Capabilities("torch", "gpu", fused=True, low_precision_fused=True)
+    cpu = _backend.Capabilities("torch", "cpu", fused=True)
+    flex = _backend.Capabilities(
+        "torch", "gpu", fused=True, low_precision_fused=True, flex=True,
+        flex_compiles=True, flex_trains=True,
+    )
+
+    def choose(dtype, capabilities):
+        heads = keras.ops.zeros((4, 4096, 8, 64), dtype)
+        return _attention_kernel.choose(
+            attention, heads, heads, context, False, False, capabilities
+        )
+
+    assert choose("float32", flex) == ("flex", None)
+    assert choose("bfloat16", flex) == ("flex", None)
+    # Without FlexAttention, SDPA with blocks of 2 ** 25 bias entries on a
+    # GPU, a few large launches; on the CPU blocks of 2 ** 22 entries.
+    assert choose("float32", gpu) == ("fused_blocks", 2**25 // (8 * 4096))
+    assert choose("float32", cpu) == ("fused_blocks", 2**22 // (8 * 4096))
+    # bfloat16 heads go to SDPA on a GPU, to the float32 reference on a CPU.
+    assert choose("bfloat16", gpu)[0] == "fused_blocks"
+    assert choose("bfloat16", cpu)[0] == "reference_blocks"

@@ -1,10 +1,13 @@
 """The attention's kernel: one reference, and its fast paths chosen in one place.
 
 `PositionalMultiHeadAttention` hands its projected, transformed and scaled
-heads here with the call's `AttentionContext`; `attend` picks a path from
-the backend, the device and what the scheme contributes
-(`AttentionPosition.contributions`), and runs it:
+heads here with the call's `AttentionContext`; `attend` asks `PATHS` in
+order, with one `Capabilities` of the backend and its device and what the
+scheme contributes (`AttentionPosition.contributions`), and runs the first
+that accepts the call:
 
+- `"flex"`: PyTorch's FlexAttention on GPUs, the scheme's `score_bias`
+  computed inside it, the masks its block mask; never by blocks.
 - `"reference"`: the logits whole, in float32, the scheme's bias and value
   term, Keras' masked softmax, dropout and the scores. Every other path
   equals it (the tests compare them).
@@ -41,6 +44,10 @@ LOGITS_ELEMENTS = 2**25
 # blocks of 1024. Where the kernel writes the logits (JAX's), they are
 # bounded as the reference's, by `LOGITS_ELEMENTS`.
 BLOCK_ELEMENTS = 2**23
+# On a GPU, where each block is a launch of its own, a block's bias holds
+# at most this many entries, 128 MiB in float32: at (4, 4096), 8 heads,
+# blocks of 1024 queries; at 32768 keys, of 128.
+GPU_BLOCK_ELEMENTS = 2**25
 # Where each step writes a tensor of a block's size (eager PyTorch), and
 # the call goes by blocks anyway, a block's bias, or logits, holds at most
 # this many entries, 16 MiB: CoPE's bias takes about eight such steps.
@@ -286,13 +293,18 @@ def _fused_accepts(call):
         per_query = query.shape[2] * keys  # a bias's entries, shared by the batch
         if writes_logits and query.shape[0] is not None:
             per_query *= query.shape[0]
-        budget = LOGITS_ELEMENTS if writes_logits else BLOCK_ELEMENTS
+        on_gpu = capabilities.device == "gpu"
+        if writes_logits:
+            budget = LOGITS_ELEMENTS
+        else:
+            budget = GPU_BLOCK_ELEMENTS if on_gpu else BLOCK_ELEMENTS
         block = max(SMALLEST_QUERY_BLOCK, budget // max(per_query, 1))
         if writes_logits and position is not None and position.query_block is not None:
             # A scheme's own block bounds its tensors beside the logits
             # (FIRE's pieces, Transformer-XL's relative logits).
             block = min(block, position.query_block)
-        if queries > block:
+        if queries > block and not on_gpu:
+            # On a GPU, fewer blocks of more queries: no loop of small launches.
             block = _eager_block(block, per_query)
         if queries > block:
             return "fused_blocks", block
