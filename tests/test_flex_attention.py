@@ -42,6 +42,7 @@ SCHEMES = {
     "fire-bidirectional": lambda: keras_posenc.FireBias(
         HEADS, init_threshold=40.0, bidirectional=True
     ),
+    "swin-line": lambda: keras_posenc.GridRelativePositionBias(HEADS, (12,)),
 }
 
 # Per-batch positions, not consecutive, past T5's clipping and FIRE's threshold.
@@ -408,3 +409,41 @@ def test_paths_chosen_for_a_gpu():
     # bfloat16 heads go to SDPA on a GPU, to the float32 reference on a CPU.
     assert choose("bfloat16", gpu)[0] == "fused_blocks"
     assert choose("bfloat16", cpu)[0] == "reference_blocks"
+
+
+@pytest.mark.parametrize("shifted", [False, True], ids=["grid", "shifted"])
+def test_grid_score_bias_equals_logits_bias(shifted):
+    # Swin's table read at each pair of cells of a 3 x 4 grid (keys shifted
+    # off the window, past its clipping, where asked).
+    position = keras_posenc.GridRelativePositionBias(HEADS, (3, 4))
+    position.build_for_attention(HEADS, KEY_DIM, KEY_DIM)
+    position.embeddings.assign(
+        np.random.default_rng(0).normal(size=position.embeddings.shape)
+    )
+    cells = keras_posenc.ops.grid_positions((3, 4))  # (12, 2)
+    context = AttentionContext(
+        query_positions=keras.ops.cast(cells, "int32")[None],
+        key_positions=keras.ops.cast(cells + (5 if shifted else 0), "int32")[None],
+    )
+    heads = keras.ops.zeros((1, 12, HEADS, KEY_DIM))
+    expected = position.logits_bias(heads, heads, context)
+    actual = whole(position.score_bias(heads, heads, context), 1, 12, 12)
+    np.testing.assert_array_equal(numpy(actual), numpy(expected))
+
+
+
+@torch_only
+def test_flex_attention_on_a_grid(flex_on_the_cpu):
+    import torch
+
+    layer = PositionalMultiHeadAttention(
+        HEADS, KEY_DIM, position=keras_posenc.GridRelativePositionBias(HEADS, (6, 8))
+    )
+    layer.build((1, 1, FEATURES), (1, 1, FEATURES))
+    randomize_weights(layer, 3)
+    inputs = tokens(length=48)
+    with torch.no_grad():
+        expected = reference_output(layer, inputs, inputs, grid_shape=(6, 8))
+        actual = numpy(layer(inputs, inputs, grid_shape=(6, 8)))
+    assert flex_on_the_cpu and flex_on_the_cpu[0] is not None
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)

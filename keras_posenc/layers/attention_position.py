@@ -139,8 +139,9 @@ def _position_at(positions, batch, index, consecutive):
     row = batch if positions.shape[0] != 1 else 0
     if len(positions.shape) == 2:
         return ops.table_at(positions, row, index)
+    # A list first: PyTorch's compiler cannot trace a generator.
     return tuple(
-        ops.table_at(positions, row, index, axis) for axis in range(positions.shape[2])
+        [ops.table_at(positions, row, index, axis) for axis in range(positions.shape[2])]
     )
 
 

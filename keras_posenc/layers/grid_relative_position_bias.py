@@ -176,6 +176,25 @@ class GridRelativePositionBias(HeadBias):
             _backend.take_in_range(table, rows), [0, 3, 1, 2]
         )  # (batch or 1, heads, query, key)
 
+    def score_bias(self, query, key, context):
+        if self.num_prefix_tokens:
+            # BEiT's rows of the prefix tokens: the whole bias's alone.
+            return None
+        table = keras.ops.cast(self.embeddings, "float32")  # (rows, heads)
+
+        def bias(batch, head, query_index, key_index):
+            query_position = context.query_position_at(batch, query_index)
+            key_position = context.key_position_at(batch, key_index)
+            if self.num_axes == 1:
+                query_position, key_position = (query_position,), (key_position,)
+            distance = tuple(
+                [keys - queries for queries, keys in zip(query_position, key_position)]
+            )  # key - query, per axis
+            rows = ops.grid_relative_position_index(distance, self.grid_shape)
+            return ops.table_at(table, rows, head)
+
+        return bias
+
     def _with_prefix_rows(self, rows):
         """Grid rows `(b, q, k)` with BEiT's rows for the prefix tokens first."""
         prefix = self.num_prefix_tokens

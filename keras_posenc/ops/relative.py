@@ -341,7 +341,9 @@ def grid_relative_position_index(relative_position, grid_shape):
 
     Args:
         relative_position: integer tensor of shape `(..., num_axes)`: `key -
-            query` per axis, as `relative_position` gives it.
+            query` per axis, as `relative_position` gives it; or a tuple of
+            `num_axes` integer tensors of one shape, an axis each (the
+            pointwise form of a scheme's `score_bias`).
         grid_shape: list or tuple of positive ints, one per axis: the
             window.
 
@@ -357,17 +359,20 @@ def grid_relative_position_index(relative_position, grid_shape):
     [4, 1, 7, 5, 0]
     """
     check_grid_shape(grid_shape)
-    relative_position = keras.ops.cast(
-        relative_position, "int32"
-    )  # (..., num_axes)
-    index = keras.ops.zeros_like(relative_position[..., 0])  # (...)
-    for axis, size in enumerate(grid_shape):
+    if isinstance(relative_position, tuple):
+        per_axis = [keras.ops.cast(axis, "int32") for axis in relative_position]
+    else:
+        relative_position = keras.ops.cast(
+            relative_position, "int32"
+        )  # (..., num_axes)
+        per_axis = [relative_position[..., axis] for axis in range(len(grid_shape))]
+    index = 0
+    for axis, (size, distance) in enumerate(zip(grid_shape, per_axis)):
         # Swin's `coords_q - coords_k`, shifted to start from 0.
-        shifted = keras.ops.clip(
-            -relative_position[..., axis], 1 - size, size - 1
-        ) + (size - 1)  # (...)
-        stride = math.prod(2 * later - 1 for later in grid_shape[axis + 1 :])
-        index += shifted * stride
+        shifted = keras.ops.clip(-distance, 1 - size, size - 1) + (size - 1)  # (...)
+        # A list, not a generator, which PyTorch's compiler cannot trace.
+        stride = math.prod([2 * later - 1 for later in grid_shape[axis + 1 :]])
+        index = index + shifted * stride
     return index  # (...)
 
 
