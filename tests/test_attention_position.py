@@ -241,6 +241,7 @@ def test_contributions_are_the_hooks_a_scheme_overrides():
     assert keras_posenc.AlibiBias(num_heads=2).contributions == {
         "logits_bias",
         "relative_bias",
+        "score_bias",
     }
     assert keras_posenc.RelativePositionEmbedding(4).contributions == {
         "logits_bias",

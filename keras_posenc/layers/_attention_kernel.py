@@ -962,6 +962,7 @@ def reference(
         and keras.backend.standardize_dtype(query.dtype) == "float32"
         and not fuses
         and _backend.float32_matmul_is_exact()
+        and _backend.sums_product_columns_in_order()
     ):
         factors = position.logits_factors(context)
     query_with_factors, key_with_factors = query, key

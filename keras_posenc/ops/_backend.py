@@ -210,6 +210,18 @@ def float32_matmul_is_exact():
     return True
 
 
+def sums_product_columns_in_order():
+    """Whether a float32 product's first columns are summed before the rest.
+
+    Where the bias joins the logits' product as its first columns
+    (`AttentionPosition.logits_factors`), its terms cancel exactly only
+    if they are summed first. XLA's products and PyTorch's do; eager
+    TensorFlow's (Eigen's contraction, by blocks of the summed axis on
+    some processors) may not: there the bias is added instead.
+    """
+    return not (backend() == "tensorflow" and executing_eagerly())
+
+
 def take_in_range(x, indices):
     """`keras.ops.take(x, indices, axis=0)`, for indices known in range.
 
