@@ -523,8 +523,8 @@ def jax_reference(kind, length, dtype, implementation, seed=0):
     return function, weights, constants
 
 
-def jax_step(model, x, training):
-    """One jitted call of `model` on `x`: its output, or its weights' gradients."""
+def jax_program(model, x, training):
+    """`(jitted, arguments)` of `model` on `x`: its output, or its weights' gradients."""
     import jax
     import jax.numpy as jnp
 
@@ -535,7 +535,48 @@ def jax_step(model, x, training):
         )
     else:
         jitted = jax.jit(function)
-    return lambda: jitted(trainable, constants, x)
+    return jitted, (trainable, constants, x)
+
+
+def jax_compile(programs):
+    """Compile `{label: (jitted, arguments)}`: `(steps, seconds, notes)`.
+
+    Each is traced and lowered in turn (Python), then all are compiled at
+    once in threads (XLA's compiler leaves Python's lock). `steps[label]()`
+    calls the compiled program on its arguments; `seconds[label]` is its
+    lowering and compiling time; a program that fails to lower or compile
+    (a refusal, such as cuDNN's) is left out with a note.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    lowered, seconds, notes = {}, {}, []
+    for label, (jitted, arguments) in programs.items():
+        start = time.perf_counter()
+        try:
+            lowered[label] = jitted.lower(*arguments)
+        except Exception as error:  # A refusal: one line, not a crash.
+            notes.append(f"{label}: not measured, {one_line(error)}")
+            continue
+        seconds[label] = time.perf_counter() - start
+
+    def compile_one(lowering):
+        start = time.perf_counter()
+        return lowering.compile(), time.perf_counter() - start
+
+    steps = {}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {label: pool.submit(compile_one, low) for label, low in lowered.items()}
+        for label, future in futures.items():
+            try:
+                compiled, compile_seconds = future.result()
+            except Exception as error:
+                notes.append(f"{label}: not measured, {one_line(error)}")
+                del seconds[label]
+                continue
+            seconds[label] += compile_seconds
+            arguments = programs[label][1]
+            steps[label] = lambda compiled=compiled, arguments=arguments: compiled(*arguments)
+    return steps, seconds, notes
 
 
 def jax_implementation(dtype):
@@ -581,7 +622,7 @@ def jax_anchors(batch, length, dtype, training):
         notes.append("cuDNN: unmeasured, no GPU")
     else:
         implementations.append("cudnn")
-    steps = {}
+    programs = {}
     for implementation in implementations:
         for label, with_bias in (("plain", False), ("ALiBi bias", True)):
 
@@ -602,29 +643,30 @@ def jax_anchors(batch, length, dtype, training):
             else:
                 jitted = jax.jit(attention)
             name = {"xla": "XLA", "cudnn": "cuDNN"}[implementation]
-            steps[f"dot_product_attention, {name}, {label}"] = (
-                lambda jitted=jitted: jitted(q, k, v, bias)
-            )
-    return steps, notes
+            programs[f"dot_product_attention, {name}, {label}"] = (jitted, (q, k, v, bias))
+    steps, setup, refusals = jax_compile(programs)
+    return steps, notes + refusals, setup
 
 
 # Timing.
 
 
-def paired_rounds(steps, rounds):
+def paired_rounds(steps, rounds, setup=None):
     """Time `{label: step}`: `(seconds per round, first call's seconds, notes)`.
 
-    Each step's first call is timed alone (it traces, compiles, autotunes),
-    a second is not timed; a step whose warm-up raises is left out with a
+    Each step's first call is timed alone (it traces, compiles, autotunes;
+    with `setup[label]`, seconds spent compiling it beforehand, added), a
+    second is not timed; a step whose warm-up raises is left out with a
     note. Then `rounds` rounds call each step once, in the list's order and
     in reverse by turns.
     """
+    setup = setup or {}
     first, notes = {}, []
     for label, step in list(steps.items()):
         try:
             start = time.perf_counter()
             finished(step())
-            first[label] = time.perf_counter() - start
+            first[label] = time.perf_counter() - start + setup.get(label, 0.0)
             finished(step())
         except Exception as error:  # A refusal or a failure: one line, not a crash.
             notes.append(f"{label}: not measured, {one_line(error)}")
@@ -668,7 +710,7 @@ def comparison_section(batch, length, dtype, training, rounds):
     """Every scheme against its baseline, in one `dtype` and mode."""
     backend = keras.backend.backend()
     x = inputs_for(batch, length, dtype)
-    notes = []
+    notes, setup = [], {}
     if backend == "torch":
         models = torch_models(dtype)
         steps = {
@@ -682,12 +724,15 @@ def comparison_section(batch, length, dtype, training, rounds):
         plain = "x-transformers plain"
     else:
         models, notes = jax_models(batch, length, dtype)
-        steps = {label: jax_step(model, x, training) for label, model in models.items()}
+        steps, setup, refusals = jax_compile(
+            {label: jax_program(model, x, training) for label, model in models.items()}
+        )
+        notes += refusals
         targets = {
             name: (f"jax {kind}", target) for name, (kind, target) in JAX_TARGETS.items()
         }
         plain = "jax plain"
-    times, first, failures = paired_rounds(steps, rounds)
+    times, first, failures = paired_rounds(steps, rounds, setup)
     lines = [
         "| scheme | baseline | keras-posenc ms | baseline ms | ratio | target | met "
         "| first call s (keras-posenc / baseline) |",
@@ -719,12 +764,13 @@ def anchors_section(batch, length, dtype, training, rounds):
     """The kernels alone, on projected heads `(batch, 8, length, 64)`."""
     if keras.backend.backend() == "torch":
         steps, notes = torch_anchors(batch, length, dtype, training)
+        setup = {}
     else:
-        steps, notes = jax_anchors(batch, length, dtype, training)
+        steps, notes, setup = jax_anchors(batch, length, dtype, training)
     with warnings.catch_warnings():
         # Eager FlexAttention on the CPU says that it is unfused: the note says so.
         warnings.filterwarnings("ignore", message=".*flex_attention.*")
-        times, first, failures = paired_rounds(steps, rounds)
+        times, first, failures = paired_rounds(steps, rounds, setup)
     baseline = next(iter(times), None)
     lines = [
         f"| kernel | ms | / {baseline} | first call s (compile) |",
@@ -747,6 +793,7 @@ def flash_section(batch, length, training, rounds):
         "keras-posenc rope, flash": keras_layer("rope", policy, True, batch),
         "keras MultiHeadAttention, flash": plain_keras_layer(policy, True, batch),
     }
+    setup, refusals = {}, []
     if backend == "torch":
         steps = {
             label: torch_step(
@@ -758,11 +805,12 @@ def flash_section(batch, length, training, rounds):
             for label, layer in layers.items()
         }
     else:
-        steps = {
-            label: jax_step(jax_keras_model(layer, True), x, training)
+        steps, setup, refusals = jax_compile({
+            label: jax_program(jax_keras_model(layer, True), x, training)
             for label, layer in layers.items()
-        }
-    times, first, notes = paired_rounds(steps, rounds)
+        })
+    times, first, notes = paired_rounds(steps, rounds, setup)
+    notes = refusals + notes
     lines = ["| candidate | ms | first call s |", "|---|---:|---:|"]
     for label in times:
         lines.append(f"| {label} | {_ms(times, label)} | {first[label]:.2f} |")
@@ -802,13 +850,19 @@ def memory_section(length):
         else:
             how = "growth of the resident high-water mark of a fresh process per call"
     else:
-        peaks = {}
-        for name, causal in SCHEMES.items():
-            layer = keras_layer(name)
-            peaks[f"keras-posenc {name}"] = jax_peak_mib(jax_keras_model(layer, causal), length)
-        peaks["keras MultiHeadAttention"] = jax_peak_mib(
-            jax_keras_model(plain_keras_layer(), False), length
-        )
+        import jax
+
+        x = inputs_for(1, length)
+        models = {
+            f"keras-posenc {name}": jax_keras_model(keras_layer(name), causal)
+            for name, causal in SCHEMES.items()
+        }
+        models["keras MultiHeadAttention"] = jax_keras_model(plain_keras_layer(), False)
+        programs = {
+            label: (jax.jit(function), (trainable, constants, x))
+            for label, (function, trainable, constants) in models.items()
+        }
+        peaks, notes = jax_peaks_mib(programs)
         how = "the compiled call's memory_analysis(), temporary buffers and output"
     lines = [
         f"| candidate | MiB at (1, {length}) | target | met |",
@@ -841,13 +895,29 @@ def torch_peak_mib(label, function, length):
         return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-def jax_peak_mib(model, length):
-    import jax
+def jax_peaks_mib(programs):
+    """`({label: MiB}, notes)`: each compiled program's temporary buffers and output."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    function, trainable, constants = model
-    x = inputs_for(1, length)
-    analysis = jax.jit(function).lower(trainable, constants, x).compile().memory_analysis()
-    return (analysis.temp_size_in_bytes + analysis.output_size_in_bytes) / 2**20
+    lowered, notes = {}, []
+    for label, (jitted, arguments) in programs.items():
+        try:
+            lowered[label] = jitted.lower(*arguments)
+        except Exception as error:
+            notes.append(f"{label}: not measured, {one_line(error)}")
+    peaks = {}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {label: pool.submit(low.compile) for label, low in lowered.items()}
+        for label, future in futures.items():
+            try:
+                analysis = future.result().memory_analysis()
+            except Exception as error:
+                notes.append(f"{label}: not measured, {one_line(error)}")
+                continue
+            peaks[label] = (
+                analysis.temp_size_in_bytes + analysis.output_size_in_bytes
+            ) / 2**20
+    return peaks, notes
 
 
 def _status_mib(field):
@@ -1016,38 +1086,82 @@ def torch_difference(make, arguments, length):
     return float(np.max(np.abs(output - reference)))
 
 
-def jax_difference(make, arguments, length):
-    """The same on JAX: one jitted call on the default device and on the CPU."""
+def torch_differences(cases):
+    """`{label: difference, or the error's line}` of every case, one by one."""
+    differences = {}
+    for label, make, arguments, length in cases:
+        try:
+            differences[label] = torch_difference(make, arguments, length)
+        except Exception as error:
+            differences[label] = one_line(error)
+        _release_memory()
+    return differences
+
+
+def jax_differences(cases):
+    """The same on JAX: each case jitted on the default device and on the CPU.
+
+    Every program is traced first, then all are compiled at once.
+    """
     import jax
 
-    x = np.random.default_rng(1).normal(size=(EQUALITY_BATCH, length, WIDTH)).astype("float32")
-    layer = _attention_of(make)
-    causal = arguments.get("use_causal_mask", False)
-    tensors = {key: value for key, value in arguments.items() if key != "use_causal_mask"}
-    layer(x, x, use_causal_mask=causal, **tensors)
-    trainable = [variable.value for variable in layer.trainable_variables]
-    frozen = [variable.value for variable in layer.non_trainable_variables]
-
-    @jax.jit
-    def call(trainable, frozen, x, tensors):
-        return layer.stateless_call(
-            trainable, frozen, x, x, use_causal_mask=causal, **tensors
-        )[0]
-
-    output = np.asarray(call(trainable, frozen, x, tensors))
     cpu = jax.devices("cpu")[0]
-    with jax.default_device(cpu):
-        reference = np.asarray(
-            call(*jax.device_put((trainable, frozen, x, tensors), cpu))
-        )
-    return float(np.max(np.abs(output - reference)))
+    programs = {}
+    for label, make, arguments, length in cases:
+        x = np.random.default_rng(1).normal(
+            size=(EQUALITY_BATCH, length, WIDTH)
+        ).astype("float32")
+        layer = _attention_of(make)
+        layer.build((EQUALITY_BATCH, None, WIDTH), (EQUALITY_BATCH, None, WIDTH))
+        causal = arguments.get("use_causal_mask", False)
+        tensors = {key: value for key, value in arguments.items() if key != "use_causal_mask"}
+        trainable = [variable.value for variable in layer.trainable_variables]
+        frozen = [variable.value for variable in layer.non_trainable_variables]
+
+        def call(trainable, frozen, x, tensors, layer=layer, causal=causal):
+            return layer.stateless_call(
+                trainable, frozen, x, x, use_causal_mask=causal, **tensors
+            )[0]
+
+        on_device = (trainable, frozen, x, tensors)
+        programs[f"{label} on the device"] = (jax.jit(call), on_device)
+        if on_gpu():
+            programs[f"{label} on the CPU"] = (
+                jax.jit(call),
+                jax.device_put(on_device, cpu),
+            )
+    steps, _, notes = jax_compile(programs)
+    if not on_gpu():
+        # The CPU is the device: its one program stands for both.
+        steps.update({
+            label.replace("on the device", "on the CPU"): step
+            for label, step in list(steps.items())
+        })
+    differences = {}
+    for label, *_ in cases:
+        device, host = f"{label} on the device", f"{label} on the CPU"
+        if device not in steps or host not in steps:
+            differences[label] = "; ".join(note for note in notes if note.startswith(label))
+            continue
+        try:
+            output = np.asarray(steps[device]())
+            reference = np.asarray(steps[host]())
+        except Exception as error:
+            differences[label] = one_line(error)
+            continue
+        differences[label] = float(np.max(np.abs(output - reference)))
+    return differences
 
 
 def equality_section():
     """Every scheme's layer on the device against the same on the CPU."""
     backend = keras.backend.backend()
     tolerance = TOLERANCE[backend]
-    difference = torch_difference if backend == "torch" else jax_difference
+    cases = equality_cases()
+    if backend == "torch":
+        differences = torch_differences(cases)
+    else:
+        differences = jax_differences(cases)
     lines = [
         "| case | max abs difference | tolerance | result |",
         "|---|---:|---:|---|",
@@ -1056,12 +1170,10 @@ def equality_section():
     notes = []
     if not on_gpu():
         notes.append("no GPU: the CPU against itself, a check of the path only")
-    for label, make, arguments, length in equality_cases():
-        try:
-            value = difference(make, arguments, length)
-        except Exception as error:
+    for label, value in differences.items():
+        if isinstance(value, str):
             lines.append(f"| {label} | | {tolerance:g} | FAIL |")
-            notes.append(f"{label}: {one_line(error)}")
+            notes.append(f"{label}: {value}")
             failed = True
             continue
         ok = value <= tolerance  # NaN fails.
@@ -1069,7 +1181,6 @@ def equality_section():
         lines.append(
             f"| {label} | {value:.2e} | {tolerance:g} | {'OK' if ok else 'FAIL'} |"
         )
-        _release_memory()
     return lines, notes, failed
 
 
