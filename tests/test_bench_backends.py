@@ -77,7 +77,7 @@ def test_every_section_runs_tiny(capsys):
     parts = sections(printed)
     assert len(parts) == 3, printed
     assert "- failed" not in printed, printed
-    comparison, anchors, flash = parts.values()
+    comparison, flash, anchors = parts.values()
     for name in backends.SCHEMES:
         assert re.search(rf"^\| {name} \|.*\| \d+\.\d\dx \|", comparison, re.MULTILINE), comparison
     plain = "SDPA, plain" if BACKEND == "torch" else "dot_product_attention, XLA, plain"

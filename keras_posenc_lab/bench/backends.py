@@ -33,7 +33,9 @@ and with the ALiBi bias. `--flash` adds RoPE inside
 JAX: at most 1.05 times).
 
 Time: each candidate's first call (tracing, compiling, autotuning) is timed
-and printed apart, a second call is not timed, then the candidates are
+and printed apart (on JAX every program of a table is traced, then all are
+compiled at once in threads: each one's time is its lowering, its compile
+beside the others and its first call), a second call is not timed, then the candidates are
 called in rounds, each once per round, in the list's order and then in
 reverse; a ratio is the median over rounds of the two calls' times in
 that round (`torch.cuda.synchronize` or `block_until_ready` inside each
@@ -54,8 +56,9 @@ within 1e-4 on PyTorch and 2e-3 on JAX (its default float32 matmul
 precision on GPUs). The command exits with status 1 when one is not.
 
 Each section (a table) runs on its own: one that fails prints a line and
-the others still run; past `--budget` seconds, the sections left print a
-line each instead.
+the others still run; past `--budget` seconds, the candidates and sections
+left print a line each instead. They run in this order: equality, memory,
+the comparisons, the flash rows, the kernels alone.
 
     KERAS_BACKEND=torch python -m keras_posenc_lab.bench.backends
     KERAS_BACKEND=jax python -m keras_posenc_lab.bench.backends --memory
@@ -551,6 +554,9 @@ def jax_compile(programs):
 
     lowered, seconds, notes = {}, {}, []
     for label, (jitted, arguments) in programs.items():
+        if _spent():
+            notes.append(f"{label}: not measured, the budget is spent")
+            continue
         start = time.perf_counter()
         try:
             lowered[label] = jitted.lower(*arguments)
@@ -663,6 +669,10 @@ def paired_rounds(steps, rounds, setup=None):
     setup = setup or {}
     first, notes = {}, []
     for label, step in list(steps.items()):
+        if _spent():
+            notes.append(f"{label}: not measured, the budget is spent")
+            del steps[label]
+            continue
         try:
             start = time.perf_counter()
             finished(step())
@@ -1188,7 +1198,12 @@ def equality_section():
 
 
 def sections_of(args):
-    """`[(title, run)]` in the order they run: equality, memory, then per length."""
+    """`[(title, run)]` in the order they run.
+
+    Equality first, then memory, the comparisons (every length, dtype and
+    mode), the flash rows, and last the kernels alone, whose compiles
+    (FlexAttention's) are the longest: past the budget, the last are left.
+    """
     sections = []
     if args.equality:
         sections.append((
@@ -1200,48 +1215,61 @@ def sections_of(args):
             f"Memory of one forward call at (1, {args.memory_length}), float32",
             lambda: memory_section(args.memory_length),
         ))
-    for length in args.length:
-        shape = f"({args.batch}, {length}, {WIDTH})"
-        for dtype in args.dtype:
-            for mode in args.mode:
-                training = mode == "training"
-                sections.append((
-                    f"{shape}, {dtype}, {_mode_name(training)}",
-                    lambda length=length, dtype=dtype, training=training: comparison_section(
-                        args.batch, length, dtype, training, args.rounds
-                    ),
-                ))
-        if args.anchors:
-            heads = f"({args.batch}, {HEADS}, {length}, {HEAD_DIM})"
-            for dtype in args.dtype:
-                for mode in args.mode:
-                    training = mode == "training"
-                    sections.append((
-                        f"Anchors on projected heads {heads}, {dtype}, {_mode_name(training)}",
-                        lambda length=length, dtype=dtype, training=training: anchors_section(
-                            args.batch, length, dtype, training, args.rounds
-                        ),
-                    ))
-        if args.flash:
-            for mode in args.mode:
-                training = mode == "training"
-                sections.append((
-                    f"Flash, {shape}, bfloat16, causal, {_mode_name(training)}",
-                    lambda length=length, training=training: flash_section(
-                        args.batch, length, training, args.rounds
-                    ),
-                ))
+    configurations = [
+        (length, dtype, mode == "training")
+        for length in args.length
+        for dtype in args.dtype
+        for mode in args.mode
+    ]
+    for length, dtype, training in configurations:
+        sections.append((
+            f"({args.batch}, {length}, {WIDTH}), {dtype}, {_mode_name(training)}",
+            lambda length=length, dtype=dtype, training=training: comparison_section(
+                args.batch, length, dtype, training, args.rounds
+            ),
+        ))
+    if args.flash:
+        for length, training in dict.fromkeys(
+            (length, training) for length, _, training in configurations
+        ):
+            sections.append((
+                f"Flash, ({args.batch}, {length}, {WIDTH}), bfloat16, causal, "
+                f"{_mode_name(training)}",
+                lambda length=length, training=training: flash_section(
+                    args.batch, length, training, args.rounds
+                ),
+            ))
+    if args.anchors:
+        for length, dtype, training in configurations:
+            sections.append((
+                f"Anchors on projected heads ({args.batch}, {HEADS}, {length}, "
+                f"{HEAD_DIM}), {dtype}, {_mode_name(training)}",
+                lambda length=length, dtype=dtype, training=training: anchors_section(
+                    args.batch, length, dtype, training, args.rounds
+                ),
+            ))
     return sections
+
+
+# When the budget is spent (`time.perf_counter()`), or None: sections and
+# candidates not yet started are left.
+_deadline = None
+
+
+def _spent():
+    return _deadline is not None and time.perf_counter() > _deadline
 
 
 def run_sections(sections, budget):
     """Print each section's table; returns whether an equality row failed."""
+    global _deadline
     start = time.perf_counter()
+    _deadline = None if budget is None else start + budget
     failed = False
     for title, run in sections:
         print(f"\n### {title}\n", flush=True)
         elapsed = time.perf_counter() - start
-        if budget is not None and elapsed > budget:
+        if _spent():
             print(f"- skipped: the budget of {budget:.0f} s is spent ({elapsed:.0f} s)", flush=True)
             continue
         section_start = time.perf_counter()
@@ -1260,6 +1288,7 @@ def run_sections(sections, budget):
             print(f"- {note}")
         print(f"- section: {time.perf_counter() - section_start:.1f} s", flush=True)
         _release_memory()
+    _deadline = None
     return failed
 
 
