@@ -22,7 +22,7 @@
 # x-transformers come as wheels from $WHEELS (`benchmarks/gpu_wheels.sh`
 # downloads them), the package from this checkout. Without a GPU it runs
 # the same on the CPU (`--quick` for a short check of every section at
-# tiny sizes, bfloat16 only, with no time limit).
+# tiny sizes, the training step in bfloat16 alone, with no time limit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=${WHEELS:-build/gpu-wheels}
@@ -40,7 +40,7 @@ quick=false
 if [[ ${1:-} == --quick ]]; then
 	quick=true
 	arguments=(--rounds 1 --batch 1 --length 32 --dtype bfloat16
-		--mode forward training --anchors --flash --equality
+		--mode training --anchors --flash --equality
 		--memory --memory-length 256)
 fi
 if ! "$python" -c "import keras, x_transformers" 2>/dev/null; then
