@@ -371,6 +371,13 @@ def torch_flex_attention():
     if not torch.cuda.is_available():
         return flex_attention
     if _flex_attention is None:
+        # One compile per length, dtype, score_mod and grad mode: 16 here,
+        # past Dynamo's 8, beyond which it would run FlexAttention eagerly.
+        import torch._dynamo
+
+        config = torch._dynamo.config
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        setattr(config, name, max(getattr(config, name), 64))
         _flex_attention = torch.compile(flex_attention, dynamic=False)
     return _flex_attention
 
