@@ -15,8 +15,8 @@
 # FlexAttention compiles are the longest). PyTorch gets half of what is left
 # of the 6 minutes, JAX the rest: past its budget, the candidates and
 # sections left print a line each, and a process still running at its
-# limit is stopped. The run exits with
-# status 1 when an equality row fails (or a backend's run stops or fails).
+# limit is stopped. The run exits with status 1 when an equality row
+# fails (or a backend's run stops or fails).
 #
 # The machine needs Python with PyTorch and JAX on CUDA; Keras and
 # x-transformers come as wheels from $WHEELS (`benchmarks/gpu_wheels.sh`
@@ -27,8 +27,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=${WHEELS:-build/gpu-wheels}
 python=${PYTHON:-python3}
-# Seconds from the start within which both backends finish (6 minutes, less
-# a margin for the last section past its budget).
+# Seconds from the start within which both backends finish: 6 minutes, less
+# the 10 s each that `timeout` may wait before it kills.
 deadline=$((SECONDS + ${GPU_SECONDS:-340}))
 # Past its budget a backend starts no section; a section, and the start
 # of the process, take at most this much more.

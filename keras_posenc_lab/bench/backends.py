@@ -35,11 +35,11 @@ JAX: at most 1.05 times).
 Time: each candidate's first call (tracing, compiling, autotuning) is timed
 and printed apart (on JAX every program of a table is traced, then all are
 compiled at once in threads: each one's time is its lowering, its compile
-beside the others and its first call), a second call is not timed, then the candidates are
-called in rounds, each once per round, in the list's order and then in
-reverse; a ratio is the median over rounds of the two calls' times in
-that round (`torch.cuda.synchronize` or `block_until_ready` inside each
-call's time).
+beside the others and its first call), a second call is not timed, then
+the candidates are called in rounds, each once per round, in the list's
+order and then in reverse; a ratio is the median over rounds of the two
+calls' times in that round (`torch.cuda.synchronize` or
+`block_until_ready` inside each call's time).
 
 Memory (`--memory`): the peak of one forward call at `(1,
 --memory-length)`, float32, of every scheme (target: at most 1 GiB) and of
@@ -48,8 +48,8 @@ whole `(heads, length, length)` bias): on a GPU, PyTorch's
 `max_memory_allocated` above what was allocated before the call, and JAX's
 compiled `memory_analysis()` (its temporary buffers and output); on the
 CPU, PyTorch's growth of the process's resident high-water mark over one
-call, reset before each (or each candidate in a fresh process where the
-kernel cannot reset it), and JAX's compiled `memory_analysis()`.
+call, reset before each (or each candidate in a fresh process where
+Linux cannot reset it), and JAX's compiled `memory_analysis()`.
 
 Equality (`--equality`): every scheme of the language, vision and graph
 tasks, the same layer with the same weights called on the accelerator and
