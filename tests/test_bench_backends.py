@@ -42,7 +42,7 @@ def test_the_backends_benchmark_prints_every_scheme(capsys):
             backends.main(arguments)
         return
     if BACKEND == "torch":
-        # Where the kernel cannot reset the high-water mark, each peak is a
+        # Where Linux cannot reset the high-water mark, each peak is a
         # fresh process's: one of them here.
         peak = backends._cpu_peak_in_a_fresh_process("keras-posenc alibi", 1, 64)
         assert peak >= 0.0
