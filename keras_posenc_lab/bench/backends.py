@@ -1168,7 +1168,9 @@ def jax_differences(cases):
     for label, *_ in cases:
         device, host = f"{label} on the device", f"{label} on the CPU"
         if device not in steps or host not in steps:
-            differences[label] = "; ".join(note for note in notes if note.startswith(label))
+            differences[label] = "; ".join(
+                note for note in notes if note.startswith(f"{label} on the ")
+            )
             continue
         try:
             output = np.asarray(steps[device]())
