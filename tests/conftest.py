@@ -48,6 +48,8 @@ def _runs_here(item):
         return False
     if BACKEND != "torch" and item.get_closest_marker("torch_only"):
         return False
+    if BACKEND == "tensorflow" and item.get_closest_marker("fused_backends_only"):
+        return False
     if BACKEND == "jax" and item.get_closest_marker("float64"):
         return False
     # A crossing of backends, where no other backend is installed.

@@ -21,9 +21,8 @@ from tests.backend import BACKEND
 x_transformers_warning = pytest.mark.filterwarnings(
     "ignore:`torch.jit.script` is deprecated:DeprecationWarning"
 )
-fused_backends_only = pytest.mark.skipif(
-    BACKEND == "tensorflow", reason="the benchmark compares PyTorch's and JAX's kernels"
-)
+# The benchmark compares PyTorch's and JAX's kernels: deselected on TensorFlow.
+fused_backends_only = pytest.mark.fused_backends_only
 
 TINY = ["--rounds", "1", "--batch", "1", "--length", "32"]
 
@@ -139,7 +138,7 @@ def test_past_the_budget_each_section_left_prints_a_line(capsys):
         assert text.strip().startswith("- skipped: the budget of 0 s is spent")
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="JAX's references are written with JAX")
+@pytest.mark.jax_only  # JAX's references are written with JAX
 @pytest.mark.parametrize(
     "name, kind",
     [("rope", "rotary"), ("xpos", "rotary, causal"), ("alibi", "bias"), ("plain", "plain")],
