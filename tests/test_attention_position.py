@@ -350,6 +350,25 @@ def test_a_scheme_sized_by_the_attention_refuses_a_build_on_its_own():
     assert scheme.built and scheme.attention_sizes is None
 
 
+def test_a_scheme_keras_cannot_find_is_named_with_what_to_import():
+    # Keras imports no package to find a class; a scheme's module that was
+    # not imported before loading is named, with the way to register it.
+    config = PositionalMultiHeadAttention(
+        num_heads=HEADS, key_dim=KEY_DIM, position=Probe()
+    ).get_config()
+    config["position"] = dict(
+        config["position"], class_name="Gone", registered_name="elsewhere>Gone"
+    )
+    with pytest.raises(TypeError) as raised:
+        PositionalMultiHeadAttention.from_config(config)
+    message = str(raised.value)
+    assert message.startswith(
+        "`position` of this attention is 'elsewhere>Gone', which Keras does "
+        "not know: import the module that registers it"
+    )
+    assert "Could not locate class 'Gone'" in message
+
+
 def test_a_scheme_built_for_an_attention_loads_its_sizes_back():
     decay = Decay(name="decay")
     decay.build_for_attention(HEADS, KEY_DIM, 3, FEATURES)

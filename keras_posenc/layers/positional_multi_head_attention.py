@@ -1222,7 +1222,20 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 for key, value in config["position"].items()
                 if key != "build_config"
             }
-            config["position"] = keras.saving.deserialize_keras_object(position)
+            try:
+                config["position"] = keras.saving.deserialize_keras_object(position)
+            except TypeError as error:
+                # Keras imports no package to find a class but its own.
+                if "Could not locate" not in str(error):
+                    raise
+                name = position.get("registered_name", position.get("class_name"))
+                raise TypeError(
+                    f"`position` of this attention is {name!r}, which Keras "
+                    "does not know: import the module that registers it (with "
+                    "`keras.saving.register_keras_serializable`) before "
+                    "loading, or pass it in `custom_objects`. Keras imports no "
+                    f"package to find a class but its own. Keras said: {error}"
+                ) from None
         return super().from_config(config)
 
     @staticmethod
