@@ -588,6 +588,7 @@ def _head_dim(config, name="config"):
     """The head width a config gives: `head_dim`, or hidden size / heads."""
     head_dim = config.get("head_dim")
     if head_dim:
+        ops.check_positive_int(f"{name}['head_dim']", head_dim)
         return head_dim
     # GPT-2 style configs (GPT-J) name the widths n_embd and n_head.
     hidden_size = config.get("hidden_size", config.get("n_embd"))
