@@ -263,14 +263,39 @@ class _IntegerBias(AttentionPosition):
         return keras.ops.zeros((1, 1, 5, 5), dtype="int32")
 
 
+class _ListBias(AttentionPosition):
+    def logits_bias(self, query, key, context):
+        return [[[[0.0] * 5] * 5] * 2]
+
+
+class _NarrowValueTerm(AttentionPosition):
+    def value_term(self, attention_weights, context):
+        return keras.ops.zeros((2, 5, 2, 3))
+
+
+class _StringScale(AttentionPosition):
+    def logits_scale(self, key_dim):
+        return "0.5"
+
+
 @pytest.mark.parametrize(
     "scheme, message",
     [
         (_WrongQueries, r"_WrongQueries.transform_query_key must return the query in its shape, \(2, 5, 2, 4\)"),
         (_WrongBias, r"_WrongBias.logits_bias must return None or a float tensor broadcastable to \(batch, heads, query, key\), here \(2, 2, 5, 5\).*shape \(3, 3\)"),
         (_IntegerBias, r"_IntegerBias.logits_bias .*dtype int32"),
+        (_ListBias, r"_ListBias.logits_bias must return None or a float tensor.*Received: list"),
+        (_NarrowValueTerm, r"_NarrowValueTerm.value_term must return None or a tensor of shape \(batch, query, heads, value_dim\), here \(2, 5, 2, 4\). Received: \(2, 5, 2, 3\)"),
+        (_StringScale, r"_StringScale.logits_scale must return a number.*Received: '0.5'"),
     ],
-    ids=["queries-of-another-shape", "bias-of-another-shape", "integer-bias"],
+    ids=[
+        "queries-of-another-shape",
+        "bias-of-another-shape",
+        "integer-bias",
+        "bias-a-nested-list",
+        "value-term-of-another-width",
+        "scale-a-string",
+    ],
 )
 def test_a_scheme_hook_of_the_wrong_shape_is_named(scheme, message):
     attention = keras_posenc.PositionalMultiHeadAttention(
@@ -511,3 +536,32 @@ def test_files_saved_before_the_one_build_path_load():
         assert [tuple(weight.shape) for weight in rebuilt.weights] == [
             tuple(weight.shape) for weight in built.weights
         ]
+
+
+class _HalfBias(AttentionPosition):
+    """A distance bias in the dtype given: bfloat16 as a user's mixed code makes it."""
+
+    dtype_of_bias = "bfloat16"
+
+    def logits_bias(self, query, key, context):
+        distance = keras.ops.cast(
+            context.key_positions[:, None, :] - context.query_positions[:, :, None],
+            "float32",
+        )  # (batch or 1, query, key)
+        return keras.ops.cast(-0.25 * keras.ops.abs(distance)[:, None], self.dtype_of_bias)
+
+
+class _FloatBias(_HalfBias):
+    dtype_of_bias = "float32"
+
+
+def test_a_bfloat16_bias_joins_the_float32_logits_as_its_float32_value():
+    # Each value here (multiples of 0.25 up to 1) is exact in bfloat16, so
+    # the float32 scheme is the reference.
+    tokens = np.random.default_rng(3).normal(size=(2, 5, 8)).astype("float32")
+    outputs = []
+    for scheme in (_HalfBias(), _FloatBias()):
+        keras.utils.set_random_seed(0)
+        attention = keras_posenc.PositionalMultiHeadAttention(2, 4, position=scheme)
+        outputs.append(numpy(attention(tokens, tokens)))
+    np.testing.assert_array_equal(outputs[0], outputs[1])

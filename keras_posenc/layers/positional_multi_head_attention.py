@@ -976,6 +976,13 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"{tuple(keys.shape)}"
             )
         ops.check_adjacency_shape(shape, num_nodes=query.shape[1])
+        if None not in (shape[0], query.shape[0]) and shape[0] not in (query.shape[0], 1):
+            raise ValueError(
+                "`adjacency` must hold one graph per sequence of queries, or "
+                f"one for all: batch {query.shape[0]} or 1. Received: "
+                f"adjacency of shape {shape} for query of shape "
+                f"{tuple(query.shape)}"
+            )
         return True
 
     def _check_cache(
