@@ -18,6 +18,7 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc import rope_scaling
+from keras_posenc.ops import _backend
 
 # The keys under which transformers' `PretrainedConfig.get_text_config()`
 # looks for a composite model's text config, in its order: encoders', then
@@ -988,7 +989,8 @@ def _check_rotary_buffers(weights, position, head_dim):
         expected, _ = rope_scaling.rope_parameters(
             position.scaling, rotated, position.max_wavelength
         )
-        expected = keras.ops.convert_to_numpy(expected)
+        # Not Keras' conversion, which warns on PyTorch (NumPy 2's `copy`).
+        expected = _backend.static_value(expected)
         # A checkpoint in float16 or bfloat16 rounds them to 8 or 11 bits.
         half = given.dtype.itemsize <= 2
         if given.shape != expected.shape or not np.allclose(
