@@ -2,8 +2,11 @@
 
 Each ```python block runs alone, in a namespace of its own, in a fresh
 folder, as a reader who copies that one block into a new file would run
-it. A line `print(...)  # expected` must print exactly what its comment
-says. A model an example saves, it loads back and checks.
+it. A block that reads what the one before it wrote (a SavedModel served
+by another process) says so on its first line, `# In the folder of the
+block above`: the block above runs first, in its own namespace, in the
+same folder. A line `print(...)  # expected` must print exactly what its
+comment says. A model an example saves, it loads back and checks.
 """
 
 import contextlib
@@ -99,6 +102,9 @@ def test_a_save_without_loading_back_is_found():
     assert saved_without_loading_back(checked) == []
 
 
+# The first line of a block that reads the files of the block above it.
+AFTER_THE_BLOCK_ABOVE = "# In the folder of the block above"
+
 # Each block alone: `(page, index of the block on the page)`.
 BLOCKS = [
     (page, index)
@@ -155,15 +161,30 @@ def test_each_example_runs_alone(block, tmp_path, monkeypatch):
     # process has it: nothing that another block made.
     page, index = block
     monkeypatch.chdir(tmp_path)
-    namespace = {"__name__": "__main__", "_check_print": _check_print}
-    keras.backend.clear_session()
-    code = with_checks(python_blocks(page)[index])
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            exec(compile(code, f"{page.relative_to(ROOT)}:{index}", "exec"), namespace)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
+    blocks = python_blocks(page)
+    first = index
+    while blocks[first].startswith(AFTER_THE_BLOCK_ABOVE):
+        first -= 1
+    for number in range(first, index + 1):
+        namespace = {"__name__": "__main__", "_check_print": _check_print}
         keras.backend.clear_session()
+        code = with_checks(blocks[number])
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(code, f"{page.relative_to(ROOT)}:{number}", "exec"), namespace)
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+            keras.backend.clear_session()
+
+
+def test_a_block_reads_another_blocks_files_only_where_it_says_so():
+    # The one such block: the SavedModel served by plain TensorFlow.
+    following = [
+        (str(page.relative_to(ROOT)), index)
+        for page, index in BLOCKS
+        if python_blocks(page)[index].startswith(AFTER_THE_BLOCK_ABOVE)
+    ]
+    assert following == [("docs/saving.md", 3)]
 
 
 # One number per fact. The Results page's tables are the source of the

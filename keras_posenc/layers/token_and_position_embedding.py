@@ -158,8 +158,12 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         if known is None:
             # Compiled code cannot raise: a row past the table is NaN, where
             # XLA's lookup would read zeros or the last row.
+            # expand_dims, not a slice: TFLite's built-in ops lack a
+            # StridedSlice that adds an axis.
             embedded = keras.ops.where(
-                valid[:, :, None], embedded, keras.ops.cast(float("nan"), embedded.dtype)
+                keras.ops.expand_dims(valid, -1),
+                embedded,
+                keras.ops.cast(float("nan"), embedded.dtype),
             )
         return self.position_embedding(
             embedded, start_index=start_index, positions=positions
