@@ -150,7 +150,8 @@ test-colab: $(COLAB)/.installed
 # Every public layer's forward pass, training step and `.keras` round trip,
 # the backend module's answers, files across PyTorch and TensorFlow, the
 # attention and its kernel's paths (PyTorch's SDPA), the backends'
-# benchmark, and the examples of README and the docs pages.
+# benchmark, the token embedding's and the graph encodings' checks of
+# their inputs, and the examples of README and the docs pages.
 TORCH_VERSION := 2.13.0
 test-torch: $(TORCH)/.installed
 	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) \
@@ -164,6 +165,7 @@ test-torch: $(TORCH)/.installed
 		tests/test_kerple_bias.py tests/test_fire_bias.py tests/test_contextual_position.py \
 		tests/test_disentangled_position.py tests/test_transformer_xl_position.py \
 		tests/test_grid_attention.py tests/test_shortest_path_bias.py tests/test_hf_config.py \
+		tests/test_token_and_position_embedding.py tests/test_graph_encoding_contract.py \
 		tests/test_ops.py tests/test_doc_pages.py
 
 # Every page of the built site in headless Chromium, offline; needs
