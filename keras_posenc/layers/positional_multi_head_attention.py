@@ -515,6 +515,12 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         return self.num_key_value_heads != self.num_heads
 
     def build(self, query_shape, value_shape, key_shape=None):
+        # The features the projections take, which `_check_features` reads.
+        self._feature_sizes = (
+            query_shape[-1],
+            value_shape[-1],
+            (value_shape if key_shape is None else key_shape)[-1],
+        )
         if self._grouped:
             self._build_grouped(query_shape, value_shape, key_shape)
         else:
@@ -842,15 +848,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
 
     def _check_features(self, query, value, key):
         """A `ValueError` naming the input whose features are not those built on."""
-        for name, inputs, projection in (
-            ("query", query, _query_projection(self)),
-            ("value", value, _value_projection(self)),
-            ("key", key, _key_projection(self)),
-        ):
+        sizes = getattr(self, "_feature_sizes", (None, None, None))
+        for name, inputs, features in zip(("query", "value", "key"), (query, value, key), sizes):
             if inputs is None:
                 name, inputs = "value", value  # the keys are the values
-            features = projection.kernel.shape[0]
-            if inputs.shape[-1] is not None and inputs.shape[-1] != features:
+            if None not in (features, inputs.shape[-1]) and inputs.shape[-1] != features:
                 raise ValueError(
                     f"`{name}` must have {features} features, those its "
                     "projection was built for by the attention's first call. "
