@@ -10,7 +10,9 @@ came of it:
 - shows: NaN in the output (all that compiled code, which cannot raise,
   can do);
 - silently wrong: a finite output;
-- empty: an output with no entries (right for a graph of no nodes).
+- empty: an output with no entries (right for a graph of no nodes);
+- works: a finite output where the input is one the layer takes as it is
+  (a user's bias in bfloat16, cast to float32).
 
 Run from the repository root (TensorFlow runs all three modes; on JAX,
 `graph` is skipped and `xla` is `jax.jit`; on PyTorch only `eager`):
@@ -44,6 +46,10 @@ def compiled(function, mode):
     return jax.jit(function)
 
 
+# The argument of a case whose input the layer takes: a finite output is right.
+WORKS = object()
+
+
 def outcome(run, argument):
     """What `run()` gave: clear, cryptic, shows or silently wrong."""
     try:
@@ -56,7 +62,11 @@ def outcome(run, argument):
             output = run()
     except Exception as error:  # noqa: BLE001 - classifying every failure
         kinds = ["ValueError", "InvalidArgumentError", "UserWarning"]
-        if type(error).__name__ in kinds and argument and argument in str(error):
+        # Keras appends the call's arguments, each by name, to an error
+        # raised inside `call`: the name must come before that.
+        message = str(error).split("Arguments received by")[0]
+        named = isinstance(argument, str) and argument in message
+        if type(error).__name__ in kinds and named:
             return "clear"
         if VERBOSE:
             print(f"  {type(error).__name__}: {str(error)[:300]}")
@@ -68,7 +78,7 @@ def outcome(run, argument):
         return "empty"
     if np.isnan(value).any():
         return "shows"
-    return "silently wrong"
+    return "works" if argument is WORKS else "silently wrong"
 
 
 tokens = np.zeros((1, 4, 8), "float32")
@@ -490,6 +500,187 @@ CASES.update(
     }
 )
 
+
+class BfloatBias(kp.AttentionPosition):
+    """A user's scheme whose bias is bfloat16, where float32 is asked."""
+
+    def logits_bias(self, query, key, context):
+        return keras.ops.zeros((1, 2, 4, 4), "bfloat16")
+
+
+class NarrowValueTerm(kp.AttentionPosition):
+    """A user's scheme whose value term is 5 wide, for values of 8."""
+
+    def value_term(self, attention_weights, context):
+        return keras.ops.zeros((1, 4, 2, 5))
+
+
+class StringScale(kp.AttentionPosition):
+    """A user's scheme whose logits' scale is a string."""
+
+    def logits_scale(self, key_dim):
+        return "0.5"
+
+
+class ListBias(kp.AttentionPosition):
+    """A user's scheme whose bias is a nested Python list."""
+
+    def logits_bias(self, query, key, context):
+        return [[[[0.0] * 4] * 4] * 2]
+
+
+def xl_attention():
+    """Transformer-XL's attention, built on 16 features."""
+    layer = kp.PositionalMultiHeadAttention(2, 4, position=kp.TransformerXLPosition())
+    layer(np.zeros((1, 4, 16), "float32"), np.zeros((1, 4, 16), "float32"))
+    return layer
+
+
+def xl_bias_before_build():
+    """`TransformerXLPosition.logits_bias` of a scheme no attention has built."""
+    heads = np.zeros((1, 4, 2, 4), "float32")
+    positions = np.arange(4, dtype="int32")[None]
+    context = kp.AttentionContext(query_positions=positions, key_positions=positions)
+    return kp.TransformerXLPosition().logits_bias(heads, heads, context)
+
+
+def nan_query_token():
+    """Tokens whose second query holds a NaN."""
+    value = np.random.default_rng(0).normal(size=(1, 4, 8)).astype("float32")
+    value[0, 1, 0] = np.nan
+    return value
+
+
+def mask_case(mask_name, inputs, mask):
+    """A case: the rotary attention with `mask_name=mask` on `inputs`."""
+    return called(
+        lambda x, m: attention(x, x, **{mask_name: m}), inputs, mask
+    )
+
+
+def graph_mask_case(layer):
+    """A case: a graph encoding with a node mask of 3 nodes for 4."""
+    return called(
+        lambda x, a, m: layer(x, a, mask=m), nodes, ring, np.ones((1, 3), bool)
+    )
+
+
+CASES.update(
+    {
+        "11 Transformer-XL: memory of 20 features, built on 16": (
+            lambda layer=xl_attention(): called(
+                lambda x, k: layer(x, k),
+                np.zeros((1, 4, 16), "float32"),
+                np.zeros((1, 6, 20), "float32"),
+            ),
+            "value",
+        ),
+        "11 Transformer-XL: logits_bias before build": (
+            lambda: constructed(xl_bias_before_build),
+            "build_for_attention",
+        ),
+        "11 xPos alone: int64 positions past int32": (
+            lambda xpos=kp.XPosEmbedding(): called(
+                lambda q, k, p: xpos(q, k, query_positions=p, key_positions=p),
+                np.ones((1, 4, 2, 8), "float32"),
+                np.ones((1, 4, 2, 8), "float32"),
+                np.arange(4, dtype="int64") + 2**31,
+            ),
+            "positions",
+        ),
+        "11 temperature alone: string positions": (
+            lambda: called(
+                kp.AttentionTemperature(floor_scale=4), np.array(["0", "1", "2"])
+            ),
+            "positions",
+        ),
+        "11 CoPE: NaN in one query token": (
+            lambda layer=kp.PositionalMultiHeadAttention(
+                2, 4, position=kp.ContextualPosition(4)
+            ): called(
+                lambda x: layer(x, x, use_causal_mask=True), nan_query_token()
+            ),
+            "query",
+        ),
+        "11 a scheme's logits_bias of bfloat16": (
+            lambda layer=scheme_attention(BfloatBias()): called(
+                lambda x: layer(x, x), tokens
+            ),
+            WORKS,  # cast to float32, as the protocol computes the logits
+        ),
+        "11 a scheme's value_term 5 wide for 8": (
+            lambda layer=kp.PositionalMultiHeadAttention(
+                2, 8, position=NarrowValueTerm()
+            ): called(lambda x: layer(x, x), tokens),
+            "value_term",
+        ),
+        "11 a scheme's logits_scale a string": (
+            lambda: called(lambda x: scheme_attention(StringScale())(x, x), tokens),
+            "logits_scale",
+        ),
+        "11 a scheme's logits_bias a nested list": (
+            lambda: called(lambda x: scheme_attention(ListBias())(x, x), tokens),
+            "logits_bias",
+        ),
+        "11 attention_mask of strings": (
+            lambda: mask_case("attention_mask", tokens, np.full((1, 4, 4), "1")),
+            "attention_mask",
+        ),
+        "11 attention_mask of batch 3 for batch 2": (
+            lambda: mask_case(
+                "attention_mask",
+                np.zeros((2, 4, 8), "float32"),
+                np.ones((3, 4, 4), bool),
+            ),
+            "attention_mask",
+        ),
+        "11 query_mask of 5 for 8 queries": (
+            lambda: mask_case(
+                "query_mask", np.zeros((1, 8, 8), "float32"), np.ones((1, 5), bool)
+            ),
+            "query_mask",
+        ),
+        "11 value_mask of 5 for 8 keys": (
+            lambda: mask_case(
+                "value_mask", np.zeros((1, 8, 8), "float32"), np.ones((1, 5), bool)
+            ),
+            "value_mask",
+        ),
+        "12 token and position: token id 12 of 10": (
+            lambda layer=kp.TokenAndPositionEmbedding(10, 8, 8): called(
+                layer, np.int32([[1, 2, 12, 4]])
+            ),
+            "vocabulary_size",
+        ),
+        "12 token and position: string token ids": (
+            lambda layer=kp.TokenAndPositionEmbedding(10, 8, 8): called(
+                layer, np.array([["1", "2", "3", "4"]])
+            ),
+            "inputs",
+        ),
+        "12 rotary: string inputs": (
+            lambda: called(kp.RotaryEmbedding(), np.full((1, 4, 2, 8), "1")),
+            "inputs",
+        ),
+        "12 laplacian: mask of 3 nodes for 4": (
+            lambda: graph_mask_case(kp.LaplacianPositionEncoding(2)),
+            "mask",
+        ),
+        "12 random walk: mask of 3 nodes for 4": (
+            lambda: graph_mask_case(kp.RandomWalkPositionEncoding(3)),
+            "mask",
+        ),
+        "12 from_hf_config: head_dim '16', partial_rotary_factor": (
+            lambda: constructed(
+                lambda: kp.RotaryEmbedding.from_hf_config(
+                    {"head_dim": "16", "partial_rotary_factor": 0.5}
+                )
+            ),
+            "head_dim",
+        ),
+    }
+)
+
 MODES = {"tensorflow": ("eager", "graph", "xla"), "jax": ("eager", "xla")}
 
 
@@ -508,7 +699,7 @@ def main():
         counts.update(result for result in results if result)
         print(f"{name:52}" + "".join(f"{result:>16}" for result in results))
     print(", ".join(f"{kind}: {counts[kind]}" for kind in (
-        "clear", "cryptic", "shows", "silently wrong", "empty"
+        "clear", "cryptic", "shows", "silently wrong", "empty", "works"
     )))
 
 

@@ -29,17 +29,58 @@ _BACKEND_OF_MODULE = {
     "torch": "torch",
 }
 
+# Where README installs from: no release is on PyPI yet.
+_SOURCE = "git+https://github.com/keras-posenc/keras-posenc"
+
+
+# README's line for PyTorch's CPU build: PyPI's for Linux is CUDA's.
+_TORCH_CPU_LINE = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+
+
+def _install_line(backend):
+    """README's command that installs the package with `backend`'s extra."""
+    return f'pip install "keras-posenc[{backend}] @ {_SOURCE}"'
+
+
+def _missing_backend_message(backend, missing):
+    """What to do when `backend`'s library `missing` is not installed.
+
+    Names the `KERAS_BACKEND` of each other backend whose library is
+    installed, which works as it is, and README's install line.
+    """
+    import importlib.util
+
+    installed = [
+        other
+        for other in BACKENDS
+        if other != backend and importlib.util.find_spec(other) is not None
+    ]
+    message = (
+        f"Keras chose the {backend!r} backend (KERAS_BACKEND, else "
+        f"~/.keras/keras.json, else tensorflow), whose library {missing} is "
+        "not installed."
+    )
+    install = f"install {backend} with: {_install_line(backend)}"
+    if backend == "torch":
+        install += f" (PyTorch's CPU build first: {_TORCH_CPU_LINE})"
+    if not installed:
+        return f"{message} To use it, {install}"
+    settings = " or ".join(f"KERAS_BACKEND={other}" for other in installed)
+    verb = "is" if len(installed) == 1 else "are"
+    return (
+        f"{message} {' and '.join(installed)} {verb} installed: set "
+        f"{settings} before importing keras to use it, or {install}"
+    )
+
+
 try:
     import keras  # noqa: E402,F401
 except ModuleNotFoundError as error:
     missing = (error.name or "").split(".")[0]
     if missing not in _BACKEND_OF_MODULE:
         raise
-    backend = _BACKEND_OF_MODULE[missing]
     raise ImportError(
-        f"Keras chose the {backend!r} backend (KERAS_BACKEND, else "
-        f"~/.keras/keras.json, else tensorflow), whose library {missing} is "
-        f'not installed. Install it with: pip install "keras-posenc[{backend}]"'
+        _missing_backend_message(_BACKEND_OF_MODULE[missing], missing)
     ) from None
 
 # Importing the layers registers them with Keras, so that

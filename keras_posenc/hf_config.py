@@ -17,6 +17,8 @@ import warnings
 import keras
 
 from keras_posenc import ops
+from keras_posenc import rope_scaling
+from keras_posenc.ops import _backend
 
 # The keys under which transformers' `PretrainedConfig.get_text_config()`
 # looks for a composite model's text config, in its order: encoders', then
@@ -587,6 +589,7 @@ def _head_dim(config, name="config"):
     """The head width a config gives: `head_dim`, or hidden size / heads."""
     head_dim = config.get("head_dim")
     if head_dim:
+        ops.check_positive_int(f"{name}['head_dim']", head_dim)
         return head_dim
     # GPT-2 style configs (GPT-J) name the widths n_embd and n_head.
     hidden_size = config.get("hidden_size", config.get("n_embd"))
@@ -716,7 +719,11 @@ def attention_from_hf(config, state_dict, layer_index=0, shared_position=None):
     heads (`num_key_value_heads`), its query/key normalisation, its
     sliding window, and its weights, transposed and reshaped from torch's
     `Linear` layout `(out, in)` to Keras' `(in, heads, head_dim)` and
-    `(heads, head_dim, out)`. No torch is needed.
+    `(heads, head_dim, out)`. No torch is needed. RoPE's buffers that
+    older checkpoints save with each layer (Llama 2's
+    `rotary_emb.inv_freq`) are checked against the frequencies the layer
+    computes, in the checkpoint's precision, and skipped: a `ValueError`
+    shows both where they differ.
 
     Families (`model_type`):
 
@@ -955,12 +962,52 @@ def attention_from_hf(config, state_dict, layer_index=0, shared_position=None):
                     scalar = text.get("query_pre_attn_scalar", head_dim)
                     scale = scale * np.float32(math.sqrt(head_dim / scalar))
             getattr(attention, f"{role}_norm_scale").assign(scale)
+    _check_rotary_buffers(weights, position, head_dim)
     if weights:
         raise ValueError(
             f"`state_dict` holds weights that a {model_type} attention layer "
             f"has no place for: {sorted(weights)}"
         )
     return attention
+
+
+def _check_rotary_buffers(weights, position, head_dim):
+    """Take RoPE's buffers (`rotary_emb.inv_freq`) out of `weights`, checked.
+
+    Older checkpoints (Llama 2's) save transformers' inverse frequencies
+    with each layer: they are no weight, but they must be the frequencies
+    that `position` computes, in the checkpoint's precision. A layer
+    without RoPE leaves them in `weights`, which have no place then.
+    """
+    import numpy as np
+
+    if type(position).__name__ != "RotaryEmbedding":
+        return
+    for name in [name for name in weights if name.split(".")[-1] == "inv_freq"]:
+        given = np.asarray(weights[name])
+        rotated = position.rotary_dim or head_dim
+        expected, _ = rope_scaling.rope_parameters(
+            position.scaling, rotated, position.max_wavelength
+        )
+        # Not Keras' conversion, which warns on PyTorch (NumPy 2's `copy`).
+        expected = _backend.static_value(expected)
+        # A checkpoint in float16 or bfloat16 rounds them to 8 or 11 bits.
+        half = given.dtype.itemsize <= 2
+        if given.shape != expected.shape or not np.allclose(
+            given.astype("float64"),
+            expected,
+            rtol=2.0**-8 if half else 1e-5,
+            atol=2.0**-24 if half else 0.0,
+        ):
+            raise ValueError(
+                f"`state_dict['{name}']` must be the inverse frequencies of "
+                f"this config's RoPE, {np.array2string(expected, precision=6)} "
+                f"(rope_theta={position.max_wavelength}, scaling="
+                f"{position.scaling}), which the layer computes. Received: "
+                f"{np.array2string(given.astype('float64'), precision=6)} of "
+                f"shape {given.shape}"
+            )
+        del weights[name]
 
 
 def _relative_encoder_attention(text, name, model_type, state_dict):

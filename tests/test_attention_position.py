@@ -264,14 +264,39 @@ class _IntegerBias(AttentionPosition):
         return keras.ops.zeros((1, 1, 5, 5), dtype="int32")
 
 
+class _ListBias(AttentionPosition):
+    def logits_bias(self, query, key, context):
+        return [[[[0.0] * 5] * 5] * 2]
+
+
+class _NarrowValueTerm(AttentionPosition):
+    def value_term(self, attention_weights, context):
+        return keras.ops.zeros((2, 5, 2, 3))
+
+
+class _StringScale(AttentionPosition):
+    def logits_scale(self, key_dim):
+        return "0.5"
+
+
 @pytest.mark.parametrize(
     "scheme, message",
     [
         (_WrongQueries, r"_WrongQueries.transform_query_key must return the query in its shape, \(2, 5, 2, 4\)"),
         (_WrongBias, r"_WrongBias.logits_bias must return None or a float tensor broadcastable to \(batch, heads, query, key\), here \(2, 2, 5, 5\).*shape \(3, 3\)"),
         (_IntegerBias, r"_IntegerBias.logits_bias .*dtype int32"),
+        (_ListBias, r"_ListBias.logits_bias must return None or a float tensor.*Received: list"),
+        (_NarrowValueTerm, r"_NarrowValueTerm.value_term must return None or a tensor of shape \(batch, query, heads, value_dim\), here \(2, 5, 2, 4\). Received: \(2, 5, 2, 3\)"),
+        (_StringScale, r"_StringScale.logits_scale must return a number.*Received: '0.5'"),
     ],
-    ids=["queries-of-another-shape", "bias-of-another-shape", "integer-bias"],
+    ids=[
+        "queries-of-another-shape",
+        "bias-of-another-shape",
+        "integer-bias",
+        "bias-a-nested-list",
+        "value-term-of-another-width",
+        "scale-a-string",
+    ],
 )
 def test_a_scheme_hook_of_the_wrong_shape_is_named(scheme, message):
     attention = keras_posenc.PositionalMultiHeadAttention(
@@ -349,6 +374,25 @@ def test_a_scheme_sized_by_the_attention_refuses_a_build_on_its_own():
     scheme = AttentionPosition()
     scheme.build((None, 5))
     assert scheme.built and scheme.attention_sizes is None
+
+
+def test_a_scheme_keras_cannot_find_is_named_with_what_to_import():
+    # Keras imports no package to find a class; a scheme's module that was
+    # not imported before loading is named, with the way to register it.
+    config = PositionalMultiHeadAttention(
+        num_heads=HEADS, key_dim=KEY_DIM, position=Probe()
+    ).get_config()
+    config["position"] = dict(
+        config["position"], class_name="Gone", registered_name="elsewhere>Gone"
+    )
+    with pytest.raises(TypeError) as raised:
+        PositionalMultiHeadAttention.from_config(config)
+    message = str(raised.value)
+    assert message.startswith(
+        "`position` of this attention is 'elsewhere>Gone', which Keras does "
+        "not know: import the module that registers it"
+    )
+    assert "Could not locate class 'Gone'" in message
 
 
 def test_a_scheme_built_for_an_attention_loads_its_sizes_back():
@@ -493,3 +537,32 @@ def test_files_saved_before_the_one_build_path_load():
         assert [tuple(weight.shape) for weight in rebuilt.weights] == [
             tuple(weight.shape) for weight in built.weights
         ]
+
+
+class _HalfBias(AttentionPosition):
+    """A distance bias in the dtype given: bfloat16 as a user's mixed code makes it."""
+
+    dtype_of_bias = "bfloat16"
+
+    def logits_bias(self, query, key, context):
+        distance = keras.ops.cast(
+            context.key_positions[:, None, :] - context.query_positions[:, :, None],
+            "float32",
+        )  # (batch or 1, query, key)
+        return keras.ops.cast(-0.25 * keras.ops.abs(distance)[:, None], self.dtype_of_bias)
+
+
+class _FloatBias(_HalfBias):
+    dtype_of_bias = "float32"
+
+
+def test_a_bfloat16_bias_joins_the_float32_logits_as_its_float32_value():
+    # Each value here (multiples of 0.25 up to 1) is exact in bfloat16, so
+    # the float32 scheme is the reference.
+    tokens = np.random.default_rng(3).normal(size=(2, 5, 8)).astype("float32")
+    outputs = []
+    for scheme in (_HalfBias(), _FloatBias()):
+        keras.utils.set_random_seed(0)
+        attention = keras_posenc.PositionalMultiHeadAttention(2, 4, position=scheme)
+        outputs.append(numpy(attention(tokens, tokens)))
+    np.testing.assert_array_equal(outputs[0], outputs[1])

@@ -329,3 +329,9 @@ def test_from_hf_config_reads_llama_4():
 def test_from_hf_config_refuses_configs_without_temperature(config):
     with pytest.raises(ValueError, match="has no attention temperature.*attn_temperature_tuning="):
         AttentionTemperature.from_hf_config(config)
+
+
+def test_string_positions_are_refused_naming_them():
+    # JAX would parse the strings as numbers, TensorFlow's cast refuse them.
+    with pytest.raises(ValueError, match="`positions` must hold integers or floats.*dtype <U1"):
+        AttentionTemperature(floor_scale=4)(np.array(["0", "1", "2"]))

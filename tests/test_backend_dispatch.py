@@ -4,6 +4,8 @@ Each answer checked on whichever backend runs the suite (`make test`,
 `make test-jax`, `make test-torch`), against NumPy where it computes.
 """
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -45,6 +47,22 @@ def test_known_values_and_traced_ones():
     # Compiled by XLA (TensorFlow, JAX), the argument has no value as the
     # program is built; PyTorch runs the function eagerly.
     assert (seen[0] is None) == (BACKEND != "torch")
+
+
+# JAX without 64-bit numbers has no int64 tensor.
+@pytest.mark.parametrize(
+    "dtype",
+    ["int32", "float32", "bool", "bfloat16"] + (["int64"] if BACKEND != "jax" else []),
+)
+def test_a_known_value_is_read_without_a_warning(dtype):
+    # Keras' conversion warns on PyTorch (its tensors' `__array__` lacks
+    # NumPy 2's `copy` keyword), which a user's warnings-as-errors run
+    # raises: setup.cfg's filters, which ignore Keras' own, are off here.
+    tensor = keras.ops.convert_to_tensor([0, 1, 1], dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        value = _backend.static_value(tensor)
+    np.testing.assert_array_equal(value.astype("float32"), [0, 1, 1])
 
 
 def test_checked_raises_at_once_where_the_condition_is_known():

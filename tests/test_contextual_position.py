@@ -15,7 +15,9 @@ import pytest
 from keras_posenc import AttentionContext
 from keras_posenc import ContextualPosition
 from keras_posenc import PositionalMultiHeadAttention
+from tests.backend import BACKEND
 from tests.backend import XLA
+from tests.backend import compiled
 from tests.backend import numpy
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "cope.npz")
@@ -380,3 +382,20 @@ def test_weights_are_named_and_sized_by_the_attention():
 def test_bad_arguments_raise_value_error_naming_them(arguments, name):
     with pytest.raises(ValueError, match=name):
         ContextualPosition(**arguments)
+
+
+def test_a_nan_query_token_gives_nan_where_it_attends():
+    # Every backend, eager and compiled: NaN shows, rather than an index
+    # error of the table's read (TensorFlow's eager gather).
+    attention = PositionalMultiHeadAttention(2, 4, position=ContextualPosition(4))
+    tokens = np.random.default_rng(0).normal(size=(1, 4, 8)).astype("float32")
+    attention(tokens, tokens, use_causal_mask=True)
+    tokens[0, 1, 0] = np.nan
+    def call(x):
+        return attention(x, x, use_causal_mask=True)
+
+    for run in (call, compiled(call)) if BACKEND != "torch" else (call,):
+        output = numpy(run(tokens))
+        # Every later query counts the NaN key 1 (query 0's zero weight on
+        # its NaN value is NaN too, as in Keras' own attention).
+        assert np.isnan(output[0, 1:]).all()

@@ -80,7 +80,15 @@ def test_the_wheel_metadata(dist):
     )
     assert set(urls) == {"Documentation", "Source", "Issues"}
     classifiers = metadata.get_all("Classifier")
-    assert "Programming Language :: Python :: 3.11" in classifiers
+    # The Python versions CI runs, and no other: 3.11 (`make test`, the
+    # floors, PyTorch) and 3.12 (JAX's newest and Colab's runtime).
+    pythons = sorted(
+        classifier.rsplit(" ", 1)[1]
+        for classifier in classifiers
+        if classifier.startswith("Programming Language :: Python :: 3.")
+    )
+    assert pythons == ["3.11", "3.12"]
+    assert metadata["Requires-Python"] == "<3.13,>=3.11"
     assert set(metadata.get_all("Provides-Extra")) >= {
         "tensorflow",
         "jax",

@@ -1,9 +1,12 @@
 """The Python examples on the README and the docs pages run as written.
 
-Each page's ```python blocks run in order in one namespace, in a fresh
-folder, as a reader pasting them into one session would. A line
-`print(...)  # expected` must print exactly what its comment says. A model
-an example saves, it loads back and checks.
+Each ```python block runs alone, in a namespace of its own, in a fresh
+folder, as a reader who copies that one block into a new file would run
+it. A block that reads what the one before it wrote (a SavedModel served
+by another process) says so on its first line, `# In the folder of the
+block above`: the block above runs first, in its own namespace, in the
+same folder. A line `print(...)  # expected` must print exactly what its
+comment says. A model an example saves, it loads back and checks.
 """
 
 import contextlib
@@ -99,14 +102,29 @@ def test_a_save_without_loading_back_is_found():
     assert saved_without_loading_back(checked) == []
 
 
-@pytest.mark.parametrize(
-    "page", PAGES_WITH_CODE, ids=lambda page: str(page.relative_to(ROOT))
-)
-def test_every_saved_model_is_loaded_back_and_checked(page):
-    code = "\n".join(python_blocks(page))
+# The first line of a block that reads the files of the block above it.
+AFTER_THE_BLOCK_ABOVE = "# In the folder of the block above"
+
+# Each block alone: `(page, index of the block on the page)`.
+BLOCKS = [
+    (page, index)
+    for page in PAGES_WITH_CODE
+    for index in range(len(python_blocks(page)))
+]
+
+
+def block_id(block):
+    page, index = block
+    return f"{page.relative_to(ROOT)}:{index}"
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=block_id)
+def test_every_saved_model_is_loaded_back_and_checked(block):
+    page, index = block
+    code = python_blocks(page)[index]
     assert saved_without_loading_back(code) == [], (
         "saved and never loaded back with keras.saving.load_model and its "
-        "outputs compared"
+        "outputs compared in the same block"
     )
 
 
@@ -127,24 +145,46 @@ def test_only_the_serving_examples_are_tensorflows():
     assert tensorflows == [("docs/saving.md", 2), ("docs/saving.md", 3), ("docs/saving.md", 4)]
 
 
-@pytest.mark.parametrize(
-    "page", PAGES_WITH_CODE, ids=lambda page: str(page.relative_to(ROOT))
-)
-def test_page_examples_run(page, tmp_path, monkeypatch):
+# The blocks this backend runs: all on TensorFlow, all but TensorFlow's
+# own elsewhere.
+RUNNABLE_BLOCKS = [
+    (page, index)
+    for page, index in BLOCKS
+    if keras.backend.backend() == "tensorflow"
+    or not TENSORFLOW_BLOCK.search(python_blocks(page)[index])
+]
+
+
+@pytest.mark.parametrize("block", RUNNABLE_BLOCKS, ids=block_id)
+def test_each_example_runs_alone(block, tmp_path, monkeypatch):
+    # Its own namespace and folder, and Keras' global state as a new
+    # process has it: nothing that another block made.
+    page, index = block
     monkeypatch.chdir(tmp_path)
-    namespace = {"__name__": "__main__", "_check_print": _check_print}
-    blocks = [
-        block
-        for block in python_blocks(page)
-        if keras.backend.backend() == "tensorflow" or not TENSORFLOW_BLOCK.search(block)
-    ]
-    try:
-        for block in blocks:
-            with contextlib.redirect_stdout(io.StringIO()):
-                exec(compile(with_checks(block), str(page), "exec"), namespace)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
+    blocks = python_blocks(page)
+    first = index
+    while blocks[first].startswith(AFTER_THE_BLOCK_ABOVE):
+        first -= 1
+    for number in range(first, index + 1):
+        namespace = {"__name__": "__main__", "_check_print": _check_print}
         keras.backend.clear_session()
+        code = with_checks(blocks[number])
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(code, f"{page.relative_to(ROOT)}:{number}", "exec"), namespace)
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+            keras.backend.clear_session()
+
+
+def test_a_block_reads_another_blocks_files_only_where_it_says_so():
+    # The one such block: the SavedModel served by plain TensorFlow.
+    following = [
+        (str(page.relative_to(ROOT)), index)
+        for page, index in BLOCKS
+        if python_blocks(page)[index].startswith(AFTER_THE_BLOCK_ABOVE)
+    ]
+    assert following == [("docs/saving.md", 3)]
 
 
 # One number per fact. The Results page's tables are the source of the

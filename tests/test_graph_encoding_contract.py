@@ -316,3 +316,14 @@ def test_directed_adjacency_is_refused_in_a_graph(case):
         assert_adjacency_refused_in_a_graph(
             case.make(), directed[None], COMPLAINTS["directed"]
         )
+
+
+@pytest.mark.parametrize(
+    "shape", [(1, 3), (4,), (1, 4, 4), (2, 4)], ids=["other-nodes", "rank-1", "rank-3", "other-batch"]
+)
+@each_layer
+def test_a_node_mask_of_the_wrong_shape_is_refused_naming_it(case, shape):
+    layer = case.make(merge_mode=None)
+    nodes = np.zeros((1, 4, FEATURES), "float32")
+    with pytest.raises(ValueError, match=rf"`mask` of {type(layer).__name__} must have shape \(batch, nodes\), here \(1, 4\)"):
+        layer(nodes, cycle(4)[None].astype("float32"), mask=np.ones(shape, bool))

@@ -173,13 +173,69 @@ def test_llama4_chunked_attention_is_named_in_a_warning():
         hf_config.attention_from_hf(config, state_dict_of("llama4_rope"))
 
 
+def llama3_inverse_frequencies(config):
+    """transformers' `_compute_llama3_parameters`, in float64 NumPy."""
+    rope = config["rope_parameters"]
+    dim = config["head_dim"]
+    inverse = 1.0 / rope["rope_theta"] ** (np.arange(0, dim, 2) / dim)
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    context = rope["original_max_position_embeddings"]
+    wavelength = 2 * np.pi / inverse
+    scaled = np.where(wavelength > context / low, inverse / factor, inverse)
+    smooth = (context / wavelength - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= context / high) & (wavelength <= context / low)
+    return np.where(medium, smoothed, scaled)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_rope_buffers_in_the_state_dict_are_checked_and_skipped(dtype):
+    # Older Llama 2 checkpoints save `rotary_emb.inv_freq` with each layer,
+    # in the checkpoint's precision.
+    config = config_of("llama3")
+    prefix = "model.layers.0.self_attn."
+    state_dict = dict(
+        state_dict_of("llama3", prefix),
+        **{f"{prefix}rotary_emb.inv_freq": llama3_inverse_frequencies(config).astype(dtype)},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attention = hf_config.attention_from_hf(config, state_dict)
+    assert_close(
+        attention(HIDDEN, HIDDEN, use_causal_mask=True), FIXTURE["llama3/full/output"]
+    )
+    assert len(attention.weights) == 4  # the projections' kernels alone
+
+
+def test_rope_buffers_other_than_the_configs_raise_value_error_naming_them():
+    config = config_of("llama3")
+    # The frequencies without llama3's scaling: another config's.
+    unscaled = 1.0 / 500000.0 ** (np.arange(0, 8, 2) / 8)
+    state_dict = dict(state_dict_of("llama3"), **{"rotary_emb.inv_freq": unscaled})
+    with pytest.raises(
+        ValueError,
+        match=r"`state_dict\['rotary_emb.inv_freq'\]` must be the inverse frequencies",
+    ):
+        hf_config.attention_from_hf(config, state_dict)
+    wrong_size = dict(state_dict_of("llama3"), **{"rotary_emb.inv_freq": np.ones(8)})
+    with pytest.raises(ValueError, match=r"of shape \(8,\)"):
+        hf_config.attention_from_hf(config, wrong_size)
+
+
+def test_a_rope_buffer_on_a_layer_without_rope_has_no_place():
+    state_dict = dict(state_dict_of("llama4_nope"), **{"rotary_emb.inv_freq": np.ones(4)})
+    with pytest.raises(ValueError, match="has no place for: \\['rotary_emb.inv_freq'\\]"):
+        hf_config.attention_from_hf(
+            config_of("llama4_nope"), state_dict, layer_index_of("llama4_nope")
+        )
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
         (lambda c, s: (dict(c, model_type="gemma2"), s), "model_type='gemma2'"),
         (lambda c, s: (c, {k: v for k, v in s.items() if k != "k_proj.weight"}), "k_proj.weight"),
         (lambda c, s: (c, dict(s, **{"k_proj.weight": s["k_proj.weight"][:8]})), r"shape \(8, 32\)"),
-        (lambda c, s: (c, dict(s, **{"rotary_emb.inv_freq": np.ones(4)})), "inv_freq"),
         (lambda c, s: (c, dict(s, **{"o_proj.bias": np.ones(32)})), "o_proj.bias"),
         (lambda c, s: (c, {k: v for k, v in s.items() if k != "q_norm.weight"}), "q_norm.weight"),
     ],

@@ -75,18 +75,33 @@ def test_other_backends_are_refused_with_advice():
     assert "tensorflow, jax, torch" in result.stderr
 
 
-@pytest.mark.parametrize(
-    "backend, module",
-    [("tensorflow", "tensorflow"), ("jax", "jax"), ("torch", "torch")],
-)
-def test_a_missing_backend_library_names_its_extra(backend, module):
-    # `None` in sys.modules makes `import module` fail as if it were not
-    # installed, whichever libraries this venv holds.
+SOURCE = "git+https://github.com/keras-posenc/keras-posenc"
+TORCH_CPU = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+
+
+def _import_with_libraries(backend, present):
+    """`import keras_posenc`'s last line of error under `KERAS_BACKEND=backend`.
+
+    Of the three backends' libraries, those in `present` look installed (a
+    module with a spec, which `importlib.util.find_spec` finds, in
+    `sys.modules`) and the others not (`None` there makes their import fail
+    as if they were not installed), whichever this venv holds.
+    """
+    setup = "; ".join(
+        f"sys.modules[{name!r}] = "
+        + (
+            f"types.ModuleType({name!r}); sys.modules[{name!r}].__spec__ = "
+            f"importlib.machinery.ModuleSpec({name!r}, None)"
+            if name in present
+            else "None"
+        )
+        for name in ("tensorflow", "jax", "torch")
+    )
     result = subprocess.run(
         [
             sys.executable,
             "-c",
-            f"import sys; sys.modules[{module!r}] = None; import keras_posenc",
+            f"import importlib.machinery, sys, types; {setup}; import keras_posenc",
         ],
         env=dict(os.environ, KERAS_BACKEND=backend),
         capture_output=True,
@@ -94,12 +109,51 @@ def test_a_missing_backend_library_names_its_extra(backend, module):
         timeout=120,
     )
     assert result.returncode != 0
-    last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line == (
+    return result.stderr.strip().splitlines()[-1]
+
+
+def _chose(backend):
+    return (
         f"ImportError: Keras chose the {backend!r} backend (KERAS_BACKEND, else "
-        f"~/.keras/keras.json, else tensorflow), whose library {module} is not "
-        f'installed. Install it with: pip install "keras-posenc[{backend}]"'
+        f"~/.keras/keras.json, else tensorflow), whose library {backend} is not "
+        "installed."
     )
+
+
+def _install(backend):
+    line = f'install {backend} with: pip install "keras-posenc[{backend}] @ {SOURCE}"'
+    if backend == "torch":
+        line += f" (PyTorch's CPU build first: {TORCH_CPU})"
+    return line
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+def test_a_missing_backend_library_gives_readmes_install_line(backend):
+    assert _import_with_libraries(backend, present=()) == (
+        f"{_chose(backend)} To use it, {_install(backend)}"
+    )
+
+
+@pytest.mark.parametrize(
+    "backend, present",
+    [("tensorflow", ("torch",)), ("jax", ("tensorflow",)), ("torch", ("tensorflow", "jax"))],
+)
+def test_a_missing_backend_library_names_the_backend_installed(backend, present):
+    # As a user with PyTorch alone and KERAS_BACKEND unset meets it.
+    settings = " or ".join(f"KERAS_BACKEND={name}" for name in present)
+    verb = "is" if len(present) == 1 else "are"
+    assert _import_with_libraries(backend, present) == (
+        f"{_chose(backend)} {' and '.join(present)} {verb} installed: set "
+        f"{settings} before importing keras to use it, or {_install(backend)}"
+    )
+
+
+def test_the_install_lines_are_readmes():
+    # README installs from the repository: no release is on PyPI yet.
+    readme = (ROOT / "README.md").read_text()
+    for backend in ("tensorflow", "jax", "torch"):
+        assert f'pip install "keras-posenc[{backend}] @ {SOURCE}"' in readme
+    assert TORCH_CPU in readme
 
 
 def test_no_module_imports_keras_private_modules():

@@ -1962,14 +1962,62 @@ def test_query_mask_masks_the_queries(scheme):
         ({"attention_mask": np.ones((BATCH, LENGTH), bool)}, "`attention_mask` must have shape"),
         ({"attention_mask": np.ones((BATCH, LENGTH, 3), bool)}, "`attention_mask` must have shape"),
         ({"query_mask": np.ones((BATCH, LENGTH, 1), bool)}, "`query_mask` must have shape"),
+        (
+            {"attention_mask": np.ones((BATCH + 1, LENGTH, LENGTH), bool)},
+            rf"`attention_mask` must have shape .*batch={BATCH}.*\({BATCH + 1}, {LENGTH}, {LENGTH}\)",
+        ),
+        (
+            {"query_mask": np.ones((BATCH, LENGTH - 2), bool)},
+            rf"`query_mask` must have shape \(batch, query\), here \({BATCH}, {LENGTH}\).*\({BATCH}, {LENGTH - 2}\)",
+        ),
+        (
+            {"value_mask": np.ones((BATCH, LENGTH - 2), bool)},
+            rf"`value_mask` must have shape \(batch, key\), here \({BATCH}, {LENGTH}\).*\({BATCH}, {LENGTH - 2}\)",
+        ),
+        (
+            {"key_mask": np.ones((BATCH + 1, LENGTH), bool)},
+            rf"`key_mask` must have shape \(batch, key\).*\({BATCH + 1}, {LENGTH}\)",
+        ),
+        (
+            {"attention_mask": np.full((BATCH, LENGTH, LENGTH), "1")},
+            "`attention_mask` must hold bools .*dtype <U1",
+        ),
+        ({"query_mask": np.full((BATCH, LENGTH), "1")}, "`query_mask` must hold bools"),
     ],
-    ids=["attention-mask-of-the-keys", "attention-mask-of-other-keys", "query-mask-of-rank-3"],
+    ids=[
+        "attention-mask-of-the-keys",
+        "attention-mask-of-other-keys",
+        "query-mask-of-rank-3",
+        "attention-mask-of-another-batch",
+        "query-mask-of-other-queries",
+        "value-mask-of-other-keys",
+        "key-mask-of-another-batch",
+        "attention-mask-of-strings",
+        "query-mask-of-strings",
+    ],
 )
-def test_masks_of_the_wrong_rank_raise_value_error_naming_them(call_kwargs, message):
-    layer = attention("rotary")
+@pytest.mark.parametrize("scheme", ["rotary", "none"])
+def test_masks_of_the_wrong_shape_or_dtype_raise_value_error_naming_them(
+    scheme, call_kwargs, message
+):
+    # Before any backend op: Keras' own attention (no scheme) as well.
+    layer = attention(scheme)
     tokens = random_inputs((BATCH, LENGTH, FEATURES))
     with pytest.raises(ValueError, match=message):
         layer(tokens, tokens, **call_kwargs)
+
+
+@pytest.mark.parametrize("name", ["query", "value", "key"])
+def test_inputs_of_other_features_than_built_on_raise_value_error_naming_them(name):
+    layer = attention("rotary")
+    tokens = random_inputs((BATCH, LENGTH, FEATURES))
+    layer(tokens, tokens, key=tokens)
+    inputs = {"query": tokens, "value": tokens, "key": tokens}
+    inputs[name] = random_inputs((BATCH, LENGTH, FEATURES + 3))
+    with pytest.raises(
+        ValueError, match=rf"`{name}` must have {FEATURES} features.*{FEATURES + 3}\)"
+    ):
+        layer(**inputs)
 
 
 @pytest.mark.parametrize("scheme", ["rotary", "alibi", "none"])

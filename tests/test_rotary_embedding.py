@@ -498,6 +498,20 @@ def test_from_hf_config_without_a_head_width_names_what_it_needs():
         RotaryEmbedding.from_hf_config({"rope_theta": 10000.0})
 
 
+def test_from_hf_config_head_dim_of_a_string_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"\['head_dim'\]` must be a positive integer.*'16'"):
+        RotaryEmbedding.from_hf_config({"head_dim": "16", "partial_rotary_factor": 0.5})
+
+
+@pytest.mark.parametrize("name", ["inputs", "positions"])
+def test_strings_are_refused_naming_them_before_keras_converts_them(name):
+    # JAX parses strings of digits as numbers; TensorFlow's cast refuses them.
+    arguments = {"inputs": np.ones((1, 4, 2, 8), "float32"), "positions": None}
+    arguments[name] = np.full((1, 4, 2, 8), "1") if name == "inputs" else np.array(["0"] * 4)
+    with pytest.raises(ValueError, match=f"`{name}` must hold .*dtype <U1"):
+        RotaryEmbedding()(arguments["inputs"], positions=arguments["positions"])
+
+
 def test_from_hf_config_legacy_type_key():
     config = {
         "hidden_size": 64,

@@ -494,6 +494,14 @@ def test_adjacency_of_another_node_count_than_the_attention_is_refused():
         layer(nodes, nodes, adjacency=adjacency)
 
 
+def test_adjacency_of_another_batch_than_the_queries_is_refused():
+    layer = graph_attention()
+    nodes = node_features(np.ones((1, 5), bool))
+    adjacency, _ = pad_batch([cycle(5), cycle(5)])
+    with pytest.raises(ValueError, match=r"`adjacency` must hold one graph per sequence.*\(2, 5, 5\)"):
+        layer(nodes, nodes, adjacency=adjacency)
+
+
 BAD_VALUES = pytest.mark.parametrize(
     "kind, complaint",
     [("directed", "symmetric"), ("negative", "non-negative"), ("nan", "finite")],

@@ -4,6 +4,9 @@ import pytest
 
 from keras_posenc import TokenAndPositionEmbedding
 from tests import references
+from tests.backend import RUN_TIME_ERRORS
+from tests.backend import XLA
+from tests.backend import compiled
 from tests.backend import keras_mask
 from tests.backend import numpy
 from tests.test_case import TestCase
@@ -31,7 +34,8 @@ class TokenAndPositionEmbeddingLayerTest(TestCase):
             self.run_layer_test(
                 TokenAndPositionEmbedding,
                 init_kwargs=init_kwargs,
-                input_data=np.random.default_rng(0).integers(1, 20, (2, 5)),
+                # int32: JAX 0.12 warns of an int64 input that it truncates.
+                input_data=np.random.default_rng(0).integers(1, 20, (2, 5), dtype="int32"),
                 expected_output_shape=(2, 5, 6),
                 expected_num_trainable_weights=expected_num_trainable_weights,
                 expected_num_non_trainable_weights=0,
@@ -146,3 +150,32 @@ def test_bad_arguments_raise_value_error_naming_them(kwargs, message):
 def test_bad_input_rank_says_what_was_expected():
     with pytest.raises(ValueError, match=r"\(batch, sequence\)"):
         TokenAndPositionEmbedding(10, 4)(np.zeros((2, 3, 4), "int32"))
+
+
+
+@pytest.mark.parametrize("token_id", [10, -1])
+def test_token_ids_past_the_table_are_refused_naming_them(token_id):
+    # Eagerly on every backend, and in a TensorFlow graph, where the
+    # lookup's own error names no argument.
+    layer = TokenAndPositionEmbedding(10, 8, 8)
+    with pytest.raises(RUN_TIME_ERRORS, match=rf"`inputs` must be token ids from 0 to 9.*inputs\[0, 2\]={token_id}"):
+        layer(np.int32([[1, 2, token_id, 4]]))
+
+
+def test_compiled_code_makes_the_rows_of_token_ids_past_the_table_nan():
+    layer = TokenAndPositionEmbedding(10, 8, 8)
+    ids = keras.ops.convert_to_tensor(np.int32([[1, 2, 12, 4]]))
+    layer(np.int32([[1, 2, 3, 4]]))
+    if not XLA:
+        # PyTorch runs `compiled` eagerly, where the ids are known.
+        with pytest.raises(ValueError, match="`inputs` must be token ids"):
+            compiled(layer)(ids)
+        return
+    output = numpy(compiled(layer)(ids))
+    assert np.isnan(output[0, 2]).all()
+    assert np.isfinite(output[0, [0, 1, 3]]).all()
+
+
+def test_string_token_ids_are_refused_naming_them():
+    with pytest.raises(ValueError, match="`inputs` must hold integer token ids.*dtype <U1"):
+        TokenAndPositionEmbedding(10, 8, 8)(np.array([["1", "2", "3", "4"]]))

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_posenc import AttentionContext
 from keras_posenc import PositionalMultiHeadAttention
 from keras_posenc import TransformerXLPosition
 from tests.backend import compiled
@@ -315,3 +316,20 @@ def test_any_lengths_read_the_same_relative_positions(queries, keys):
         attention(query, value, query_positions=np.arange(queries), key_positions=np.arange(keys))
     )
     np.testing.assert_allclose(given, default, atol=2e-5)
+
+
+def test_a_memory_of_other_features_than_built_on_is_refused_naming_value():
+    attention = PositionalMultiHeadAttention(2, 4, position=TransformerXLPosition())
+    frames = np.zeros((1, 4, 16), "float32")
+    attention(frames, frames)
+    memory_and_frames = np.zeros((1, 6, 20), "float32")
+    with pytest.raises(ValueError, match=r"`value` must have 16 features.*shape \(1, 6, 20\)"):
+        attention(frames, memory_and_frames)
+
+
+def test_logits_bias_before_build_names_build_for_attention():
+    heads = np.zeros((1, 4, 2, 4), "float32")
+    positions = np.arange(4, dtype="int32")[None]
+    context = AttentionContext(query_positions=positions, key_positions=positions)
+    with pytest.raises(ValueError, match="`build_for_attention"):
+        TransformerXLPosition().logits_bias(heads, heads, context)

@@ -405,3 +405,13 @@ def test_training_moves_every_weight():
 def test_bad_arguments_raise_value_error_naming_them(arguments, name):
     with pytest.raises(ValueError, match=name):
         XPosEmbedding(**arguments)
+
+
+@pytest.mark.parametrize("name", ["query_positions", "key_positions"])
+def test_int64_positions_past_int32_are_refused_before_keras_converts_them(name):
+    # JAX without 64-bit numbers would wrap them as Keras converts them.
+    heads = np.ones((1, 4, 2, 8), "float32")
+    positions = {"query_positions": np.arange(4), "key_positions": np.arange(4)}
+    positions[name] = np.arange(4, dtype="int64") + 2**31
+    with pytest.raises(ValueError, match=rf"`{name}` must fit in int32.*{name}\[0\]=2147483648"):
+        XPosEmbedding()(heads, heads, **positions)

@@ -24,6 +24,7 @@ that accepts the call:
 
 import dataclasses
 import functools
+import numbers
 
 import keras
 
@@ -127,6 +128,12 @@ def checked_bias(position, bias, query, key):
     if bias is None:
         return None
     expected = (query.shape[0], query.shape[2], query.shape[1], key.shape[1])
+    if not (keras.ops.is_tensor(bias) or isinstance(bias, keras.KerasTensor)):
+        raise ValueError(
+            f"{type(position).__name__}.logits_bias must return None or a "
+            "float tensor broadcastable to (batch, heads, query, key), here "
+            f"{_shape_text(expected)}. Received: {type(bias).__name__}"
+        )
     shape = tuple(bias.shape)
     fits = len(shape) == 4 and all(
         size is None or wanted is None or size in (wanted, 1)
@@ -140,7 +147,45 @@ def checked_bias(position, bias, query, key):
             f"{_shape_text(expected)}. Received: a tensor of shape "
             f"{_shape_text(shape)} and dtype {dtype}"
         )
-    return bias
+    # The logits are float32: a bias of another float dtype joins them so.
+    return keras.ops.cast(bias, "float32")
+
+
+def checked_scale(position, scale):
+    """A scheme's `logits_scale`, or a `ValueError` naming the hook."""
+    if isinstance(scale, bool) or not (
+        isinstance(scale, numbers.Real)
+        or (
+            keras.ops.is_tensor(scale)
+            and len(scale.shape) == 0
+            and keras.backend.standardize_dtype(scale.dtype).startswith(
+                ("float", "bfloat")
+            )
+        )
+    ):
+        raise ValueError(
+            f"{type(position).__name__}.logits_scale must return a number, "
+            f"the factor of the queries. Received: {scale!r}"
+        )
+    return scale
+
+
+def checked_value_term(position, term, output):
+    """A scheme's value term, or a `ValueError` naming the hook where it cannot fit."""
+    if term is None:
+        return None
+    expected = tuple(output.shape)
+    if not keras.ops.is_tensor(term) or any(
+        size is not None and wanted is not None and size != wanted
+        for size, wanted in zip(term.shape, expected)
+    ) or len(term.shape) != len(expected):
+        shape = tuple(term.shape) if hasattr(term, "shape") else type(term).__name__
+        raise ValueError(
+            f"{type(position).__name__}.value_term must return None or a "
+            "tensor of shape (batch, query, heads, value_dim), here "
+            f"{_shape_text(expected)}. Received: {shape}"
+        )
+    return term
 
 
 def mask_of(attention, attention_mask, context):
@@ -1048,7 +1093,9 @@ def reference(
         "bnts,bsnh->btnh", keras.ops.cast(exponentials, value.dtype), value
     )  # (batch, query, heads, value_dim), times the sums
     if position is not None:
-        term = position.value_term(exponentials, context)
+        term = checked_value_term(
+            position, position.value_term(exponentials, context), output
+        )
         if term is not None:
             output = output + keras.ops.cast(term, output.dtype)
     if sums is not None:

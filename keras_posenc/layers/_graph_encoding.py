@@ -71,6 +71,20 @@ class GraphEncoding(keras.layers.Layer):
                     f"{tuple(adjacency_shape)}"
                 )
 
+    def _check_mask(self, mask, inputs_shape):
+        """A `ValueError` naming `mask` unless it is `(batch, nodes)`, where known."""
+        shape = tuple(mask.shape)
+        expected = tuple(inputs_shape[:2])
+        if len(shape) != 2 or any(
+            None not in (size, wanted) and size != wanted
+            for size, wanted in zip(shape, expected)
+        ):
+            raise ValueError(
+                f"`mask` of {type(self).__name__} must have shape (batch, "
+                f"nodes), here {expected}, True for the nodes of each graph. "
+                f"Received: mask of shape {shape}"
+            )
+
     def build(self, inputs_shape, adjacency_shape=None):
         self._check_shapes(inputs_shape, adjacency_shape)
         width = self._projected_width(inputs_shape)
@@ -100,6 +114,8 @@ class GraphEncoding(keras.layers.Layer):
         # backend; a call with a NumPy adjacency, as `mask`.
         if mask is None:
             mask = inputs_mask
+        if mask is not None:
+            self._check_mask(mask, inputs.shape)
         adjacency = ops.read_adjacency(
             adjacency,
             symmetric=self.symmetric,

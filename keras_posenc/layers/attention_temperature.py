@@ -5,6 +5,7 @@ import keras
 import numpy as np
 
 from keras_posenc import hf_config
+from keras_posenc import ops
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.ops import _backend
 
@@ -125,6 +126,11 @@ class AttentionTemperature(AttentionPosition):
         return _backend.checked_or_nan(
             factors, valid, "`positions` of AttentionTemperature must be at least -1."
         )
+
+    def __call__(self, positions, **kwargs):
+        # Before Keras converts them: JAX parses strings of digits.
+        ops.positions.check_given(positions, "positions")
+        return super().__call__(positions, **kwargs)
 
     def call(self, positions):
         return self._factors(positions)

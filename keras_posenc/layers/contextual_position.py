@@ -217,7 +217,13 @@ class ContextualPosition(AttentionPosition):
                     (batch_size * heads, queries, count, 2),
                 ),
                 keras.ops.reshape(
-                    keras.ops.cast(floor, "int32"), (batch_size * heads, queries, keys)
+                    # A NaN (from a NaN in the inputs) reads row 0: its
+                    # fraction keeps the NaN, where its cast to int32 would
+                    # be an index past the table.
+                    keras.ops.cast(
+                        keras.ops.where(keras.ops.isnan(floor), 0.0, floor), "int32"
+                    ),
+                    (batch_size * heads, queries, keys),
                 ),
             ),
             (batch_size, heads, queries, keys, 2),

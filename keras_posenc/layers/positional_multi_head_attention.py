@@ -12,6 +12,7 @@ from keras_posenc.layers import _attention_kernel
 from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.ops import _backend
+from keras_posenc.ops import _checks
 
 # The private parts of Keras this layer uses, all read here and nowhere else,
 # with the Keras versions that have them (every release from 3.8 to 3.15 was
@@ -80,6 +81,31 @@ def _check_batch_sizes(**tensors):
             "`query`, `value` and `key` must have the same batch size, one "
             f"sequence of keys per sequence of queries. Received: {given}"
         )
+
+
+def _check_mask(name, mask, inputs, axis_name, meaning):
+    """A `ValueError` unless `mask` is `(batch, length)` of `inputs`, where known."""
+    _checks.check_not_text(name, mask, "bools (or 0 and 1)")
+    shape = tuple(mask.shape)
+    expected = tuple(inputs.shape[:2])
+    if len(shape) != 2 or any(
+        None not in (size, wanted) and size != wanted
+        for size, wanted in zip(shape, expected)
+    ):
+        raise ValueError(
+            f"`{name}` must have shape (batch, {axis_name}), here "
+            f"{tuple(expected)}, True for {meaning}. Received: {name} of "
+            f"shape {shape}"
+        )
+
+
+def _check_key_masks(keys, value_mask, key_mask):
+    """A `ValueError` naming `value_mask` or `key_mask` unless `(batch, key)`."""
+    for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):
+        if mask is not None:
+            _check_mask(
+                name, keras.ops.convert_to_tensor(mask), keys, "key", "the keys attended to"
+            )
 
 
 def _query_projection(layer):
@@ -489,6 +515,12 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         return self.num_key_value_heads != self.num_heads
 
     def build(self, query_shape, value_shape, key_shape=None):
+        # The features the projections take, which `_check_features` reads.
+        self._feature_sizes = (
+            query_shape[-1],
+            value_shape[-1],
+            (value_shape if key_shape is None else key_shape)[-1],
+        )
         if self._grouped:
             self._build_grouped(query_shape, value_shape, key_shape)
         else:
@@ -599,6 +631,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 given = np.asarray(given)
                 if given.dtype.kind in "iu" and given.size:
                     _check_int32(given, name)
+        for name in ("attention_mask", "query_mask", "value_mask", "key_mask"):
+            _checks.check_not_text(name, kwargs.get(name), "bools (or 0 and 1)")
         return super().__call__(*args, **kwargs)
 
     def _positions(self, positions, inputs, name, past_int32, start_index=0):
@@ -694,6 +728,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         query_positions_given, key_positions_given = query_positions, key_positions
         _check_batch_sizes(query=query, value=value, key=key)
+        self._check_features(query, value, key)
+        if cache is None:
+            _check_key_masks(value if key is None else key, value_mask, key_mask)
         attention_mask = self._with_query_mask(
             attention_mask, query_mask, query, value if key is None else key, cache
         )
@@ -806,6 +843,19 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             outputs += (cache,)
         return outputs[0] if len(outputs) == 1 else outputs
 
+    def _check_features(self, query, value, key):
+        """A `ValueError` naming the input whose features are not those built on."""
+        sizes = getattr(self, "_feature_sizes", (None, None, None))
+        for name, inputs, features in zip(("query", "value", "key"), (query, value, key), sizes):
+            if inputs is None:
+                name, inputs = "value", value  # the keys are the values
+            if None not in (features, inputs.shape[-1]) and inputs.shape[-1] != features:
+                raise ValueError(
+                    f"`{name}` must have {features} features, those its "
+                    "projection was built for by the attention's first call. "
+                    f"Received: {name} of shape {tuple(inputs.shape)}"
+                )
+
     def _with_query_mask(self, attention_mask, query_mask, query, keys, cache):
         """`attention_mask`, checked, with the rows of `query_mask` in it.
 
@@ -813,18 +863,24 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         drops the `query_mask` argument; here a query it masks attends to
         no key, as one whose tensor carries that mask.
         """
+        batch_size = query.shape[0]
         if attention_mask is not None:
             attention_mask = keras.ops.convert_to_tensor(attention_mask)
+            _checks.check_not_text("attention_mask", attention_mask, "bools (or 0 and 1)")
             shape = tuple(attention_mask.shape)
             queries = query.shape[1]
             keys_length = keys.shape[1] if cache is None else cache.shape[2]
             if len(shape) not in (2, 3, 4) or (
                 None not in (queries, shape[-2]) and shape[-2] not in (queries, 1)
-            ) or (None not in (keys_length, shape[-1]) and shape[-1] != keys_length):
+            ) or (None not in (keys_length, shape[-1]) and shape[-1] != keys_length) or (
+                len(shape) > 2 and None not in (batch_size, shape[0])
+                and shape[0] not in (batch_size, 1)
+            ):
                 raise ValueError(
                     "`attention_mask` must have shape (query, key), (batch, "
                     "query, key) or (batch, heads or 1, query, key), here "
-                    f"query={queries} and key={keys_length}, True where a query "
+                    f"batch={batch_size}, query={queries} and key={keys_length}, "
+                    "True where a query "
                     "may attend to a key; for a padding mask of the keys, "
                     "(batch, key), pass `value_mask` or mask the inputs. "
                     f"Received: attention_mask of shape {shape}"
@@ -832,12 +888,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if query_mask is None:
             return attention_mask
         query_mask = keras.ops.convert_to_tensor(query_mask)
-        if len(query_mask.shape) != 2:
-            raise ValueError(
-                "`query_mask` must have shape (batch, query), True for the "
-                "queries that attend. Received: query_mask of shape "
-                f"{tuple(query_mask.shape)}"
-            )
+        _check_mask("query_mask", query_mask, query, "query", "the queries that attend")
         keys_length = (
             keras.ops.shape(keys)[1] if cache is None else keras.ops.shape(cache)[2]
         )
@@ -924,6 +975,13 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 f"{tuple(keys.shape)}"
             )
         ops.check_adjacency_shape(shape, num_nodes=query.shape[1])
+        if None not in (shape[0], query.shape[0]) and shape[0] not in (query.shape[0], 1):
+            raise ValueError(
+                "`adjacency` must hold one graph per sequence of queries, or "
+                f"one for all: batch {query.shape[0]} or 1. Received: "
+                f"adjacency of shape {shape} for query of shape "
+                f"{tuple(query.shape)}"
+            )
         return True
 
     def _check_cache(
@@ -1064,7 +1122,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         scale = (
             1.0 / math.sqrt(self.key_dim)
             if position is None
-            else position.logits_scale(self.key_dim)
+            else _attention_kernel.checked_scale(
+                position, position.logits_scale(self.key_dim)
+            )
         )
         query = query * keras.ops.cast(scale, query.dtype)
         output, weights = _attention_kernel.attend(
@@ -1216,7 +1276,20 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 for key, value in config["position"].items()
                 if key != "build_config"
             }
-            config["position"] = keras.saving.deserialize_keras_object(position)
+            try:
+                config["position"] = keras.saving.deserialize_keras_object(position)
+            except TypeError as error:
+                # Keras imports no package to find a class but its own.
+                if "Could not locate" not in str(error):
+                    raise
+                name = position.get("registered_name", position.get("class_name"))
+                raise TypeError(
+                    f"`position` of this attention is {name!r}, which Keras "
+                    "does not know: import the module that registers it (with "
+                    "`keras.saving.register_keras_serializable`) before "
+                    "loading, or pass it in `custom_objects`. Keras imports no "
+                    f"package to find a class but its own. Keras said: {error}"
+                ) from None
         return super().from_config(config)
 
     @staticmethod

@@ -6,6 +6,7 @@ import keras
 from keras_posenc import hf_config
 from keras_posenc import ops
 from keras_posenc import rope_scaling
+from keras_posenc.ops import _checks
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.layers._schemes import read_rotation_arguments
 from keras_posenc.layers._grid_config import add_grid_arguments
@@ -382,6 +383,13 @@ class RotaryEmbedding(AttentionPosition):
         if length is None:
             length = keras.ops.shape(inputs)[sequence_axis] - self.num_prefix_tokens
         return ops.position_ids(length, start_index)
+
+    def __call__(self, inputs, *args, **kwargs):
+        # Before Keras converts them: JAX parses strings of digits, and
+        # wraps int64 positions past int32.
+        _checks.check_not_text("inputs", inputs, "floats: queries or keys")
+        ops.positions.check_given(kwargs.get("positions"), "positions")
+        return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, start_index=0, positions=None, grid_shape=None):
         sequence_axis, feature_axis, rotated = self._axes(inputs.shape)

@@ -1,6 +1,9 @@
 import keras
+import numpy as np
 
 from keras_posenc import ops
+from keras_posenc.ops import _backend
+from keras_posenc.ops import _checks
 from keras_posenc.layers._renamed import renamed_arguments
 from keras_posenc.layers.position_embedding import PositionEmbedding
 from keras_posenc.layers.sinusoidal_position_encoding import (
@@ -128,8 +131,40 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         self.token_embedding.build(input_shape)
         self.position_embedding.build(input_shape + (self.embedding_dim,))
 
+    def __call__(self, inputs, *args, **kwargs):
+        # Before Keras converts them: JAX parses strings of digits.
+        _checks.check_not_text("inputs", inputs, "integer token ids")
+        return super().__call__(inputs, *args, **kwargs)
+
     def call(self, inputs, start_index=0, positions=None):
+        valid = keras.ops.logical_and(
+            inputs >= 0, inputs < self.vocabulary_size
+        )  # (batch, seq)
+        message = (
+            f"`inputs` must be token ids from 0 to {self.vocabulary_size - 1}, "
+            f"rows of the table (vocabulary_size={self.vocabulary_size})."
+        )
+        known = _backend.static_value(valid)
+        if known is not None and not known.all():
+            index = tuple(int(i) for i in np.argwhere(~known)[0])
+            value = _backend.static_value(inputs)[index]
+            raise ValueError(
+                f"{message} Received: inputs[{', '.join(map(str, index))}]={value}"
+            )
+        # A TensorFlow graph checks before the lookup, whose own error
+        # names no argument.
+        inputs = _backend.checked(inputs, valid, message)
         embedded = self.token_embedding(inputs)  # (batch, seq, embedding_dim)
+        if known is None:
+            # Compiled code cannot raise: a row past the table is NaN, where
+            # XLA's lookup would read zeros or the last row.
+            # expand_dims, not a slice: TFLite's built-in ops lack a
+            # StridedSlice that adds an axis.
+            embedded = keras.ops.where(
+                keras.ops.expand_dims(valid, -1),
+                embedded,
+                keras.ops.cast(float("nan"), embedded.dtype),
+            )
         return self.position_embedding(
             embedded, start_index=start_index, positions=positions
         )

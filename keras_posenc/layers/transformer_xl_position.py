@@ -234,6 +234,13 @@ class TransformerXLPosition(AttentionPosition):
         return keras.ops.einsum("we,end->wnd", encoding, self.position_kernel)
 
     def logits_bias(self, query, key, context):
+        if self.attention_sizes is None:
+            raise ValueError(
+                "TransformerXLPosition.logits_bias needs the weights made for "
+                "the attention it serves: pass it to PositionalMultiHeadAttention "
+                "as `position`, or call `build_for_attention(num_heads, key_dim, "
+                "value_dim, features)` first. Received: a scheme not built"
+            )
         if 0 in (query.shape[1], key.shape[1]):
             # No logits: the attention's output is empty, or its bias alone.
             return None

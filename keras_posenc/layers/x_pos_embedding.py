@@ -234,6 +234,19 @@ class XPosEmbedding(AttentionPosition):
                 f"shape {tuple(key_shape)}"
             )
 
+    def __call__(self, query, key, query_positions=None, key_positions=None, **kwargs):
+        # Keras converts NumPy arguments before `call` sees them: JAX
+        # wraps int64 positions past int32. Checked here first.
+        ops.positions.check_given(query_positions, "query_positions")
+        ops.positions.check_given(key_positions, "key_positions")
+        return super().__call__(
+            query,
+            key,
+            query_positions=query_positions,
+            key_positions=key_positions,
+            **kwargs,
+        )
+
     def call(self, query, key, query_positions=None, key_positions=None):
         sequence_axis, feature_axis, rotated = self._axes(query.shape)
         last = len(query.shape) - 1

@@ -68,6 +68,14 @@ def static_value(value):
         return tf.get_static_value(value)
     if is_symbolic(value):
         return None
+    if backend() == "torch":
+        import torch
+
+        # Keras' conversion calls `np.array` on the tensor, whose
+        # `__array__` lacks NumPy 2's `copy` keyword: a DeprecationWarning.
+        if value.dtype == torch.bfloat16:
+            value = value.float()
+        return value.detach().cpu().numpy()
     return keras.ops.convert_to_numpy(value)
 
 

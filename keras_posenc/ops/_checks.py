@@ -4,6 +4,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 
 from keras_posenc.ops import _backend
 
@@ -405,3 +406,33 @@ def _rank(shape):
         return len(shape)
     except (TypeError, ValueError):  # a TensorShape of unknown rank
         return None
+
+
+def check_not_text(name, value, expected):
+    """Raise a `ValueError` naming `name` where `value` holds text.
+
+    For a call's argument, before Keras converts it: JAX parses strings of
+    digits as numbers, TensorFlow's cast refuses them with a message of
+    its own. NumPy arrays of strings or objects, and TensorFlow's string
+    tensors, are refused; anything else passes.
+
+    Args:
+        name: str. The argument's name, for the message.
+        value: the argument as given.
+        expected: str. What it must hold, for the message: `"floats"`.
+    """
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return
+    if isinstance(dtype, np.dtype):
+        text, shown = dtype.kind in "OSUV", str(dtype)
+    else:
+        try:
+            shown = keras.backend.standardize_dtype(dtype)
+        except ValueError:
+            shown = str(dtype)
+        text = shown == "string"
+    if text:
+        raise ValueError(
+            f"`{name}` must hold {expected}. Received: {name} of dtype {shown}"
+        )

@@ -9,6 +9,7 @@ from keras_posenc.ops import _backend
 from keras_posenc.ops._checks import (
     check_grid_shape,
     check_integer_scalar,
+    check_not_text,
     check_num_axes,
     check_positive_int,
 )
@@ -109,6 +110,7 @@ def read_positions(
     (6, 2)
     """
     check_num_axes(num_axes)
+    check_not_text(name, positions, "integers or floats")
     # The dtype as given: a backend without 64-bit numbers (JAX's default)
     # converts float64 to float32, and the message names what was passed.
     given_dtype = getattr(positions, "dtype", None)
@@ -193,6 +195,28 @@ def past_int32(positions):
     return keras.ops.logical_not(
         keras.ops.all(_inside_int32(positions))
     )
+
+
+def check_given(positions, name="positions"):
+    """Raise a `ValueError` for positions that a backend would misread.
+
+    For a layer's `__call__`, before Keras converts its NumPy arguments:
+    JAX (without 64-bit numbers) wraps an int64 position past int32, and
+    parses strings of digits as numbers. `read_positions` checks the
+    rest, in `call`.
+
+    Args:
+        positions: the argument as given.
+        name: str. The argument's name, for the message. Defaults to
+            `"positions"`.
+    """
+    check_not_text(name, positions, "integers or floats")
+    if (
+        isinstance(positions, np.ndarray)
+        and positions.dtype.kind in "iu"
+        and positions.size
+    ):
+        _within_int32(positions, name)
 
 
 def _inside_int32(positions):
