@@ -180,8 +180,10 @@ def test_blocks_of_queries_equal_float64_reference():
     np.testing.assert_allclose(
         numpy(attention(tokens, tokens, use_causal_mask=True)),
         reference_attention(attention, tokens),
-        rtol=2e-5,
-        atol=2e-5,
+        # CoPE's positions are float32 sums of up to 512 gates (an ulp of
+        # 3e-5 there), which XLA may add in another order (jaxlib 0.12).
+        rtol=1e-4,
+        atol=1e-4,
     )
 
 
