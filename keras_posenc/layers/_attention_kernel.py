@@ -188,6 +188,18 @@ def checked_value_term(position, term, output):
     return term
 
 
+def _four_axes(attention_mask):
+    """The caller's mask as bools of shape `(batch, heads | 1, query, key)`.
+
+    Keras takes (batch, query, key) and (batch, heads | 1, query, key); a
+    head axis where there is none, as its masked softmax.
+    """
+    mask = keras.ops.cast(attention_mask, "bool")
+    while len(mask.shape) < 4:
+        mask = keras.ops.expand_dims(mask, -3)
+    return mask
+
+
 def mask_of(attention, attention_mask, context):
     """Keras' mask, the cache's, the causal one and the sliding window.
 
@@ -203,12 +215,7 @@ def mask_of(attention, attention_mask, context):
     """
     masks = []
     if attention_mask is not None:
-        mask = keras.ops.cast(attention_mask, "bool")
-        # Keras takes (batch, query, key) and (batch, heads | 1, query,
-        # key); a head axis where there is none, as its masked softmax.
-        while len(mask.shape) < 4:
-            mask = keras.ops.expand_dims(mask, -3)
-        masks.append(mask)
+        masks.append(_four_axes(attention_mask))
     if context.adjacency is not None:
         # On a graph there are no positions to compare.
         return masks[0] if masks else None
@@ -666,11 +673,7 @@ def flex(attention, query, key, value, attention_mask, context):
             batch, head, query_index, key_index
         )
 
-    mask = None
-    if attention_mask is not None:
-        mask = keras.ops.cast(attention_mask, "bool")
-        while len(mask.shape) < 4:
-            mask = keras.ops.expand_dims(mask, -3)  # (batch | 1, heads | 1, query, key)
+    mask = None if attention_mask is None else _four_axes(attention_mask)
     written = None
     if context.cache_update_index is not None:
         written = context.cache_update_index + query.shape[1]

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from keras_posenc import ops
+from keras_posenc.ops import _checks
 from keras_posenc.layers._absolute import check_merge
 from keras_posenc.layers._absolute import legacy_merge_mode
 
@@ -73,17 +74,14 @@ class GraphEncoding(keras.layers.Layer):
 
     def _check_mask(self, mask, inputs_shape):
         """A `ValueError` naming `mask` unless it is `(batch, nodes)`, where known."""
-        shape = tuple(mask.shape)
         expected = tuple(inputs_shape[:2])
-        if len(shape) != 2 or any(
-            None not in (size, wanted) and size != wanted
-            for size, wanted in zip(shape, expected)
-        ):
-            raise ValueError(
-                f"`mask` of {type(self).__name__} must have shape (batch, "
-                f"nodes), here {expected}, True for the nodes of each graph. "
-                f"Received: mask of shape {shape}"
-            )
+        _checks.check_mask_shape(
+            "mask",
+            mask.shape,
+            expected,
+            f"(batch, nodes), here {expected}, True for the nodes of each graph",
+            subject=f"`mask` of {type(self).__name__}",
+        )
 
     def build(self, inputs_shape, adjacency_shape=None):
         self._check_shapes(inputs_shape, adjacency_shape)

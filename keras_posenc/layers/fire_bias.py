@@ -189,9 +189,7 @@ class FireBias(HeadBias):
         if len(query_positions.shape) == 1:
             query_positions = query_positions[None]  # (1, query)
         batch_size = None if query is None else keras.ops.shape(query)[0]
-        threshold = keras.ops.abs(
-            keras.ops.cast(self.threshold_multiplier, "float32") * self.init_threshold
-        )
+        threshold = self._threshold()
         queries = query_positions.shape[1]
         keys = context.key_positions.shape[-1]
         if context.consecutive and queries and keys:
@@ -248,9 +246,7 @@ class FireBias(HeadBias):
         return self._interpolated_bias(numerator, query_positions, threshold, batch_size)
 
     def score_bias(self, query, key, context):
-        threshold = keras.ops.abs(
-            keras.ops.cast(self.threshold_multiplier, "float32") * self.init_threshold
-        )
+        threshold = self._threshold()
         breakpoints, slopes, intercepts = self._pieces()
 
         def bias(batch, head, query_index, key_index):
@@ -274,6 +270,12 @@ class FireBias(HeadBias):
             )
 
         return bias
+
+    def _threshold(self):
+        """`L`, learned as a multiple of `init_threshold`, in float32."""
+        return keras.ops.abs(
+            keras.ops.cast(self.threshold_multiplier, "float32") * self.init_threshold
+        )
 
     def _psi(self, x):
         """`log(|c x| + 1)`, Eq. (6) with the appendix's absolute value."""

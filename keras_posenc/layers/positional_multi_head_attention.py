@@ -86,17 +86,10 @@ def _check_batch_sizes(**tensors):
 def _check_mask(name, mask, inputs, axis_name, meaning):
     """A `ValueError` unless `mask` is `(batch, length)` of `inputs`, where known."""
     _checks.check_not_text(name, mask, "bools (or 0 and 1)")
-    shape = tuple(mask.shape)
     expected = tuple(inputs.shape[:2])
-    if len(shape) != 2 or any(
-        None not in (size, wanted) and size != wanted
-        for size, wanted in zip(shape, expected)
-    ):
-        raise ValueError(
-            f"`{name}` must have shape (batch, {axis_name}), here "
-            f"{tuple(expected)}, True for {meaning}. Received: {name} of "
-            f"shape {shape}"
-        )
+    _checks.check_mask_shape(
+        name, mask.shape, expected, f"(batch, {axis_name}), here {expected}, True for {meaning}"
+    )
 
 
 def _check_key_masks(keys, value_mask, key_mask):

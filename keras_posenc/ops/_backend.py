@@ -829,28 +829,19 @@ def fused_attention(
     else:
         import jax
 
+        arguments = dict(bias=bias, mask=mask, scale=1.0, is_causal=is_causal)
         if flash_attention and capabilities().device == "tpu":
             # Keras' own flash attention on TPUs (Pallas' splash attention).
             output = keras.ops.dot_product_attention(
-                query,
-                key,
-                value,
-                bias=bias,
-                mask=mask,
-                scale=1.0,
-                is_causal=is_causal,
-                flash_attention=True,
+                query, key, value, flash_attention=True, **arguments
             )
         else:
             output = jax.nn.dot_product_attention(
                 query,
                 key,
                 value,
-                bias=bias,
-                mask=mask,
-                scale=1.0,
-                is_causal=is_causal,
                 implementation="cudnn" if flash_attention or cudnn else None,
+                **arguments,
             )  # (batch, query, heads, value_dim)
     if has_key is not None:
         output = keras.ops.where(

@@ -436,3 +436,28 @@ def check_not_text(name, value, expected):
         raise ValueError(
             f"`{name}` must hold {expected}. Received: {name} of dtype {shown}"
         )
+
+
+def check_mask_shape(name, shape, expected, described, subject=None):
+    """A `ValueError` unless a mask's `shape` is `expected`, where sizes are known.
+
+    Args:
+        name: str. The mask's argument name (`"query_mask"`, say).
+        shape: tuple. The mask's shape.
+        expected: tuple. The shape wanted, `None` where unknown.
+        described: str. The shape and meaning in words, as the error says
+            it (`"(batch, query), here (2, 8), True for the queries that
+            attend"`).
+        subject: None, or what the error's first words name instead of
+            the argument (`"`mask` of LaplacianPositionEncoding"`).
+    """
+    shape, expected = tuple(shape), tuple(expected)
+    if len(shape) != len(expected) or any(
+        None not in (size, wanted) and size != wanted
+        for size, wanted in zip(shape, expected)
+    ):
+        raise ValueError(
+            f"{subject or f'`{name}`'} must have shape {described}. "
+            f"Received: {name} of shape {shape}"
+        )
+
