@@ -223,11 +223,12 @@ def sums_product_columns_in_order():
 
     Where the bias joins the logits' product as its first columns
     (`AttentionPosition.logits_factors`), its terms cancel exactly only
-    if they are summed first. XLA's products and PyTorch's do; eager
-    TensorFlow's (Eigen's contraction, by blocks of the summed axis on
-    some processors) may not: there the bias is added instead.
+    if they are summed first. JAX's products and PyTorch's do; TensorFlow's
+    may not, eagerly or under XLA (Eigen's contraction sums by blocks of
+    the summed axis on some processors and versions, TensorFlow 2.18's
+    XLA too): there the bias is added instead.
     """
-    return not (backend() == "tensorflow" and executing_eagerly())
+    return backend() != "tensorflow"
 
 
 def take_in_range(x, indices):
