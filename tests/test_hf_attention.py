@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from keras_posenc import hf_attention
+from keras_posenc import hf_config
 from tests.backend import numpy
 
 FIXTURE = np.load(pathlib.Path(__file__).parent / "fixtures" / "hf_attention.npz")
@@ -495,3 +496,30 @@ def test_a_shared_position_of_another_kind_raises_value_error_naming_it():
         hf_attention.attention_from_hf(
             decoder, state_dict_of("t5_encoder"), shared_position=t5.position
         )
+
+
+def test_the_old_name_in_hf_config_warns_and_gives_the_same_layer():
+    with pytest.warns(DeprecationWarning, match="keras_posenc.hf_attention.attention_from_hf"):
+        old = hf_config.attention_from_hf(config_of("qwen3"), state_dict_of("qwen3"))
+    new = built("qwen3")
+    assert type(old.position) is type(new.position)
+    for old_weight, new_weight in zip(old.weights, new.weights, strict=True):
+        np.testing.assert_array_equal(numpy(old_weight), numpy(new_weight))
+    np.testing.assert_array_equal(
+        numpy(old(HIDDEN, HIDDEN, use_causal_mask=True)),
+        numpy(new(HIDDEN, HIDDEN, use_causal_mask=True)),
+    )
+    with pytest.warns(DeprecationWarning, match="keras_posenc.hf_attention.positions_per_layer"):
+        positions = hf_config.positions_per_layer(config_of("llama4_rope"))
+    assert [type(p) for p in positions] == [
+        type(p) for p in hf_attention.positions_per_layer(config_of("llama4_rope"))
+    ]
+
+
+def test_every_family_is_one_entry_that_the_loader_reads():
+    # The families whose attention is read are the registry's entries with
+    # `arguments`; a config of another model names them all.
+    readable = [key for key, family in hf_config.FAMILIES.items() if family.arguments]
+    assert {"llama", "gemma3", "llama4", "xlnet", "deberta-v2", "t5"} <= set(readable)
+    with pytest.raises(ValueError, match=", ".join(map(repr, readable))):
+        hf_attention.attention_from_hf({"model_type": "gpt2"}, {})
