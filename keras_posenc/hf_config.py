@@ -5,8 +5,10 @@ transformers reads it, and turned into the arguments of a layer's
 constructor; the layer's own classmethod (`RotaryEmbedding.from_hf_config`)
 builds the layer from them; `position_arguments_per_layer` reads the
 position of each layer of a model that mixes layers with RoPE and without,
-and `positions_per_layer` builds them, through Keras' registry of the
-package's layers (this module imports none). Nothing here computes with
+and `attention_arguments` a layer's attention. What each model family
+needs is one entry of `FAMILIES`, under transformers' `model_type`.
+This module imports no layer: `keras_posenc.hf_attention`, above the
+layers, builds them from these arguments. Nothing here computes with
 tensors.
 """
 
@@ -296,8 +298,8 @@ def position_arguments_per_layer(config):
     `layer_types` (a model with one RoPE per layer type, Gemma 3, gets each
     layer's). Llama 4 and Cohere rotate adjacent features `(2i, 2i + 1)`
     together (`pairing="interleaved"`), for weights as their checkpoints
-    hold them. `positions_per_layer` builds the layers from these
-    arguments.
+    hold them. `keras_posenc.hf_attention.positions_per_layer` builds the
+    layers from these arguments.
 
     Only the positions are read; the attention's other per-layer settings
     are left to the caller: Llama 4's chunked attention on its RoPE layers
