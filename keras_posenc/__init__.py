@@ -90,5 +90,8 @@ from keras_posenc import ops  # noqa: E402
 from keras_posenc import rope_scaling  # noqa: E402
 from keras_posenc.layers import *  # noqa: E402,F401,F403
 
+# Above the layers: Hugging Face configs and state dicts to built layers.
+from keras_posenc import hf_attention  # noqa: E402,F401
+
 # The one list of the public layers is `keras_posenc.layers.__all__`.
 __all__ = [*layers.__all__, "ops", "rope_scaling"]

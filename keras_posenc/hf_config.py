@@ -5,20 +5,20 @@ transformers reads it, and turned into the arguments of a layer's
 constructor; the layer's own classmethod (`RotaryEmbedding.from_hf_config`)
 builds the layer from them; `position_arguments_per_layer` reads the
 position of each layer of a model that mixes layers with RoPE and without,
-and `positions_per_layer` builds them, through Keras' registry of the
-package's layers (this module imports none). Nothing here computes with
+and `attention_arguments` a layer's attention. What each model family
+needs is one entry of `FAMILIES`, under transformers' `model_type`.
+This module imports no layer: `keras_posenc.hf_attention`, above the
+layers, builds them from these arguments. Nothing here computes with
 tensors.
 """
 
+import dataclasses
 import math
 import numbers
+import typing
 import warnings
 
-import keras
-
 from keras_posenc import ops
-from keras_posenc import rope_scaling
-from keras_posenc.ops import _backend
 
 # The keys under which transformers' `PretrainedConfig.get_text_config()`
 # looks for a composite model's text config, in its order: encoders', then
@@ -26,14 +26,6 @@ from keras_posenc.ops import _backend
 TEXT_CONFIG_KEYS = ("text_encoder", "decoder", "generator", "text_config")
 
 _DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
-# Models whose RoPE turns adjacent features (2i, 2i + 1) together: Llama 4
-# multiplies them as complex numbers, Cohere's rotate_half takes x[..., ::2]
-# and x[..., 1::2].
-_INTERLEAVED_MODEL_TYPES = ("llama4", "llama4_text", "cohere", "cohere2")
-_LLAMA4_MODEL_TYPES = ("llama4", "llama4_text")
-# Models with a RoPE switch per layer, `no_rope_layers` (1: RoPE, 0: none),
-# by default every `no_rope_layer_interval`-th layer without.
-_NO_ROPE_MODEL_TYPES = (*_LLAMA4_MODEL_TYPES, "smollm3")
 # The entries of `layer_types` that transformers' `layer_type_validation`
 # allows.
 _LAYER_TYPES = (
@@ -197,7 +189,7 @@ def rotary_embedding_arguments(config, layer_type=None):
         parameters["partial_rotary_factor"] = partial
     elif partial != 1.0:
         rotary_dim = int(head_dim * partial)
-    if model_type in _INTERLEAVED_MODEL_TYPES:
+    if _family(model_type).interleaved:
         pairing = "interleaved"
     scaling = None if rope_type == "default" else parameters
     if rope_type == "dynamic":
@@ -306,8 +298,8 @@ def position_arguments_per_layer(config):
     `layer_types` (a model with one RoPE per layer type, Gemma 3, gets each
     layer's). Llama 4 and Cohere rotate adjacent features `(2i, 2i + 1)`
     together (`pairing="interleaved"`), for weights as their checkpoints
-    hold them. `positions_per_layer` builds the layers from these
-    arguments.
+    hold them. `keras_posenc.hf_attention.positions_per_layer` builds the
+    layers from these arguments.
 
     Only the positions are read; the attention's other per-layer settings
     are left to the caller: Llama 4's chunked attention on its RoPE layers
@@ -370,7 +362,7 @@ def position_arguments_per_layer(config):
             )
     with_rope = _rope_layers(text, name, num_layers)
     temperature = None
-    if text.get("model_type") in _LLAMA4_MODEL_TYPES and _temperature_tuning(
+    if _family(text.get("model_type")).temperature and _temperature_tuning(
         text, name
     ):
         temperature = attention_temperature_arguments(config)
@@ -394,42 +386,33 @@ def position_arguments_per_layer(config):
 
 
 def positions_per_layer(config):
-    """One `position` per attention layer of a Hugging Face model's config.
+    """Deprecated: `keras_posenc.hf_attention.positions_per_layer(config)`."""
+    from keras_posenc import hf_attention
 
-    For a model that mixes layers with RoPE and layers without (Llama 4,
-    SmolLM3, Cohere2): the pattern is read as transformers reads it
-    (`position_arguments_per_layer` says how), and each layer's position is
-    built: a `RotaryEmbedding`, an `AttentionTemperature` (Llama 4's layers
-    without RoPE) or None (no positions). Any other model gets a
-    `RotaryEmbedding` on every layer.
+    _warn_moved("positions_per_layer")
+    return hf_attention.positions_per_layer(config)
 
-    Args:
-        config: dict. The parsed `config.json`.
 
-    Returns:
-        A list of `num_hidden_layers` positions, one per layer, in order,
-        each for `PositionalMultiHeadAttention(position=...)`.
+def attention_from_hf(config, state_dict, layer_index=0, shared_position=None):
+    """Deprecated: `keras_posenc.hf_attention.attention_from_hf`, same arguments."""
+    from keras_posenc import hf_attention
 
-    Example:
+    _warn_moved("attention_from_hf")
+    return hf_attention.attention_from_hf(
+        config, state_dict, layer_index, shared_position
+    )
 
-    >>> smollm3 = {
-    ...     "model_type": "smollm3", "num_hidden_layers": 4, "head_dim": 64,
-    ...     "rope_theta": 5000000.0, "no_rope_layer_interval": 4,
-    ... }
-    >>> positions = positions_per_layer(smollm3)
-    >>> [type(position).__name__ for position in positions]
-    ['RotaryEmbedding', 'RotaryEmbedding', 'RotaryEmbedding', 'NoneType']
-    >>> from keras_posenc import PositionalMultiHeadAttention
-    >>> attention = PositionalMultiHeadAttention(2, 64, position=positions[0])
-    """
-    return [
-        None
-        if entry is None
-        else keras.saving.get_registered_object(f"keras_posenc>{entry[0]}")(
-            **entry[1]
-        )
-        for entry in position_arguments_per_layer(config)
-    ]
+
+def _warn_moved(function_name):
+    """Warn that `function_name`, which builds layers, moved to `hf_attention`."""
+    warnings.warn(
+        f"`keras_posenc.hf_config.{function_name}` moved: use "
+        f"`keras_posenc.hf_attention.{function_name}`, the same function "
+        "(hf_config reads configs into arguments; hf_attention builds the "
+        "layers).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def _temperature_tuning(config, name):
@@ -441,7 +424,7 @@ def _temperature_tuning(config, name):
     transformers would read `"false"` as on.
     """
     tuning = config.get(
-        "attn_temperature_tuning", config.get("model_type") in _LLAMA4_MODEL_TYPES
+        "attn_temperature_tuning", _family(config.get("model_type")).temperature
     )
     if tuning is not None and not isinstance(tuning, numbers.Real):
         raise ValueError(
@@ -453,43 +436,17 @@ def _temperature_tuning(config, name):
 
 def _rope_layers(config, name, num_layers):
     """Whether each of the `num_layers` layers of a text config has RoPE."""
-    model_type = config.get("model_type")
-    if model_type in _NO_ROPE_MODEL_TYPES or "no_rope_layers" in config:
-        flags = config.get("no_rope_layers")
-        # SmolLM3 builds the default list when it is missing, Llama 4 also
-        # when it is empty.
-        if flags is None or (not flags and model_type in _LLAMA4_MODEL_TYPES):
-            interval = config.get("no_rope_layer_interval", 4)
-            ops.check_positive_int(f"{name}['no_rope_layer_interval']", interval)
-            return [(index + 1) % interval != 0 for index in range(num_layers)]
-        if (
-            not isinstance(flags, list)
-            or len(flags) < num_layers
-            or any(flag not in (0, 1) for flag in flags)
-        ):
-            raise ValueError(
-                f"`{name}['no_rope_layers']` must list a 1 (RoPE) or a 0 (no "
-                f"RoPE) for each of the num_hidden_layers={num_layers} "
-                f"layers. Received: no_rope_layers={flags!r}"
-            )
-        return [bool(flag) for flag in flags[:num_layers]]
-    if model_type == "cohere2":
-        layer_types = config.get("layer_types")
-        if layer_types is None:
-            pattern = config.get("sliding_window_pattern", 4)
-            ops.check_positive_int(f"{name}['sliding_window_pattern']", pattern)
-            layer_types = [
-                "sliding_attention" if (index + 1) % pattern else "full_attention"
-                for index in range(num_layers)
-            ]
-        # Its attention rotates where it has a sliding window: the sliding
-        # layers', unless the config's window is null (4096 by default).
-        window = config.get("sliding_window", 4096)
-        return [
-            layer_type == "sliding_attention" and window is not None
-            for layer_type in layer_types
-        ]
-    return [True] * num_layers
+    rope_layers = _family(config.get("model_type")).rope_layers
+    if rope_layers is None and "no_rope_layers" in config:
+        rope_layers = _no_rope_layers
+    if rope_layers is None:
+        return [True] * num_layers
+    return rope_layers(config, name, num_layers)
+
+
+def _family(model_type):
+    """`FAMILIES[model_type]`, or an entry of defaults for other models."""
+    return FAMILIES.get(model_type, _OTHER_FAMILY)
 
 
 def _check_dict(config):
@@ -652,197 +609,195 @@ def _warn_as_transformers(rope_type, parameters, config, name):
         warnings.warn(f"In `{name}`'s RoPE: {problem}", UserWarning, stacklevel=3)
 
 
-# The decoders whose attention `attention_from_hf` builds, by `model_type`.
-_ATTENTION_MODEL_TYPES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma3",
-    "gemma3_text",
-    "llama4",
-    "llama4_text",
-)
-_GEMMA3_MODEL_TYPES = ("gemma3", "gemma3_text")
-# The encoders of Transformer-XL's relative attention: the names of their
-# attention's weights, in the order query, key, value, output, position
-# projection, content bias `u`, position bias `v`; the position's arguments.
-_RELATIVE_ENCODERS = {
-    "parakeet_encoder": (
-        ("q_proj", "k_proj", "v_proj", "o_proj", "relative_k_proj", "bias_u", "bias_v"),
-        {},
-    ),
-    "wav2vec2-conformer": (
-        ("linear_q", "linear_k", "linear_v", "linear_out", "linear_pos",
-         "pos_bias_u", "pos_bias_v"),
-        {},
-    ),
-    "xlnet": (("q", "k", "v", "o", "r", "r_w_bias", "r_r_bias"), {"pairing": "half"}),
-}
-# DeBERTa-v2's attention weights, its encoder's relative embeddings and their
-# LayerNorm, and the LayerNorm after the residual, which is not the
-# attention's.
-_DEBERTA_WEIGHTS = (
-    "query_proj",
-    "key_proj",
-    "value_proj",
-    "pos_key_proj",
-    "pos_query_proj",
-    "output.dense",
-    "rel_embeddings",
-    "encoder.LayerNorm",
-    "output.LayerNorm",
-)
-# XLNet's weights outside its content stream's attention: the segment
-# term's (`seg_mat`) and the LayerNorm after the residual.
-_XLNET_OTHER_WEIGHTS = ("r_s_bias", "seg_embed", "layer_norm.weight", "layer_norm.bias")
-# Whether each family's projections have biases, from its config: Qwen2's
-# query, key and value always, its output never; the others' all or none,
-# as `attention_bias` says.
-_PROJECTION_NAMES = (
-    ("q_proj", "query"),
-    ("k_proj", "key"),
-    ("v_proj", "value"),
-    ("o_proj", "output"),
-)
+@dataclasses.dataclass(frozen=True)
+class Weight:
+    """One weight of a family's attention, as a layer's `state_dict` holds it.
+
+    Args:
+        name: str. Its name, the model's prefix cut (`"q_proj.weight"`).
+        variable: str. Where it goes, an attribute path of the attention
+            (`"query_dense.kernel"`, `"position.content_bias"`).
+        layout: str. How the array becomes the variable: `"input"` (torch's
+            `Linear`, `(out, in)`, to Keras' `(in, heads, dim)`),
+            `"output"` (`(out, in)` to `(heads, dim, out)`), `"heads_last"`
+            (`(in, heads, dim)` to `(heads, dim, in)`), `"reshape"` (to the
+            variable's shape) or `"as_is"`. Defaults to `"as_is"`.
+        missing: str. `"error"` where it must be given, `"zeros"` where a
+            missing one is zeros. Defaults to `"error"`.
+        offset: float. Added to it, in float32 (Gemma's norms scale by
+            `1 + weight`). Defaults to `0.0`.
+        scale: float. Its factor, in float32, after the offset. Defaults
+            to `1.0`.
+    """
+
+    name: str
+    variable: str
+    layout: str = "as_is"
+    missing: str = "error"
+    offset: float = 0.0
+    scale: float = 1.0
 
 
-def attention_from_hf(config, state_dict, layer_index=0, shared_position=None):
-    """A Hugging Face decoder layer's attention, with its weights, in one call.
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What one model family needs, read from its config: a `FAMILIES` entry.
 
-    Reads a model's `config.json` (parsed into a dict) and one layer's
-    attention weights as transformers' `state_dict` names them (NumPy
-    arrays, or anything `np.asarray` reads; keys such as `"q_proj.weight"`,
-    with or without the model's prefix, `"model.layers.0.self_attn."`), and
-    returns a built `PositionalMultiHeadAttention` that computes what that
-    layer computes: its position (`positions_per_layer`), its key/value
-    heads (`num_key_value_heads`), its query/key normalisation, its
-    sliding window, and its weights, transposed and reshaped from torch's
-    `Linear` layout `(out, in)` to Keras' `(in, heads, head_dim)` and
-    `(heads, head_dim, out)`. No torch is needed. RoPE's buffers that
-    older checkpoints save with each layer (Llama 2's
-    `rotary_emb.inv_freq`) are checked against the frequencies the layer
-    computes, in the checkpoint's precision, and skipped: a `ValueError`
-    shows both where they differ.
+    Its positions (`position_arguments_per_layer`) and, where `arguments`
+    is given, its attention with its weights
+    (`keras_posenc.hf_attention.attention_from_hf`, which reads nothing
+    else of the family).
 
-    Families (`model_type`):
+    Args:
+        interleaved: bool. Whether its RoPE turns adjacent features
+            `(2i, 2i + 1)` together. Defaults to `False`.
+        rope_layers: callable or None. `(text, name, num_layers)` -> whether
+            each layer has RoPE; `None`: every layer (or as
+            `no_rope_layers` says, where the config gives it). Defaults
+            to `None`.
+        temperature: bool. Whether Llama 4's attention temperature is on
+            by default on its layers without RoPE. Defaults to `False`.
+        arguments: callable or None. `(family, config, text, name,
+            layer_index)` -> `(hidden_size, arguments)`: the attention's
+            input width and `PositionalMultiHeadAttention`'s arguments,
+            `position` as a `(class name, arguments)` entry or None.
+            `None`: its attention is not read. Defaults to `None`.
+        weights: callable or None. `(family, text, arguments)` -> the
+            attention's `Weight`s. Defaults to `None`.
+        weight_names: tuple. The names its state dict's keys are cut to
+            where a key's last two parts do not name the weight.
+            Defaults to `()`.
+        passed_over: tuple. Weights of its layers that are not the
+            attention's, or not read. Defaults to `()`.
+        shared_weights: tuple. The weights of a table every layer shares
+            (`shared_position`); empty where positions are per layer.
+            Defaults to `()`.
+        per_layer: bool. Whether its layers differ, so that `layer_index`
+            must be one of the model's. Defaults to `False`.
+        bias: bool or None. Whether its projections have biases; `None`:
+            as `attention_bias` says. Defaults to `None`.
+        qk_norm: dict. The query/key norm's arguments of the attention,
+            empty for none. Defaults to `{}`.
+        qk_norm_key: str or None. The config key that turns the norm off
+            where false (on by default), with the norm on layers with RoPE
+            only. Defaults to `None`.
+        norm_epsilon: float. The norm's epsilon where `rms_norm_eps` is not
+            given. Defaults to `1e-6`.
+        norm_offset: float. Added to the norms' scales. Defaults to `0.0`.
+        query_scalar_key: str or None. The config key of the logits' scale
+            `key ** -0.5`, where it is not the head width's, folded into
+            the query norm's scale. Defaults to `None`.
+        sliding_window: callable or None. `(text, layer_index)` -> the
+            layer's window or None. Defaults to `None`.
+        refused: dict. Config keys that the attention does not compute,
+            refused where not null, to what they are. Defaults to `{}`.
+        unapplied: dict. Config keys that are not applied, warned of where
+            set on a layer with a position, to the warning. Defaults to `{}`.
+        sizes: tuple. The config keys of the model's width, heads and head
+            width (`None`: width / heads). Defaults to Llama's.
+        position: tuple or None. The position's class name and its
+            arguments, for the encoders'. Defaults to `None`.
+        names: tuple. The encoders' weight names, in the order query, key,
+            value, output, then their position's. Defaults to `()`.
+        position_keys: tuple. Config keys that are the position's
+            arguments of the same name, where positive. Defaults to `()`.
+        requires: dict. Config keys to the value (and default) the
+            attention is read for. Defaults to `{}`.
+    """
 
-    - `"llama"` (Llama 2 and 3, with llama3 RoPE scaling), `"mistral"`
-      (its sliding window on every layer), `"qwen2"` (biases on the query,
-      key and value projections; sliding-window layers as its `layer_types`
-      or `use_sliding_window` and `max_window_layers` give them) and
-      `"qwen3"` (`q_norm` and `k_norm`, RMSNorm per head before RoPE:
-      `qk_norm="head"`);
-    - `"gemma3"`, `"gemma3_text"`: sliding-window and full layers, each
-      with its RoPE, the per-head RMSNorm of queries and keys with Gemma's
-      scale `1 + weight`, and the logits' scale `query_pre_attn_scalar **
-      -0.5`, folded into the query norm's scale where it is not the head
-      size's. A logit soft cap (`attn_logit_softcapping`, Gemma 2's) is
-      refused;
-    - `"parakeet_encoder"`, `"wav2vec2-conformer"` (with
-      `position_embeddings_type="relative"`) and `"xlnet"`: Transformer-XL's
-      relative attention (`TransformerXLPosition`), its position
-      projection and its content and position biases; XLNet's content
-      stream, without the segment term, and up to the einsum with `o`: its
-      residual and LayerNorm are the caller's (their weights, and the
-      segment term's, are passed over);
-    - `"deberta-v2"` (DeBERTa v2 and v3): its disentangled attention
-      (`DisentangledPosition`), with the encoder's `rel_embeddings` and
-      their LayerNorm (`norm_rel_ebd`) in the state dict beside the layer's
-      `attention.self.*` and `attention.output.dense`, the output projection
-      (the LayerNorm after the residual is passed over);
-    - `"t5"`, `"mt5"`: T5's self-attention with its relative bias
-      (`RelativePositionBias`), bidirectional in the encoder and causal
-      where the config says `is_decoder` (pass `dict(config,
-      is_decoder=True)` for a decoder layer). The bias lives in the first
-      block (`relative_attention_bias.weight`) and serves every layer:
-      give it in the state dict of any layer, or share the first layer's
-      with `shared_position`. T5's logits are not scaled,
-      so the query kernel is multiplied by `sqrt(d_kv)`;
-    - `"llama4"`, `"llama4_text"`: RoPE and NoPE layers, the attention
-      temperature of the NoPE layers, and with `use_qk_norm` the L2 norm of
-      the RoPE layers' queries and keys after RoPE
-      (`qk_norm="head_unscaled"`). transformers' temperature counts the
-      tokens, left padding included, not the position ids: give a NoPE
-      layer `0 .. length - 1` (the default) to match it. Llama 4's chunked
-      attention (`attention_chunk_size`, keys in the query's chunk only) is
-      not applied: the layer is exact for sequences up to that length, and
-      warns of it.
+    interleaved: bool = False
+    rope_layers: typing.Optional[typing.Callable] = None
+    temperature: bool = False
+    arguments: typing.Optional[typing.Callable] = None
+    weights: typing.Optional[typing.Callable] = None
+    weight_names: tuple = ()
+    passed_over: tuple = ()
+    shared_weights: tuple = ()
+    per_layer: bool = False
+    bias: typing.Optional[bool] = None
+    qk_norm: dict = dataclasses.field(default_factory=dict)
+    qk_norm_key: typing.Optional[str] = None
+    norm_epsilon: float = 1e-6
+    norm_offset: float = 0.0
+    query_scalar_key: typing.Optional[str] = None
+    sliding_window: typing.Optional[typing.Callable] = None
+    refused: dict = dataclasses.field(default_factory=dict)
+    unapplied: dict = dataclasses.field(default_factory=dict)
+    sizes: tuple = ("hidden_size", "num_attention_heads", None)
+    position: typing.Optional[tuple] = None
+    names: tuple = ()
+    position_keys: tuple = ()
+    requires: dict = dataclasses.field(default_factory=dict)
 
-    A sliding window needs Keras 3.15 or later (`sliding_window=`).
+
+def attention_arguments(config, layer_index=0):
+    """`PositionalMultiHeadAttention`'s arguments for a layer of a Hugging Face model.
+
+    Read as `FAMILIES[model_type]` says; see
+    `keras_posenc.hf_attention.attention_from_hf`, which builds the layer
+    from them and gives it its weights.
 
     Args:
         config: dict. The parsed `config.json`; a composite model's text
             config is read as `text_config` finds it.
-        state_dict: dict of str to array. One layer's attention weights.
-        shared_position: None, or the `position` of an attention this
-            function built for another layer of the same model: T5's
-            relative bias and DeBERTa's relative embeddings are one table
-            for every layer, which this layer then shares (trained once,
-            saved once) rather than holding a copy; the state dict need not
-            hold it. Refused for the other families, whose positions are
-            their own per layer. Defaults to `None`.
         layer_index: int. The layer's index, for a decoder's position and
-            window (the encoders' attention is alike in every layer).
-            Defaults to `0`.
+            window. Defaults to `0`.
 
     Returns:
-        A built `PositionalMultiHeadAttention`, its projections, and the
-        norms' scales where it has them, holding the layer's weights. Its
-        input is the hidden states, `(batch, sequence, hidden_size)`, as
-        `attention(x, x, use_causal_mask=True)`; give `query_positions` and
-        `key_positions` where the model's position ids are not `0 ..
-        length - 1` (left padding).
+        A tuple `(hidden_size, arguments)`: the width of the layer's input,
+        and a dict of keyword arguments of `PositionalMultiHeadAttention`,
+        its `position` a `(class name, arguments)` entry or None.
 
     Example:
 
-    >>> rng = np.random.default_rng(0)
-    >>> qwen3 = {
-    ...     "model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 1,
-    ...     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-    ...     "rope_theta": 1000000.0,
+    >>> mistral = {
+    ...     "model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2,
+    ...     "num_attention_heads": 4, "num_key_value_heads": 2,
+    ...     "sliding_window": 4096,
     ... }
-    >>> state_dict = {
-    ...     "q_proj.weight": rng.normal(size=(32, 32)),
-    ...     "k_proj.weight": rng.normal(size=(16, 32)),
-    ...     "v_proj.weight": rng.normal(size=(16, 32)),
-    ...     "o_proj.weight": rng.normal(size=(32, 32)),
-    ...     "q_norm.weight": np.ones(8), "k_norm.weight": np.ones(8),
-    ... }
-    >>> attention = attention_from_hf(qwen3, state_dict)
-    >>> attention.num_key_value_heads, attention.qk_norm
-    (2, 'head')
-    >>> tuple(attention.key_dense.kernel.shape)
-    (32, 2, 8)
+    >>> hidden_size, arguments = attention_arguments(mistral)
+    >>> hidden_size, arguments["key_dim"], arguments["sliding_window"]
+    (64, 16, 4096)
+    >>> arguments["position"][0]
+    'RotaryEmbedding'
     """
-    import numpy as np
+    text, name, family = attention_family(config)
+    return family.arguments(family, config, text, name, layer_index)
 
+
+def attention_family(config):
+    """`(text, name, family)`: a config's text config, its name, its `FAMILIES` entry.
+
+    Raises a `ValueError` naming the families whose attention is read where
+    the config's is not one of them.
+    """
     _check_dict(config)
     text, name = text_config(config)
     model_type = text.get("model_type")
-    readable = (
-        _ATTENTION_MODEL_TYPES + tuple(_RELATIVE_ENCODERS) + ("deberta-v2", "t5", "mt5")
-    )
-    if model_type not in readable:
+    family = FAMILIES.get(model_type)
+    if family is None or family.arguments is None:
+        readable = [key for key, entry in FAMILIES.items() if entry.arguments]
         raise ValueError(
             "`attention_from_hf` builds the attention of "
-            f"{', '.join(map(repr, readable))} "
-            "models. Received: "
+            f"{', '.join(map(repr, readable))} models. Received: "
             f"{name} with model_type={model_type!r}"
         )
-    if model_type in _RELATIVE_ENCODERS:
-        return _relative_encoder_attention(text, name, model_type, state_dict)
-    if shared_position is not None and model_type not in ("deberta-v2", "t5", "mt5"):
-        raise ValueError(
-            "`shared_position` shares the one table of T5's relative bias or "
-            "DeBERTa's relative embeddings between layers; a "
-            f"{model_type} layer's position is its own. Received: "
-            f"shared_position={type(shared_position).__name__}"
-        )
-    if model_type == "deberta-v2":
-        return _deberta_attention(text, name, state_dict, shared_position)
-    if model_type in ("t5", "mt5"):
-        return _t5_attention(text, name, state_dict, shared_position)
+    return text, name, family
+
+
+def _sizes(family, text, name):
+    """`(hidden_size, heads, head_dim)` from the config keys `family.sizes` names."""
+    hidden_key, heads_key, head_key = family.sizes
+    hidden_size, heads = text.get(hidden_key), text.get(heads_key)
+    for key in family.sizes:
+        if key is not None:
+            ops.check_positive_int(f"{name}[{key!r}]", text.get(key))
+    if head_key is not None:
+        return hidden_size, heads, text[head_key]
+    return hidden_size, heads, hidden_size // heads
+
+
+def _decoder_arguments(family, config, text, name, layer_index):
+    """A decoder layer's attention: its position, heads, norms and window."""
     num_layers = text.get("num_hidden_layers")
     ops.check_positive_int(f"{name}['num_hidden_layers']", num_layers)
     if (
@@ -854,486 +809,399 @@ def attention_from_hf(config, state_dict, layer_index=0, shared_position=None):
             f"`layer_index` must be a layer of the model, 0 to {num_layers - 1}. "
             f"Received: layer_index={layer_index!r}"
         )
-    hidden_size = text.get("hidden_size")
-    heads = text.get("num_attention_heads")
-    for key, value in (("hidden_size", hidden_size), ("num_attention_heads", heads)):
-        ops.check_positive_int(f"{name}[{key!r}]", value)
-    key_value_heads = text.get("num_key_value_heads") or heads
-    head_dim = _head_dim(text, name)
-    llama4 = model_type in _LLAMA4_MODEL_TYPES
-    position = positions_per_layer(config)[layer_index]
+    hidden_size, heads, _ = _sizes(family, text, name)
+    position = position_arguments_per_layer(config)[layer_index]
     arguments = dict(
         num_heads=heads,
-        key_dim=head_dim,
-        num_key_value_heads=key_value_heads,
+        key_dim=_head_dim(text, name),
+        num_key_value_heads=text.get("num_key_value_heads") or heads,
         position=position,
-        use_bias=model_type == "qwen2" or bool(text.get("attention_bias", False)),
+        use_bias=family.bias
+        if family.bias is not None
+        else bool(text.get("attention_bias", False)),
     )
-    gemma3 = model_type in _GEMMA3_MODEL_TYPES
-    if gemma3 and text.get("attn_logit_softcapping") is not None:
-        raise ValueError(
-            "The attention's logits are capped (`attn_logit_softcapping`), which "
-            "PositionalMultiHeadAttention does not compute. Received: "
-            f"{name}['attn_logit_softcapping']={text['attn_logit_softcapping']!r}"
-        )
-    if model_type == "qwen3" or gemma3:
-        arguments.update(qk_norm="head", qk_norm_epsilon=text.get("rms_norm_eps", 1e-6))
-    if llama4 and text.get("use_qk_norm", True) and type(position).__name__ == "RotaryEmbedding":
+    for key, what in family.refused.items():
+        if text.get(key) is not None:
+            raise ValueError(
+                f"{what} (`{key}`), which PositionalMultiHeadAttention does not "
+                f"compute. Received: {name}[{key!r}]={text[key]!r}"
+            )
+    rope = position is not None and position[0] == "RotaryEmbedding"
+    if family.qk_norm and (
+        family.qk_norm_key is None or (text.get(family.qk_norm_key, True) and rope)
+    ):
         arguments.update(
-            qk_norm="head_unscaled",
-            qk_norm_after_position=True,
-            qk_norm_epsilon=text.get("rms_norm_eps", 1e-5),
+            family.qk_norm,
+            qk_norm_epsilon=text.get("rms_norm_eps", family.norm_epsilon),
         )
-    if llama4 and text.get("attention_chunk_size") and position is not None:
-        warnings.warn(
-            f"Llama 4's chunked attention ({name}['attention_chunk_size']="
-            f"{text['attention_chunk_size']}) is not applied: the attention is "
-            "exact for sequences up to that many tokens.",
-            stacklevel=2,
-        )
-    window = _sliding_window_of(text, model_type, layer_index)
+    for key, warning in family.unapplied.items():
+        if text.get(key) and position is not None:
+            warnings.warn(
+                warning.format(setting=f"{name}[{key!r}]={text[key]}"), stacklevel=4
+            )
+    window = family.sliding_window and family.sliding_window(text, layer_index)
     if window is not None:
         ops.check_positive_int(f"{name}['sliding_window']", window)
-        if "sliding_window" not in _multi_head_attention_arguments():
-            raise ValueError(
-                f"Layer {layer_index} of this {model_type} model attends over a "
-                f"sliding window of {window} tokens, which needs Keras 3.15 or "
-                f"later (`sliding_window=`): upgrade Keras. Received: Keras "
-                f"{keras.version()}"
-            )
         arguments["sliding_window"] = window
-    attention = keras.saving.get_registered_object(
-        "keras_posenc>PositionalMultiHeadAttention"
-    )(**arguments)
-    attention.build((None, None, hidden_size), (None, None, hidden_size))
-
-    weights = _layer_weights(state_dict)
-    projections = {
-        "query": (attention.query_dense, heads),
-        "key": (attention.key_dense, key_value_heads),
-        "value": (attention.value_dense, key_value_heads),
-        "output": (attention.output_dense, heads),
-    }
-    for hf_name, role in _PROJECTION_NAMES:
-        dense, count = projections[role]
-        kernel = weights.pop(f"{hf_name}.weight", None)
-        if kernel is None:
-            raise ValueError(
-                f"`state_dict` must hold {hf_name}.weight, the {role} projection. "
-                f"Received: keys {sorted(state_dict)}"
-            )
-        kernel = np.asarray(kernel, "float32")
-        if role == "output":
-            expected, shape = (hidden_size, heads * head_dim), (heads, head_dim, hidden_size)
-        else:
-            expected, shape = (count * head_dim, hidden_size), (hidden_size, count, head_dim)
-        if kernel.shape != expected:
-            raise ValueError(
-                f"`state_dict['{hf_name}.weight']` must have shape {expected} for "
-                f"this config. Received: shape {kernel.shape}"
-            )
-        # torch's `Linear` holds `(out, in)`; Keras' projections `(in, ...)`.
-        dense.kernel.assign(kernel.T.reshape(shape))
-        bias = weights.pop(f"{hf_name}.bias", None)
-        if attention.use_bias:
-            size = hidden_size if role == "output" else count * head_dim
-            bias = np.zeros(size, "float32") if bias is None else np.asarray(bias, "float32")
-            dense.bias.assign(bias if role == "output" else bias.reshape(count, head_dim))
-        elif bias is not None:
-            raise ValueError(
-                f"`state_dict` holds {hf_name}.bias, which this {model_type} "
-                "config's projections have none of (`attention_bias` false)."
-            )
-    for hf_name, role in (("q_norm.weight", "query"), ("k_norm.weight", "key")):
-        scale = weights.pop(hf_name, None)
-        if attention.qk_norm == "head":
-            if scale is None:
-                raise ValueError(
-                    f"`state_dict` must hold {hf_name}, the {role} norm's scale "
-                    f"of a {model_type} layer. Received: keys {sorted(state_dict)}"
-                )
-            scale = np.asarray(scale, "float32")
-            if gemma3:
-                # Gemma's RMSNorm scales by `1 + weight`, in float32.
-                scale = np.float32(1.0) + scale
-                if role == "query":
-                    # Its logits' scale, `query_pre_attn_scalar ** -0.5`,
-                    # where the layer's is `head_dim ** -0.5`.
-                    scalar = text.get("query_pre_attn_scalar", head_dim)
-                    scale = scale * np.float32(math.sqrt(head_dim / scalar))
-            getattr(attention, f"{role}_norm_scale").assign(scale)
-    _check_rotary_buffers(weights, position, head_dim)
-    if weights:
-        raise ValueError(
-            f"`state_dict` holds weights that a {model_type} attention layer "
-            f"has no place for: {sorted(weights)}"
-        )
-    return attention
+    return hidden_size, arguments
 
 
-def _check_rotary_buffers(weights, position, head_dim):
-    """Take RoPE's buffers (`rotary_emb.inv_freq`) out of `weights`, checked.
-
-    Older checkpoints (Llama 2's) save transformers' inverse frequencies
-    with each layer: they are no weight, but they must be the frequencies
-    that `position` computes, in the checkpoint's precision. A layer
-    without RoPE leaves them in `weights`, which have no place then.
-    """
-    import numpy as np
-
-    if type(position).__name__ != "RotaryEmbedding":
-        return
-    for name in [name for name in weights if name.split(".")[-1] == "inv_freq"]:
-        given = np.asarray(weights[name])
-        rotated = position.rotary_dim or head_dim
-        expected, _ = rope_scaling.rope_parameters(
-            position.scaling, rotated, position.max_wavelength
-        )
-        # Not Keras' conversion, which warns on PyTorch (NumPy 2's `copy`).
-        expected = _backend.static_value(expected)
-        # A checkpoint in float16 or bfloat16 rounds them to 8 or 11 bits.
-        half = given.dtype.itemsize <= 2
-        if given.shape != expected.shape or not np.allclose(
-            given.astype("float64"),
-            expected,
-            rtol=2.0**-8 if half else 1e-5,
-            atol=2.0**-24 if half else 0.0,
-        ):
-            raise ValueError(
-                f"`state_dict['{name}']` must be the inverse frequencies of "
-                f"this config's RoPE, {np.array2string(expected, precision=6)} "
-                f"(rope_theta={position.max_wavelength}, scaling="
-                f"{position.scaling}), which the layer computes. Received: "
-                f"{np.array2string(given.astype('float64'), precision=6)} of "
-                f"shape {given.shape}"
-            )
-        del weights[name]
-
-
-def _relative_encoder_attention(text, name, model_type, state_dict):
-    """`attention_from_hf` of a Transformer-XL encoder: Parakeet, Conformer, XLNet."""
-    import numpy as np
-
-    names, position_arguments = _RELATIVE_ENCODERS[model_type]
-    xlnet = model_type == "xlnet"
-    if model_type == "wav2vec2-conformer":
-        kind = text.get("position_embeddings_type", "relative")
-        if kind != "relative":
-            raise ValueError(
-                "`attention_from_hf` reads a Wav2Vec2-Conformer's relative "
-                "attention only. Received: "
-                f"{name}['position_embeddings_type']={kind!r}"
-            )
-    if xlnet:
-        hidden_size, heads = text.get("d_model"), text.get("n_head")
-        head_dim = text.get("d_head")
-        for key, value in (("d_model", hidden_size), ("n_head", heads), ("d_head", head_dim)):
-            ops.check_positive_int(f"{name}[{key!r}]", value)
-        clamp_len = text.get("clamp_len", -1)
-        if clamp_len is not None and clamp_len > 0:
-            position_arguments = dict(position_arguments, clamp_len=clamp_len)
-    else:
-        hidden_size, heads = text.get("hidden_size"), text.get("num_attention_heads")
-        for key, value in (("hidden_size", hidden_size), ("num_attention_heads", heads)):
-            ops.check_positive_int(f"{name}[{key!r}]", value)
-        head_dim = hidden_size // heads
-    weights = _layer_weights(state_dict, names + (_XLNET_OTHER_WEIGHTS if xlnet else ()))
-    query, key, value, output, position_kernel, content_bias, position_bias = names
-    # Parakeet's projections have biases as `attention_bias` says, the
-    # Conformer's always, XLNet's never.
-    use_bias = (not xlnet) and (
-        model_type == "wav2vec2-conformer" or bool(text.get("attention_bias", True))
-    )
-    attention = keras.saving.get_registered_object(
-        "keras_posenc>PositionalMultiHeadAttention"
-    )(
-        num_heads=heads,
-        key_dim=head_dim,
-        use_bias=use_bias,
-        position=keras.saving.get_registered_object(
-            "keras_posenc>TransformerXLPosition"
-        )(**position_arguments),
-    )
-    attention.build((None, None, hidden_size), (None, None, hidden_size))
-
-    def kernel_of(weight_name, heads_last):
-        """The weight as Keras' `(in, heads, dim)` or `(heads, dim, out)` kernel."""
-        array = _required(weights, weight_name)
-        if xlnet:
-            # XLNet's are `(d_model, heads, dim)` already.
-            return array if not heads_last else np.transpose(array, (1, 2, 0))
-        if heads_last:
-            return array.T.reshape(heads, head_dim, hidden_size)
-        return array.T.reshape(array.shape[1], heads, head_dim)
-
-    suffix = "" if xlnet else ".weight"
-    for dense, weight_name in (
-        (attention.query_dense, query),
-        (attention.key_dense, key),
-        (attention.value_dense, value),
+def _decoder_weights(family, text, arguments):
+    """A decoder layer's projections (`q_proj` ...) and its norms' scales."""
+    weights = []
+    for hf_name, role in (
+        ("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"), ("o_proj", "output")
     ):
-        _assign(dense.kernel, kernel_of(weight_name + suffix, False), weight_name)
-        if use_bias:
-            bias = _required(weights, f"{weight_name}.bias")
-            _assign(dense.bias, bias.reshape(heads, head_dim), f"{weight_name}.bias")
-    _assign(attention.output_dense.kernel, kernel_of(output + suffix, True), output)
-    if use_bias:
-        _assign(attention.output_dense.bias, _required(weights, f"{output}.bias"), f"{output}.bias")
-    scheme = attention.position
-    _assign(scheme.position_kernel, kernel_of(position_kernel + suffix, False), position_kernel)
-    _assign(scheme.content_bias, _required(weights, content_bias), content_bias)
-    _assign(scheme.position_bias, _required(weights, position_bias), position_bias)
-    for other in _XLNET_OTHER_WEIGHTS if xlnet else ():
-        weights.pop(other, None)
-    if weights:
-        raise ValueError(
-            f"`state_dict` holds weights that a {model_type} attention layer "
-            f"has no place for: {sorted(weights)}"
-        )
-    return attention
+        layout = "output" if role == "output" else "input"
+        weights.append(Weight(f"{hf_name}.weight", f"{role}_dense.kernel", layout))
+        if arguments["use_bias"]:
+            weights.append(
+                Weight(f"{hf_name}.bias", f"{role}_dense.bias", "reshape", "zeros")
+            )
+    if arguments.get("qk_norm") == "head":
+        head_dim = arguments["key_dim"]
+        scalar = text.get(family.query_scalar_key, head_dim)
+        for hf_name, role in (("q_norm", "query"), ("k_norm", "key")):
+            weights.append(
+                Weight(
+                    f"{hf_name}.weight",
+                    f"{role}_norm_scale",
+                    offset=family.norm_offset,
+                    scale=math.sqrt(head_dim / scalar) if role == "query" else 1.0,
+                )
+            )
+    return tuple(weights)
 
 
-def _check_shared(shared_position, position):
-    """`shared_position`, if it is a position of the config's kind and sizes, or None."""
-    if shared_position is None:
-        return None
-    if type(shared_position) is not type(position) or (
-        shared_position.get_config() | {"name": None}
-    ) != (position.get_config() | {"name": None}):
-        raise ValueError(
-            "`shared_position` must be the position of another layer of the "
-            f"same model: a {type(position).__name__} of the config's "
-            f"arguments. Received: shared_position={shared_position!r}"
-        )
-    return shared_position
+def _encoder_arguments(family, config, text, name, layer_index):
+    """Transformer-XL's relative attention of an encoder: Parakeet, Conformer, XLNet."""
+    for key, (value, default) in family.requires.items():
+        if text.get(key, default) != value:
+            raise ValueError(
+                f"`attention_from_hf` reads a {text['model_type']} attention with "
+                f"{key}={value!r} only. Received: {name}[{key!r}]="
+                f"{text.get(key, default)!r}"
+            )
+    hidden_size, heads, head_dim = _sizes(family, text, name)
+    kind, position = family.position
+    for key in family.position_keys:
+        # Read where positive (XLNet's `clamp_len`, -1 for none).
+        if (text.get(key) or 0) > 0:
+            position = dict(position, **{key: text[key]})
+    use_bias = family.bias
+    if use_bias is None:
+        use_bias = bool(text.get("attention_bias", True))
+    return hidden_size, dict(
+        num_heads=heads, key_dim=head_dim, use_bias=use_bias, position=(kind, position)
+    )
 
 
-def _deberta_attention(text, name, state_dict, shared_position=None):
-    """`attention_from_hf` of DeBERTa-v2's disentangled attention."""
-    hidden_size, heads = text.get("hidden_size"), text.get("num_attention_heads")
-    for key, value in (("hidden_size", hidden_size), ("num_attention_heads", heads)):
-        ops.check_positive_int(f"{name}[{key!r}]", value)
-    head_dim = text.get("attention_head_size") or hidden_size // heads
+def _encoder_weights(family, text, arguments):
+    """Transformer-XL's: the projections, the position's and the biases `u`, `v`."""
+    query, key, value, output, position_kernel, content_bias, position_bias = family.names
+    # XLNet's weights are `(d_model, heads, dim)` already, under bare names.
+    linear = family.sizes[0] == "hidden_size"
+    suffix = ".weight" if linear else ""
+    weights = [
+        Weight(f"{query}{suffix}", "query_dense.kernel", "input" if linear else "as_is"),
+        Weight(f"{key}{suffix}", "key_dense.kernel", "input" if linear else "as_is"),
+        Weight(f"{value}{suffix}", "value_dense.kernel", "input" if linear else "as_is"),
+        Weight(f"{output}{suffix}", "output_dense.kernel", "output" if linear else "heads_last"),
+        Weight(
+            f"{position_kernel}{suffix}",
+            "position.position_kernel",
+            "input" if linear else "as_is",
+        ),
+        Weight(content_bias, "position.content_bias"),
+        Weight(position_bias, "position.position_bias"),
+    ]
+    if arguments["use_bias"]:
+        for hf_name, role in ((query, "query"), (key, "key"), (value, "value")):
+            weights.append(Weight(f"{hf_name}.bias", f"{role}_dense.bias", "reshape"))
+        weights.append(Weight(f"{output}.bias", "output_dense.bias"))
+    return tuple(weights)
+
+
+def _deberta_arguments(family, config, text, name, layer_index):
+    """DeBERTa-v2's disentangled attention, with its relative embeddings."""
+    hidden_size, heads, head_dim = _sizes(family, text, name)
+    head_dim = text.get("attention_head_size") or head_dim
     terms = text.get("pos_att_type") or []
     if isinstance(terms, str):
         terms = [term for term in terms.lower().split("|") if term]
-    position = None
-    share = bool(text.get("share_att_key", False))
     norms = [
         part.strip() for part in str(text.get("norm_rel_ebd", "none")).lower().split("|")
     ]
+    position = None
     if text.get("relative_attention", False) and terms:
         max_relative = text.get("max_relative_positions", -1)
         if max_relative is None or max_relative < 1:
             max_relative = text.get("max_position_embeddings", 512)
-        position = keras.saving.get_registered_object(
-            "keras_posenc>DisentangledPosition"
-        )(
-            max_relative_positions=max_relative,
-            position_buckets=text.get("position_buckets", -1),
-            share_att_key=share,
-            pos_att_type=list(terms),
-            layer_norm="layer_norm" in norms,
-            layer_norm_epsilon=text.get("layer_norm_eps", 1e-7),
+        position = (
+            "DisentangledPosition",
+            dict(
+                max_relative_positions=max_relative,
+                position_buckets=text.get("position_buckets", -1),
+                share_att_key=bool(text.get("share_att_key", False)),
+                pos_att_type=list(terms),
+                layer_norm="layer_norm" in norms,
+                layer_norm_epsilon=text.get("layer_norm_eps", 1e-7),
+            ),
         )
-    shared = _check_shared(shared_position, position)
-    position = shared or position
-    attention = keras.saving.get_registered_object(
-        "keras_posenc>PositionalMultiHeadAttention"
-    )(num_heads=heads, key_dim=head_dim, position=position)
-    attention.build((None, None, hidden_size), (None, None, hidden_size))
-    weights = _layer_weights(state_dict, _DEBERTA_WEIGHTS)
+    return hidden_size, dict(num_heads=heads, key_dim=head_dim, position=position)
 
-    def heads_kernel(weight_name):
-        return _required(weights, weight_name).T.reshape(hidden_size, heads, head_dim)
 
-    def heads_bias(weight_name):
-        return _required(weights, weight_name).reshape(heads, head_dim)
+def _deberta_weights(family, text, arguments):
+    """DeBERTa-v2's projections, output, relative embeddings and their LayerNorm."""
+    weights = []
+    for hf_name, role in (("query_proj", "query"), ("key_proj", "key"), ("value_proj", "value")):
+        weights.append(Weight(f"{hf_name}.weight", f"{role}_dense.kernel", "input"))
+        weights.append(Weight(f"{hf_name}.bias", f"{role}_dense.bias", "reshape"))
+    weights.append(Weight("output.dense.weight", "output_dense.kernel", "output"))
+    weights.append(Weight("output.dense.bias", "output_dense.bias"))
+    if arguments["position"] is None:
+        return tuple(weights)
+    position = arguments["position"][1]
+    weights.append(Weight("rel_embeddings.weight", "position.embeddings"))
+    if position["layer_norm"]:
+        weights.append(Weight("encoder.LayerNorm.weight", "position.layer_norm_gamma"))
+        weights.append(Weight("encoder.LayerNorm.bias", "position.layer_norm_beta"))
+    if not position["share_att_key"]:
+        for term, role in (("c2p", "key"), ("p2c", "query")):
+            if term in position["pos_att_type"]:
+                weights.append(
+                    Weight(f"pos_{role}_proj.weight", f"position.pos_{role}_kernel", "input")
+                )
+                weights.append(
+                    Weight(f"pos_{role}_proj.bias", f"position.pos_{role}_bias", "reshape")
+                )
+    return tuple(weights)
 
-    for dense, weight_name in (
-        (attention.query_dense, "query_proj"),
-        (attention.key_dense, "key_proj"),
-        (attention.value_dense, "value_proj"),
-    ):
-        _assign(dense.kernel, heads_kernel(f"{weight_name}.weight"), weight_name)
-        _assign(dense.bias, heads_bias(f"{weight_name}.bias"), f"{weight_name}.bias")
-    output = _required(weights, "output.dense.weight")  # (hidden, heads * dim)
-    _assign(
-        attention.output_dense.kernel,
-        output.T.reshape(heads, head_dim, hidden_size),
-        "output.dense.weight",
+
+def _t5_arguments(family, config, text, name, layer_index):
+    """T5's self-attention, its relative bias inside, its projections unbiased."""
+    hidden_size, heads, head_dim = _sizes(family, text, name)
+    position = (
+        "RelativePositionBias",
+        dict(
+            num_heads=heads,
+            num_buckets=text.get("relative_attention_num_buckets", 32),
+            max_distance=text.get("relative_attention_max_distance", 128),
+            bidirectional=not text.get("is_decoder", False),
+        ),
     )
-    _assign(attention.output_dense.bias, _required(weights, "output.dense.bias"), "output.dense.bias")
-    if position is not None and shared is None:
-        _assign(position.embeddings, _required(weights, "rel_embeddings.weight"), "rel_embeddings")
-        if position.layer_norm:
-            _assign(position.layer_norm_gamma, _required(weights, "encoder.LayerNorm.weight"), "encoder.LayerNorm.weight")
-            _assign(position.layer_norm_beta, _required(weights, "encoder.LayerNorm.bias"), "encoder.LayerNorm.bias")
-        if not share:
-            for term, role in (("c2p", "key"), ("p2c", "query")):
-                if term in position.pos_att_type:
-                    weight_name = f"pos_{role}_proj"
-                    _assign(getattr(position, f"pos_{role}_kernel"), heads_kernel(f"{weight_name}.weight"), weight_name)
-                    _assign(getattr(position, f"pos_{role}_bias"), heads_bias(f"{weight_name}.bias"), f"{weight_name}.bias")
-    if shared is not None:
-        # The shared table is the other layer's; a copy given here is the same.
-        for other in ("rel_embeddings.weight", "encoder.LayerNorm.weight", "encoder.LayerNorm.bias"):
-            weights.pop(other, None)
-    for other in ("output.LayerNorm.weight", "output.LayerNorm.bias"):
-        weights.pop(other, None)
-    if weights:
-        raise ValueError(
-            "`state_dict` holds weights that a deberta-v2 attention layer has "
-            f"no place for: {sorted(weights)}"
-        )
-    return attention
-
-
-def _t5_attention(text, name, state_dict, shared_position=None):
-    """`attention_from_hf` of T5's self-attention, its relative bias inside."""
-    import numpy as np
-
-    hidden_size, heads, head_dim = text.get("d_model"), text.get("num_heads"), text.get("d_kv")
-    for key, value in (("d_model", hidden_size), ("num_heads", heads), ("d_kv", head_dim)):
-        ops.check_positive_int(f"{name}[{key!r}]", value)
-    position = keras.saving.get_registered_object("keras_posenc>RelativePositionBias")(
-        heads,
-        num_buckets=text.get("relative_attention_num_buckets", 32),
-        max_distance=text.get("relative_attention_max_distance", 128),
-        bidirectional=not text.get("is_decoder", False),
+    return hidden_size, dict(
+        num_heads=heads, key_dim=head_dim, position=position, use_bias=False
     )
-    shared = _check_shared(shared_position, position)
-    position = shared or position
-    attention = keras.saving.get_registered_object(
-        "keras_posenc>PositionalMultiHeadAttention"
-    )(num_heads=heads, key_dim=head_dim, position=position, use_bias=False)
-    attention.build((None, None, hidden_size), (None, None, hidden_size))
-    weights = _layer_weights(state_dict, ("q", "k", "v", "o", "relative_attention_bias"))
+
+
+def _t5_weights(family, text, arguments):
+    """T5's `q`, `k`, `v`, `o` and its relative bias."""
     # T5 does not scale its logits; the layer multiplies the queries by
     # `1 / sqrt(d_kv)`, which the query kernel undoes.
-    unscaled = np.float32(math.sqrt(head_dim))
-    for dense, weight_name, factor in (
-        (attention.query_dense, "q", unscaled),
-        (attention.key_dense, "k", 1.0),
-        (attention.value_dense, "v", 1.0),
-    ):
-        kernel = _required(weights, f"{weight_name}.weight")  # (heads * d_kv, d_model)
-        if kernel.shape != (heads * head_dim, hidden_size):
-            raise ValueError(
-                f"`state_dict['{weight_name}.weight']` must have shape "
-                f"{(heads * head_dim, hidden_size)} for this config. Received: "
-                f"shape {kernel.shape}"
-            )
-        _assign(dense.kernel, kernel.T.reshape(hidden_size, heads, head_dim) * factor, weight_name)
-    output = _required(weights, "o.weight")  # (d_model, heads * d_kv)
-    if output.shape != (hidden_size, heads * head_dim):
-        raise ValueError(
-            f"`state_dict['o.weight']` must have shape {(hidden_size, heads * head_dim)} "
-            f"for this config. Received: shape {output.shape}"
-        )
-    _assign(
-        attention.output_dense.kernel,
-        output.T.reshape(heads, head_dim, hidden_size),
-        "o.weight",
+    return (
+        Weight("q.weight", "query_dense.kernel", "input", scale=math.sqrt(arguments["key_dim"])),
+        Weight("k.weight", "key_dense.kernel", "input"),
+        Weight("v.weight", "value_dense.kernel", "input"),
+        Weight("o.weight", "output_dense.kernel", "output"),
+        Weight("relative_attention_bias.weight", "position.embeddings"),
     )
-    if shared is None:
-        _assign(
-            position.embeddings,
-            _required(weights, "relative_attention_bias.weight"),
-            "relative_attention_bias.weight",
-        )
-    else:
-        weights.pop("relative_attention_bias.weight", None)
-    if weights:
-        raise ValueError(
-            "`state_dict` holds weights that a T5 attention layer has no place "
-            f"for: {sorted(weights)}"
-        )
-    return attention
 
 
-def _required(weights, weight_name):
-    """`weights[weight_name]` as float32 NumPy, taken out, or a `ValueError`."""
-    import numpy as np
-
-    if weight_name not in weights:
-        raise ValueError(
-            f"`state_dict` must hold {weight_name}. Received: keys "
-            f"{sorted(weights)}"
-        )
-    return np.asarray(weights.pop(weight_name), "float32")
+def _sliding_window_everywhere(text, layer_index):
+    """Mistral's window: on every layer."""
+    return text.get("sliding_window")
 
 
-def _assign(variable, array, weight_name):
-    """`variable.assign(array)`, or a `ValueError` naming a weight of another shape."""
-    if tuple(array.shape) != tuple(variable.shape):
-        raise ValueError(
-            f"`state_dict['{weight_name}']` does not fit this config's "
-            f"{variable.path}, of shape {tuple(variable.shape)}. Received: "
-            f"shape {tuple(array.shape)}"
-        )
-    variable.assign(array)
+def _sliding_window_by_type(text, layer_index, pattern=None):
+    """The window of a `"sliding_attention"` layer, as `layer_types` says.
 
-
-def _sliding_window_of(text, model_type, layer_index):
-    """The layer's sliding window, as transformers reads the config, or None."""
+    Without `layer_types`, every `pattern`-th layer is full attention.
+    """
     window = text.get("sliding_window")
-    if model_type == "mistral":
-        return window
-    if model_type in _GEMMA3_MODEL_TYPES and window is not None:
-        layer_types = text.get("layer_types")
-        if layer_types is None:
-            # transformers' default: every `sliding_window_pattern`-th (6th)
-            # layer full, the others sliding.
-            pattern = text.get("sliding_window_pattern", 6)
-            return None if (layer_index + 1) % pattern == 0 else window
-        return window if layer_types[layer_index] == "sliding_attention" else None
-    if model_type not in ("qwen2", "qwen3") or window is None:
+    if window is None:
         return None
     layer_types = text.get("layer_types")
+    if layer_types is None and pattern is not None:
+        interval = text.get("sliding_window_pattern", pattern)
+        return None if (layer_index + 1) % interval == 0 else window
     if layer_types is not None:
         return window if layer_types[layer_index] == "sliding_attention" else None
+    return None
+
+
+def _qwen2_sliding_window(text, layer_index):
+    """Qwen2's and Qwen3's window: `layer_types`, else `max_window_layers` on."""
+    if text.get("sliding_window") is None or text.get("layer_types") is not None:
+        return _sliding_window_by_type(text, layer_index)
     if not text.get("use_sliding_window", False):
         return None
+    window = text["sliding_window"]
     return window if layer_index >= text.get("max_window_layers", 28) else None
 
 
-def _layer_weights(state_dict, names=None):
-    """`state_dict` keyed by the attention's own names, the model's prefix cut.
+def _gemma3_sliding_window(text, layer_index):
+    """Gemma 3's window: transformers' default, every 6th layer full."""
+    return _sliding_window_by_type(text, layer_index, pattern=6)
 
-    A key is cut to the one of `names` it ends with (`"r_w_bias"`,
-    `"q_proj"`, with `.weight` or `.bias` after it), or else to its last two
-    parts (`"q_proj.weight"`).
+
+def _no_rope_layers(config, name, num_layers, empty_is_default=False):
+    """`no_rope_layers` (1: RoPE, 0: none), by default every interval-th none.
+
+    SmolLM3 builds the default list when it is missing, Llama 4 also when
+    it is empty (`empty_is_default`).
     """
-    if not isinstance(state_dict, dict):
+    flags = config.get("no_rope_layers")
+    if flags is None or (not flags and empty_is_default):
+        interval = config.get("no_rope_layer_interval", 4)
+        ops.check_positive_int(f"{name}['no_rope_layer_interval']", interval)
+        return [(index + 1) % interval != 0 for index in range(num_layers)]
+    if (
+        not isinstance(flags, list)
+        or len(flags) < num_layers
+        or any(flag not in (0, 1) for flag in flags)
+    ):
         raise ValueError(
-            "`state_dict` must be a dict of weight names to arrays. Received: "
-            f"{type(state_dict).__name__}"
+            f"`{name}['no_rope_layers']` must list a 1 (RoPE) or a 0 (no "
+            f"RoPE) for each of the num_hidden_layers={num_layers} "
+            f"layers. Received: no_rope_layers={flags!r}"
         )
-    known = set()
-    for weight_name in names or ():
-        known.update((weight_name, f"{weight_name}.weight", f"{weight_name}.bias"))
-    weights = {}
-    for key, value in state_dict.items():
-        parts = str(key).split(".")
-        short = next(
-            (
-                ".".join(parts[-count:])
-                for count in (3, 2, 1)
-                if ".".join(parts[-count:]) in known
-            ),
-            ".".join(parts[-2:]),
-        )
-        if short in weights:
-            raise ValueError(
-                f"`state_dict` holds {short} twice (one layer's weights only). "
-                f"Received: keys {sorted(state_dict)}"
-            )
-        weights[short] = value
-    return weights
+    return [bool(flag) for flag in flags[:num_layers]]
 
 
-def _multi_head_attention_arguments():
-    import inspect
+def _llama4_rope_layers(config, name, num_layers):
+    """Llama 4's RoPE layers: `no_rope_layers`, its default also when empty."""
+    return _no_rope_layers(config, name, num_layers, empty_is_default=True)
 
-    return inspect.signature(keras.layers.MultiHeadAttention.__init__).parameters
+
+def _cohere2_rope_layers(config, name, num_layers):
+    """Cohere2's RoPE layers: its sliding-window ones, every 4th full by default."""
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        pattern = config.get("sliding_window_pattern", 4)
+        ops.check_positive_int(f"{name}['sliding_window_pattern']", pattern)
+        layer_types = [
+            "sliding_attention" if (index + 1) % pattern else "full_attention"
+            for index in range(num_layers)
+        ]
+    # Its attention rotates where it has a sliding window: the sliding
+    # layers', unless the config's window is null (4096 by default).
+    window = config.get("sliding_window", 4096)
+    return [
+        layer_type == "sliding_attention" and window is not None
+        for layer_type in layer_types
+    ]
+
+
+_DECODER = dict(
+    arguments=_decoder_arguments,
+    weights=_decoder_weights,
+    per_layer=True,
+    # The norms' scales of a layer without that norm are not read.
+    passed_over=("q_norm.weight", "k_norm.weight"),
+)
+_QWEN2 = Family(**_DECODER, bias=True, sliding_window=_qwen2_sliding_window)
+_GEMMA3 = Family(
+    **_DECODER,
+    qk_norm={"qk_norm": "head"},
+    # Gemma's RMSNorm scales by `1 + weight`, in float32, and its logits by
+    # `query_pre_attn_scalar ** -0.5`.
+    norm_offset=1.0,
+    query_scalar_key="query_pre_attn_scalar",
+    sliding_window=_gemma3_sliding_window,
+    refused={"attn_logit_softcapping": "The attention's logits are capped"},
+)
+_LLAMA4 = Family(
+    **_DECODER,
+    # Llama 4 multiplies adjacent features as complex numbers.
+    interleaved=True,
+    rope_layers=_llama4_rope_layers,
+    temperature=True,
+    # The L2 norm of the RoPE layers' queries and keys, after RoPE.
+    qk_norm={"qk_norm": "head_unscaled", "qk_norm_after_position": True},
+    qk_norm_key="use_qk_norm",
+    norm_epsilon=1e-5,
+    unapplied={
+        "attention_chunk_size": "Llama 4's chunked attention ({setting}) is not "
+        "applied: the attention is exact for sequences up to that many tokens."
+    },
+)
+_ENCODER = dict(
+    arguments=_encoder_arguments,
+    weights=_encoder_weights,
+    position=("TransformerXLPosition", {}),
+)
+_PARAKEET_NAMES = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "relative_k_proj", "bias_u", "bias_v"
+)
+_CONFORMER_NAMES = (
+    "linear_q", "linear_k", "linear_v", "linear_out", "linear_pos", "pos_bias_u",
+    "pos_bias_v",
+)
+_XLNET_NAMES = ("q", "k", "v", "o", "r", "r_w_bias", "r_r_bias")
+_XLNET_OTHER_WEIGHTS = ("r_s_bias", "seg_embed", "layer_norm.weight", "layer_norm.bias")
+_T5 = Family(
+    arguments=_t5_arguments,
+    weights=_t5_weights,
+    weight_names=("q", "k", "v", "o", "relative_attention_bias"),
+    shared_weights=("relative_attention_bias.weight",),
+    sizes=("d_model", "num_heads", "d_kv"),
+)
+
+# The model families, under transformers' `model_type`: their positions,
+# and for those with `arguments` their attention with its weights.
+FAMILIES = {
+    "llama": Family(**_DECODER),
+    "mistral": Family(**_DECODER, sliding_window=_sliding_window_everywhere),
+    # Biases on the query, key and value projections, none on the output.
+    "qwen2": _QWEN2,
+    "qwen3": dataclasses.replace(_QWEN2, bias=None, qk_norm={"qk_norm": "head"}),
+    "gemma3": _GEMMA3,
+    "gemma3_text": _GEMMA3,
+    "llama4": _LLAMA4,
+    "llama4_text": _LLAMA4,
+    "smollm3": Family(rope_layers=_no_rope_layers),
+    # Cohere's rotate_half takes x[..., ::2] and x[..., 1::2].
+    "cohere": Family(interleaved=True),
+    "cohere2": Family(interleaved=True, rope_layers=_cohere2_rope_layers),
+    "parakeet_encoder": Family(
+        **_ENCODER, names=_PARAKEET_NAMES, weight_names=_PARAKEET_NAMES
+    ),
+    "wav2vec2-conformer": Family(
+        **_ENCODER,
+        names=_CONFORMER_NAMES,
+        weight_names=_CONFORMER_NAMES,
+        bias=True,
+        requires={"position_embeddings_type": ("relative", "relative")},
+    ),
+    # XLNet's content stream, without the segment term (`seg_mat`) and the
+    # LayerNorm after the residual.
+    "xlnet": Family(
+        arguments=_encoder_arguments,
+        weights=_encoder_weights,
+        position=("TransformerXLPosition", {"pairing": "half"}),
+        position_keys=("clamp_len",),
+        names=_XLNET_NAMES,
+        weight_names=_XLNET_NAMES + _XLNET_OTHER_WEIGHTS,
+        bias=False,
+        sizes=("d_model", "n_head", "d_head"),
+        passed_over=_XLNET_OTHER_WEIGHTS,
+    ),
+    # The LayerNorm after the residual is not the attention's.
+    "deberta-v2": Family(
+        arguments=_deberta_arguments,
+        weights=_deberta_weights,
+        weight_names=(
+            "query_proj", "key_proj", "value_proj", "pos_key_proj", "pos_query_proj",
+            "output.dense", "rel_embeddings", "encoder.LayerNorm", "output.LayerNorm",
+        ),
+        passed_over=("output.LayerNorm.weight", "output.LayerNorm.bias"),
+        shared_weights=(
+            "rel_embeddings.weight", "encoder.LayerNorm.weight", "encoder.LayerNorm.bias"
+        ),
+    ),
+    "t5": _T5,
+    "mt5": _T5,
+}
+# Any other model: RoPE on every layer, its halves paired.
+_OTHER_FAMILY = Family()

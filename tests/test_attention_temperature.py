@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from keras_posenc import AttentionContext
-from keras_posenc import hf_config
+from keras_posenc import hf_attention
 from keras_posenc import AttentionTemperature
 from keras_posenc import PositionalMultiHeadAttention
 from keras_posenc import RotaryEmbedding
@@ -47,7 +47,7 @@ def torch_dense(weight):
 
 def llama4_attention(layer):
     """The Keras attention of fixture layer `layer` (0: RoPE, 1: none), from the config."""
-    position = hf_config.positions_per_layer(CONFIG)[layer]
+    position = hf_attention.positions_per_layer(CONFIG)[layer]
     attention = PositionalMultiHeadAttention(
         num_heads=HEADS, key_dim=HEAD_DIM, use_bias=False, position=position
     )
@@ -79,7 +79,7 @@ def logits(attention, tokens, query_positions, key_positions):
 
 
 def test_the_reader_gives_the_fixtures_layers():
-    rope, nope = hf_config.positions_per_layer(CONFIG)
+    rope, nope = hf_attention.positions_per_layer(CONFIG)
     assert isinstance(rope, RotaryEmbedding)
     assert (rope.pairing, rope.max_wavelength, rope.scaling) == ("interleaved", 10000.0, None)
     assert isinstance(nope, AttentionTemperature)

@@ -24,7 +24,7 @@ MODULES = sorted(
         for module in pkgutil.iter_modules(keras_posenc.ops.__path__)
         if not module.name.startswith("_")
     }
-    | {"keras_posenc.rope_scaling", "keras_posenc.hf_config"}
+    | {"keras_posenc.rope_scaling", "keras_posenc.hf_config", "keras_posenc.hf_attention"}
 )
 # The scheme protocol (its base and context) has no constructor arguments
 # of its own: its hooks' docstrings are checked instead.

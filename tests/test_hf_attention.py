@@ -1,4 +1,4 @@
-"""`hf_config.attention_from_hf` against transformers' own attention layers.
+"""`hf_attention.attention_from_hf` against transformers' own attention layers.
 
 `tests/fixtures/hf_attention.npz` holds what transformers' `LlamaAttention`
 (llama3 RoPE scaling), `Qwen2Attention`, `Qwen3Attention`,
@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_posenc import hf_attention
 from keras_posenc import hf_config
 from tests.backend import numpy
 
@@ -65,7 +66,7 @@ def layer_index_of(family):
 def built(family, prefix=""):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        return hf_config.attention_from_hf(
+        return hf_attention.attention_from_hf(
             config_of(family), state_dict_of(family, prefix), layer_index_of(family)
         )
 
@@ -170,7 +171,7 @@ def test_a_model_prefix_on_the_weights_is_cut():
 def test_llama4_chunked_attention_is_named_in_a_warning():
     config = dict(config_of("llama4_rope"), attention_chunk_size=8192)
     with pytest.warns(UserWarning, match="attention_chunk_size'\\]=8192"):
-        hf_config.attention_from_hf(config, state_dict_of("llama4_rope"))
+        hf_attention.attention_from_hf(config, state_dict_of("llama4_rope"))
 
 
 def llama3_inverse_frequencies(config):
@@ -200,7 +201,7 @@ def test_rope_buffers_in_the_state_dict_are_checked_and_skipped(dtype):
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        attention = hf_config.attention_from_hf(config, state_dict)
+        attention = hf_attention.attention_from_hf(config, state_dict)
     assert_close(
         attention(HIDDEN, HIDDEN, use_causal_mask=True), FIXTURE["llama3/full/output"]
     )
@@ -216,16 +217,16 @@ def test_rope_buffers_other_than_the_configs_raise_value_error_naming_them():
         ValueError,
         match=r"`state_dict\['rotary_emb.inv_freq'\]` must be the inverse frequencies",
     ):
-        hf_config.attention_from_hf(config, state_dict)
+        hf_attention.attention_from_hf(config, state_dict)
     wrong_size = dict(state_dict_of("llama3"), **{"rotary_emb.inv_freq": np.ones(8)})
     with pytest.raises(ValueError, match=r"of shape \(8,\)"):
-        hf_config.attention_from_hf(config, wrong_size)
+        hf_attention.attention_from_hf(config, wrong_size)
 
 
 def test_a_rope_buffer_on_a_layer_without_rope_has_no_place():
     state_dict = dict(state_dict_of("llama4_nope"), **{"rotary_emb.inv_freq": np.ones(4)})
     with pytest.raises(ValueError, match="has no place for: \\['rotary_emb.inv_freq'\\]"):
-        hf_config.attention_from_hf(
+        hf_attention.attention_from_hf(
             config_of("llama4_nope"), state_dict, layer_index_of("llama4_nope")
         )
 
@@ -244,18 +245,18 @@ def test_bad_config_or_weights_raise_value_error_naming_them(change, message):
     family = "qwen3" if "norm" in message else "llama3"
     config, state_dict = change(config_of(family), state_dict_of(family))
     with pytest.raises(ValueError, match=message):
-        hf_config.attention_from_hf(config, state_dict)
+        hf_attention.attention_from_hf(config, state_dict)
 
 
 def test_a_layer_past_the_model_raises_value_error_naming_it():
     with pytest.raises(ValueError, match="layer_index=2"):
-        hf_config.attention_from_hf(config_of("llama3"), state_dict_of("llama3"), 2)
+        hf_attention.attention_from_hf(config_of("llama3"), state_dict_of("llama3"), 2)
 
 
 def test_gemma_logit_soft_cap_raises_value_error_naming_it():
     config = dict(config_of("gemma3_full"), attn_logit_softcapping=50.0)
     with pytest.raises(ValueError, match="attn_logit_softcapping'\\]=50.0"):
-        hf_config.attention_from_hf(config, state_dict_of("gemma3_full"), 1)
+        hf_attention.attention_from_hf(config, state_dict_of("gemma3_full"), 1)
 
 
 # Transformer-XL's encoders, from `relative_attention.npz`
@@ -323,7 +324,7 @@ def relative_state_dict(name, arrays, prefix="encoder.layers.0.self_attn."):
 @pytest.mark.parametrize("name", ["parakeet", "w2v2_conformer", "xlnet", "xlnet_mems", "xlnet_clamp"])
 def test_transformer_xl_encoders_equal_their_references(name, masked):
     arrays, config = relative_case(name)
-    attention = hf_config.attention_from_hf(
+    attention = hf_attention.attention_from_hf(
         hf_config_of(name, config), relative_state_dict(name, arrays)
     )
     assert type(attention.position).__name__ == "TransformerXLPosition"
@@ -349,7 +350,7 @@ def test_conformer_with_rotary_positions_is_refused_by_name():
     arrays, config = relative_case("w2v2_conformer")
     hf = dict(hf_config_of("w2v2_conformer", config), position_embeddings_type="rotary")
     with pytest.raises(ValueError, match="position_embeddings_type'\\]='rotary'"):
-        hf_config.attention_from_hf(hf, relative_state_dict("w2v2_conformer", arrays))
+        hf_attention.attention_from_hf(hf, relative_state_dict("w2v2_conformer", arrays))
 
 
 DEBERTA_CASES = (
@@ -395,7 +396,7 @@ def deberta_inputs(name):
 @pytest.mark.parametrize("name", DEBERTA_CASES)
 def test_deberta_equals_transformers(name, masked):
     arrays, hf, state_dict = deberta_inputs(name)
-    attention = hf_config.attention_from_hf(hf, state_dict)
+    attention = hf_attention.attention_from_hf(hf, state_dict)
     assert attention.position.share_att_key == hf["share_att_key"]
     tokens = arrays["hidden_states"].astype("float32")
     allowed = arrays["mask/allowed"]
@@ -412,13 +413,13 @@ def test_deberta_of_a_whole_model_raises_value_error_naming_the_repeat():
         {key.replace("layer.0.", "layer.1."): value for key, value in state_dict.items()}
     )
     with pytest.raises(ValueError, match="twice"):
-        hf_config.attention_from_hf(hf, state_dict)
+        hf_attention.attention_from_hf(hf, state_dict)
 
 
 @pytest.mark.parametrize("family", ["t5_encoder", "t5_decoder"])
 def test_t5_equals_transformers(family):
     config = config_of(family)
-    attention = hf_config.attention_from_hf(config, state_dict_of(family))
+    attention = hf_attention.attention_from_hf(config, state_dict_of(family))
     causal = config["is_decoder"]
     assert attention.position.bidirectional == (not causal)
     output = attention(HIDDEN, HIDDEN, use_causal_mask=causal)
@@ -444,20 +445,20 @@ def test_t5_later_layer_takes_the_first_blocks_bias():
     weights = state_dict_of("t5_encoder", prefix="encoder.block.3.layer.0.SelfAttention.")
     bias = weights.pop("encoder.block.3.layer.0.SelfAttention.relative_attention_bias.weight")
     with pytest.raises(ValueError, match="relative_attention_bias.weight"):
-        hf_config.attention_from_hf(config, weights)
+        hf_attention.attention_from_hf(config, weights)
     weights["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = bias
-    attention = hf_config.attention_from_hf(config, weights)
+    attention = hf_attention.attention_from_hf(config, weights)
     assert_close(attention(HIDDEN, HIDDEN), FIXTURE["t5_encoder/full/output"])
 
 
 def test_t5_layers_share_the_first_blocks_bias():
     config = config_of("t5_encoder")
-    first = hf_config.attention_from_hf(config, state_dict_of("t5_encoder"))
+    first = hf_attention.attention_from_hf(config, state_dict_of("t5_encoder"))
     later_weights = {
         key: value for key, value in state_dict_of("t5_encoder").items()
         if not key.startswith("relative_attention_bias")
     }
-    later = hf_config.attention_from_hf(
+    later = hf_attention.attention_from_hf(
         config, later_weights, layer_index=1, shared_position=first.position
     )
     assert later.position is first.position
@@ -471,8 +472,8 @@ def test_t5_layers_share_the_first_blocks_bias():
 
 def test_deberta_layers_share_the_relative_embeddings():
     arrays, hf, state_dict = deberta_inputs("deberta_share_c2p_p2c")
-    first = hf_config.attention_from_hf(hf, state_dict)
-    later = hf_config.attention_from_hf(
+    first = hf_attention.attention_from_hf(hf, state_dict)
+    later = hf_attention.attention_from_hf(
         hf,
         {key: value for key, value in state_dict.items() if "encoder.rel" not in key},
         shared_position=first.position,
@@ -485,13 +486,40 @@ def test_deberta_layers_share_the_relative_embeddings():
 
 
 def test_a_shared_position_of_another_kind_raises_value_error_naming_it():
-    t5 = hf_config.attention_from_hf(config_of("t5_encoder"), state_dict_of("t5_encoder"))
+    t5 = hf_attention.attention_from_hf(config_of("t5_encoder"), state_dict_of("t5_encoder"))
     with pytest.raises(ValueError, match="shared_position=RelativePositionBias"):
-        hf_config.attention_from_hf(
+        hf_attention.attention_from_hf(
             config_of("llama3"), state_dict_of("llama3"), shared_position=t5.position
         )
     decoder = dict(config_of("t5_encoder"), is_decoder=True)
     with pytest.raises(ValueError, match="another layer of the same model"):
-        hf_config.attention_from_hf(
+        hf_attention.attention_from_hf(
             decoder, state_dict_of("t5_encoder"), shared_position=t5.position
         )
+
+
+def test_the_old_name_in_hf_config_warns_and_gives_the_same_layer():
+    with pytest.warns(DeprecationWarning, match="keras_posenc.hf_attention.attention_from_hf"):
+        old = hf_config.attention_from_hf(config_of("qwen3"), state_dict_of("qwen3"))
+    new = built("qwen3")
+    assert type(old.position) is type(new.position)
+    for old_weight, new_weight in zip(old.weights, new.weights, strict=True):
+        np.testing.assert_array_equal(numpy(old_weight), numpy(new_weight))
+    np.testing.assert_array_equal(
+        numpy(old(HIDDEN, HIDDEN, use_causal_mask=True)),
+        numpy(new(HIDDEN, HIDDEN, use_causal_mask=True)),
+    )
+    with pytest.warns(DeprecationWarning, match="keras_posenc.hf_attention.positions_per_layer"):
+        positions = hf_config.positions_per_layer(config_of("llama4_rope"))
+    assert [type(p) for p in positions] == [
+        type(p) for p in hf_attention.positions_per_layer(config_of("llama4_rope"))
+    ]
+
+
+def test_every_family_is_one_entry_that_the_loader_reads():
+    # The families whose attention is read are the registry's entries with
+    # `arguments`; a config of another model names them all.
+    readable = [key for key, family in hf_config.FAMILIES.items() if family.arguments]
+    assert {"llama", "gemma3", "llama4", "xlnet", "deberta-v2", "t5"} <= set(readable)
+    with pytest.raises(ValueError, match=", ".join(map(repr, readable))):
+        hf_attention.attention_from_hf({"model_type": "gpt2"}, {})

@@ -6,6 +6,7 @@ import pytest
 
 from keras_posenc import PositionalMultiHeadAttention
 from keras_posenc import RotaryEmbedding
+from keras_posenc import hf_attention
 from keras_posenc import hf_config
 from tests.test_rotary_grid import QWEN3_VL_TEXT
 
@@ -377,7 +378,7 @@ COHERE2 = {
 }
 
 
-positions_per_layer = hf_config.positions_per_layer
+positions_per_layer = hf_attention.positions_per_layer
 
 
 def test_the_attentions_old_name_warns_and_gives_the_same_layers():

@@ -1,3 +1,4 @@
+import ast
 import os
 import pathlib
 import re
@@ -183,6 +184,36 @@ def test_the_library_asks_the_backend_in_one_module():
             assert not re.search(
                 rf"^\s*(import|from) {library_name}\b", source, re.MULTILINE
             ), (path, library_name)
+
+
+def test_nothing_builds_a_layer_through_keras_registry():
+    # Layers are built where their class is imported, so that every
+    # dependency on them is an import.
+    for path in PACKAGE.rglob("*.py"):
+        assert "get_registered_object" not in path.read_text(), path
+
+
+def imported_modules(tree):
+    """The modules that the `import` statements of `tree` name."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def test_hf_config_reads_configs_below_the_layers():
+    # hf_config turns configs into arguments and imports no layer; its two
+    # deprecated names alone reach hf_attention, above, inside the call.
+    tree = ast.parse((PACKAGE / "hf_config.py").read_text())
+    module_level = [
+        node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+    ]
+    for name in imported_modules(ast.Module(body=module_level, type_ignores=[])):
+        assert not name.startswith(("keras_posenc.layers", "keras_posenc.hf_attention")), name
+        assert name.split(".")[0] != "keras", name
+    for name in imported_modules(tree):
+        assert not name.startswith("keras_posenc.layers"), name
 
 
 def test_the_library_never_imports_the_lab():

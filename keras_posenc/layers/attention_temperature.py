@@ -155,7 +155,7 @@ class AttentionTemperature(AttentionPosition):
         or another model's config that does not turn it on, is a
         `ValueError`: its layers without RoPE take `position=None`. The
         temperature serves the layers without RoPE only; see
-        `keras_posenc.hf_config.positions_per_layer` for the position of
+        `keras_posenc.hf_attention.positions_per_layer` for the position of
         every layer.
 
         Args:

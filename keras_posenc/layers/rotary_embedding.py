@@ -586,7 +586,7 @@ class RotaryEmbedding(AttentionPosition):
           and rotates its `rotary_dim` features. Llama 4 and Cohere
           (`"llama4"`, `"llama4_text"`, `"cohere"`, `"cohere2"`) pair them
           `"interleaved"` too. For a model that mixes layers with RoPE and
-          without, `keras_posenc.hf_config.positions_per_layer` gives each
+          without, `keras_posenc.hf_attention.positions_per_layer` gives each
           layer's position.
         - Some models give each layer type its own RoPE: a `rope_parameters`
           holding one dict per layer type (Gemma 3 as transformers 5 writes
