@@ -220,13 +220,9 @@ def mask_of(attention, attention_mask, context):
         # On a graph there are no positions to compare.
         return masks[0] if masks else None
     query_positions, key_positions = context.query_positions, context.key_positions
-    if context.cache_update_index is not None:
+    if context._cache is not None:
         # A slot after the last one written holds no key yet.
-        written = context.cache_update_index + keras.ops.shape(query_positions)[1]
-        slots = keras.ops.arange(
-            keras.ops.shape(key_positions)[1], dtype="int32"
-        )  # (key,)
-        masks.append((slots < written)[None, None, None])
+        masks.append(context._cache.written()[None, None, None])  # (1, 1, 1, key)
     window = attention.sliding_window
     if context.causal or window is not None:
         distance = ops.relative_position(
@@ -674,13 +670,11 @@ def flex(attention, query, key, value, attention_mask, context):
         )
 
     mask = None if attention_mask is None else _four_axes(attention_mask)
-    written = None
-    if context.cache_update_index is not None:
-        written = context.cache_update_index + query.shape[1]
+    cache = context._cache
     window = attention.sliding_window
     causal = context.causal
     mask_mod = band = None
-    if mask is not None or written is not None or causal or window is not None:
+    if mask is not None or cache is not None or causal or window is not None:
 
         def mask_mod(batch, head, query_index, key_index):
             allowed = key_index >= 0
@@ -695,8 +689,8 @@ def flex(attention, query, key, value, attention_mask, context):
                         key_index,
                     ),
                 )
-            if written is not None:
-                allowed = keras.ops.logical_and(allowed, key_index < written)
+            if cache is not None:
+                allowed = keras.ops.logical_and(allowed, cache.written_at(key_index))
             if causal or window is not None:
                 distance = context.key_position_at(
                     batch, key_index
@@ -712,7 +706,7 @@ def flex(attention, query, key, value, attention_mask, context):
         if (
             context.consecutive
             and mask is None
-            and (written is None or causal)
+            and (cache is None or causal)
             and (causal or window is not None)
         ):
             # The keys from 0, the queries from their first position on.

@@ -42,6 +42,7 @@ from typing import Any, Callable, Optional
 import keras
 
 from keras_posenc import ops
+from keras_posenc.layers._attention_cache import AttentionCache
 
 # The attention's sizes that `build_for_attention` records.
 SIZES = ("num_heads", "key_dim", "value_dim", "features")
@@ -109,9 +110,33 @@ class AttentionContext:
     project_key: Optional[Callable] = None
     consecutive: bool = False
     grid_shape: Optional[tuple] = None
+    # The attention's `AttentionCache`, which says which slots hold a key;
+    # for a context made with a `cache_update_index` alone, one made from
+    # it and the positions.
+    _cache: Optional[AttentionCache] = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
+
+    def __post_init__(self):
+        if self._cache is not None:
+            object.__setattr__(self, "cache_update_index", self._cache.update_index)
+        elif self.cache_update_index is not None and not (
+            self.query_positions is None or self.key_positions is None
+        ):
+            object.__setattr__(
+                self,
+                "_cache",
+                AttentionCache(
+                    update_index=self.cache_update_index,
+                    new_length=keras.ops.shape(self.query_positions)[1],
+                    slots=keras.ops.shape(self.key_positions)[1],
+                ),
+            )
 
     def replace(self, **changes):
         """A copy of this context with `changes` to its fields."""
+        if "cache_update_index" in changes:
+            changes.setdefault("_cache", None)  # made again from the new index
         return dataclasses.replace(self, **changes)
 
     def query_position_at(self, batch, index):

@@ -157,14 +157,10 @@ class ContextualPosition(AttentionPosition):
         counted = (
             ops.relative_position(context.query_positions, context.key_positions) <= 0
         )  # (batch or 1, query, key)
-        if context.cache_update_index is not None:
-            written = context.cache_update_index + keras.ops.shape(
-                context.query_positions
-            )[1]
-            slots = keras.ops.arange(
-                keras.ops.shape(context.key_positions)[1], dtype="int32"
-            )  # (key,)
-            counted = keras.ops.logical_and(counted, (slots < written)[None, None])
+        if context._cache is not None:
+            counted = keras.ops.logical_and(
+                counted, context._cache.written()[None, None]
+            )  # the slots written, (1, 1, key)
         return counted[:, None]
 
     def logits_bias(self, query, key, context):

@@ -9,6 +9,7 @@ import numpy as np
 from keras_posenc import hf_config
 from keras_posenc import ops
 from keras_posenc.layers import _attention_kernel
+from keras_posenc.layers._attention_cache import AttentionCache
 from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.layers.attention_position import AttentionPosition
 from keras_posenc.ops import _backend
@@ -772,10 +773,16 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         self._check_causal(use_causal_mask)
         start_index = 0
         if cache is not None:
-            cache, query, cache_update_index = self._check_cache(
-                cache, cache_update_index, query, value, key, value_mask, key_mask
+            cache, query = AttentionCache.checked(
+                self,
+                cache,
+                cache_update_index,
+                query,
+                value if key is None else key,
+                value_mask is not None or key_mask is not None,
+                _describe(self.position),
             )
-            start_index = cache_update_index
+            start_index = cache.update_index
         keys = value if key is None else key
         past_int32 = []
         if on_graph:
@@ -787,7 +794,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             # With a cache the keys are its slots, `0 .. slots - 1`.
             key_positions = self._positions(
                 key_positions,
-                keys if cache is None else cache[:, 0],
+                keys if cache is None else cache.keys,
                 "key_positions",
                 past_int32,
             )  # (batch or 1, key[, num_axes])
@@ -796,7 +803,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             key_positions=key_positions,
             adjacency=adjacency if on_graph else None,
             causal=bool(use_causal_mask),
-            cache_update_index=cache_update_index,
+            _cache=cache,
             project_query=_query_projection(self),
             project_key=_key_projection(self),
             # The defaults on one axis, 0 .. length - 1 for queries and
@@ -833,7 +840,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if return_attention_scores:
             outputs += (scores,)
         if cache is not None:
-            outputs += (cache,)
+            outputs += (cache.tensor,)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def _check_features(self, query, value, key):
@@ -977,98 +984,6 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             )
         return True
 
-    def _check_cache(
-        self, cache, cache_update_index, query, value, key, value_mask, key_mask
-    ):
-        """`(cache, query, cache_update_index)`, once they fit this layer and call.
-
-        The cache as a tensor; where the index is read at run time and
-        compiled code cannot raise, the index clipped into the slots and,
-        for one that does not fit, the cache and the queries NaN.
-        """
-        cache = keras.ops.convert_to_tensor(cache)
-        expected = (2, self.num_key_value_heads, self.key_dim)
-        if self.value_dim != self.key_dim:
-            raise ValueError(
-                "A `cache` holds keys and values in one tensor of shape "
-                "(batch, 2, slots, num_key_value_heads, key_dim), as "
-                "keras-hub's CachedMultiHeadAttention does: it needs value_dim equal to "
-                f"key_dim. Received: key_dim={self.key_dim}, "
-                f"value_dim={self.value_dim}"
-            )
-        if len(cache.shape) != 5 or (
-            tuple(cache.shape[i] for i in (1, 3, 4)) != expected
-        ):
-            raise ValueError(
-                "`cache` must have shape (batch, 2, slots, "
-                "num_key_value_heads, key_dim), here (batch, 2, slots, "
-                f"{self.num_key_value_heads}, {self.key_dim}): keys at index "
-                "0 of axis 1, values at 1. Received: cache of shape "
-                f"{tuple(cache.shape)}"
-            )
-        if self.position is not None and self.position.num_prefix_tokens:
-            raise ValueError(
-                "A `cache` holds tokens that all have positions: it needs a "
-                f"`position` without prefix tokens. Received: "
-                f"{_describe(self.position)}"
-            )
-        if value_mask is not None or key_mask is not None:
-            raise ValueError(
-                "With a `cache`, the keys are the cache's slots, which a mask "
-                "of the new `value` or `key` does not cover: pass "
-                "`attention_mask` of shape (batch, query, slots) instead. "
-                "Received: a Keras mask on `value` or `key` (`value_mask` or "
-                "`key_mask`)"
-            )
-        if cache_update_index is None:
-            raise ValueError(
-                "A `cache` needs `cache_update_index`, the slot where the new "
-                "keys and values go (the number of tokens cached before "
-                "them). Received: cache_update_index=None"
-            )
-        ops.check_integer_scalar("cache_update_index", cache_update_index)
-        new_keys = value if key is None else key  # (batch, new, features)
-        new = new_keys.shape[1]
-        slots = cache.shape[2]
-        if isinstance(cache_update_index, numbers.Integral) and (
-            cache_update_index < 0
-            or (
-                new is not None
-                and slots is not None
-                and cache_update_index + new > slots
-            )
-        ):
-            raise ValueError(
-                "`cache_update_index` plus the new tokens must fit the "
-                f"cache's {slots} slots. Received: "
-                f"cache_update_index={cache_update_index} with {new} new tokens"
-            )
-        if keras.ops.is_tensor(cache_update_index):
-            # Read at run time; an index past the slots would otherwise be
-            # moved back by the update, silently. Compiled code cannot
-            # raise: there the index is clipped into the slots, the queries
-            # and the cache made NaN, so that the outputs show it.
-            index = keras.ops.cast(cache_update_index, "int32")
-            last = keras.ops.shape(cache)[2] - keras.ops.shape(new_keys)[1]
-            fits = keras.ops.logical_and(0 <= index, index <= last)
-            message = (
-                "`cache_update_index` must be at least 0, and plus the new "
-                "tokens fit the cache's slots"
-            )
-            cache = _backend.checked_or_nan(cache, fits, message)
-            query = _backend.checked_or_nan(query, fits, message)
-            cache_update_index = keras.ops.clip(
-                index, 0, keras.ops.maximum(last, 0)
-            )
-        if query.shape[1] is not None and new is not None and query.shape[1] != new:
-            raise ValueError(
-                "With a `cache`, the queries are the new tokens whose keys and "
-                "values are written: `query` and `value` need the same "
-                f"length. Received: query of shape {tuple(query.shape)} and "
-                f"value of shape {tuple(new_keys.shape)}"
-            )
-        return cache, query, cache_update_index
-
     def _attend(
         self, query, keys, value, mask, context, cache, training, returns_scores
     ):
@@ -1081,14 +996,14 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             mask: None, or the masks combined, `(batch, query, key)` or
                 `(batch, heads | 1, query, key)`.
             context: the call's `AttentionContext`.
-            cache: None, or the checked cache.
+            cache: None, or the call's `AttentionCache`.
             training: bool or None.
             returns_scores: bool.
 
         Returns:
             `(output, scores, cache)`: the output, `(batch, query,
             features)`; the weights, `(batch, heads, query, key)`, or None
-            unless `returns_scores`; the updated cache, or None.
+            unless `returns_scores`; the updated `AttentionCache`, or None.
         """
         # The masks are in `mask`; the projections take none and would
         # warn that they drop those the inputs carry. Keras' `__call__`
@@ -1176,25 +1091,19 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             `(query, key, value, cache)`: the transformed queries, `(batch,
             query, heads, key_dim)`, the cache's keys and values after the
             update, `(batch, slots, heads, dim)` each, and the updated
-            cache, `(batch, 2, slots, num_key_value_heads, key_dim)`.
+            `AttentionCache`.
         """
-        index = context.cache_update_index
         if self.position is not None:
-            # A gather, not a slice: XLA would compile a slice again for
-            # every start it reads at run time.
-            written = keras.ops.take(
-                context.key_positions,
-                ops.position_ids(keras.ops.shape(key)[1], index),
-                axis=1,
+            written = cache.new_positions(
+                context.key_positions
             )  # the slots' positions, (batch or 1, new[, num_axes])
             query, key = _attention_kernel.transformed(
                 self.position, query, key, context.replace(key_positions=written)
             )
         if self.qk_norm is not None and self.qk_norm_after_position:
             query, key = self._qk_normalized(query, key)
-        updates = keras.ops.stack([key, value], axis=1)  # (batch, 2, new, heads, dim)
-        cache = keras.ops.slice_update(cache, [0, 0, index, 0, 0], updates)
-        return query, cache[:, 0], cache[:, 1], cache
+        cache = cache.updated(key, value)
+        return query, cache.keys, cache.values, cache
 
     def compute_output_spec(
         self,
