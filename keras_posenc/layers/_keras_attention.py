@@ -24,7 +24,8 @@ keras-hub's `CachedMultiHeadAttention` does, with Keras' own sublayers:
   would move in saved files.
 
 With neither a position nor positions nor a cache, the call is Keras' own
-(`keras_call`).
+(`keras_call`). The position's config is serialized here too, where Keras
+keeps no public word of whether it is saving (`saving_shares_objects`).
 """
 
 import functools
@@ -217,3 +218,43 @@ def saving_shares_objects():
     keras.saving.serialize_keras_object(_SHARING_PROBE)
     again = keras.saving.serialize_keras_object(_SHARING_PROBE)
     return "shared_object_id" in again
+
+
+def serialize_position(position):
+    """The config of the attention's `position`, or None."""
+    if position is None:
+        return None
+    config = keras.saving.serialize_keras_object(position)
+    if saving_shares_objects():
+        # Keras marks an object's config with a `shared_object_id` when it
+        # serializes the object again, and loading makes one object of the
+        # configs so marked; but the first attention's config is copied
+        # before a second attention serializes the position. Marked here
+        # from the first, a position serving several attention layers (a
+        # table shared by the layers, as Graphormer's) loads as one.
+        config["shared_object_id"] = id(position)
+    return config
+
+
+def deserialize_position(config):
+    """The attention's `position` from its config, unbuilt, or None."""
+    if config is None:
+        return None
+    # Built by the attention's `build`, under its name scope, as when first
+    # made: built on deserialization, its weights would lose the
+    # attention's prefix.
+    config = {key: value for key, value in config.items() if key != "build_config"}
+    try:
+        return keras.saving.deserialize_keras_object(config)
+    except TypeError as error:
+        # Keras imports no package to find a class but its own.
+        if "Could not locate" not in str(error):
+            raise
+        name = config.get("registered_name", config.get("class_name"))
+        raise TypeError(
+            f"`position` of this attention is {name!r}, which Keras "
+            "does not know: import the module that registers it (with "
+            "`keras.saving.register_keras_serializable`) before "
+            "loading, or pass it in `custom_objects`. Keras imports no "
+            f"package to find a class but its own. Keras said: {error}"
+        ) from None

@@ -600,46 +600,13 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         config["qk_norm"] = self.qk_norm
         config["qk_norm_after_position"] = self.qk_norm_after_position
         config["qk_norm_epsilon"] = self.qk_norm_epsilon
-        config["position"] = None
-        if self.position is not None:
-            config["position"] = keras.saving.serialize_keras_object(self.position)
-            if _keras_attention.saving_shares_objects():
-                # Keras marks an object's config with a `shared_object_id`
-                # when it serializes the object again, and loading makes one
-                # object of the configs so marked; but the first attention's
-                # config is copied before a second attention serializes the
-                # position. Marked here from the first, a position serving
-                # several attention layers (a table shared by the layers, as
-                # Graphormer's) loads as one.
-                config["position"]["shared_object_id"] = id(self.position)
+        config["position"] = _keras_attention.serialize_position(self.position)
         return config
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
-        if config.get("position") is not None:
-            # Built by `build`, under this layer's name scope, as when first
-            # made: built on deserialization, its weights would lose the
-            # attention's prefix.
-            position = {
-                key: value
-                for key, value in config["position"].items()
-                if key != "build_config"
-            }
-            try:
-                config["position"] = keras.saving.deserialize_keras_object(position)
-            except TypeError as error:
-                # Keras imports no package to find a class but its own.
-                if "Could not locate" not in str(error):
-                    raise
-                name = position.get("registered_name", position.get("class_name"))
-                raise TypeError(
-                    f"`position` of this attention is {name!r}, which Keras "
-                    "does not know: import the module that registers it (with "
-                    "`keras.saving.register_keras_serializable`) before "
-                    "loading, or pass it in `custom_objects`. Keras imports no "
-                    f"package to find a class but its own. Keras said: {error}"
-                ) from None
+        config["position"] = _keras_attention.deserialize_position(config.get("position"))
         return super().from_config(config)
 
     @staticmethod
