@@ -382,7 +382,7 @@ positions_per_layer = hf_attention.positions_per_layer
 
 
 def test_the_attentions_old_name_warns_and_gives_the_same_layers():
-    with pytest.warns(DeprecationWarning, match="hf_config.positions_per_layer"):
+    with pytest.warns(DeprecationWarning, match="hf_attention.positions_per_layer"):
         old = PositionalMultiHeadAttention.positions_from_hf_config(LLAMA4_SCOUT)
     new = positions_per_layer(LLAMA4_SCOUT)
     assert [type(p) for p in old] == [type(p) for p in new]

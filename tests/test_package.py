@@ -159,7 +159,8 @@ def test_the_install_lines_are_readmes():
 
 def test_no_module_imports_keras_private_modules():
     # Keras' private names are read in one place, the attention layer's
-    # module, through its public classes; nothing imports `keras.src`.
+    # `layers/_keras_attention.py`, through its public classes; nothing
+    # imports `keras.src`.
     package = pathlib.Path(keras_posenc.__file__).parent
     for path in package.rglob("*.py"):
         assert "keras.src" not in path.read_text(), path

@@ -1,8 +1,9 @@
 """The attention's kernel: one reference, and its fast paths chosen in one place.
 
-`PositionalMultiHeadAttention` hands its projected, transformed and scaled
-heads here with the call's `AttentionContext`; `attend` asks `PATHS` in
-order, with one `Capabilities` of the backend and its device and what the
+`PositionalMultiHeadAttention` hands its projected heads here with the
+call's `AttentionContext`: `heads` normalises (`qk_norm`), transforms (the
+scheme's `transform_query_key`) and scales them in one step, and `attend`
+asks `PATHS` in order, with one `Capabilities` of the backend and its device and what the
 scheme contributes (`AttentionPosition.contributions`), and runs the first
 that accepts the call:
 
@@ -24,6 +25,7 @@ that accepts the call:
 
 import dataclasses
 import functools
+import math
 import numbers
 
 import keras
@@ -82,6 +84,7 @@ class Attention:
         flash_attention: bool. Whether the user asked for flash attention.
         sliding_window: None, or the window's size (Keras 3.15 and later).
         scores_dtype: the dtype of the scores returned.
+        qk_norm: None, or the layer's `QKNorm`.
     """
 
     position: object
@@ -90,6 +93,47 @@ class Attention:
     flash_attention: bool
     sliding_window: object
     scores_dtype: str
+    qk_norm: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class QKNorm:
+    """The attention's `qk_norm`: queries and keys over their root mean square.
+
+    Attributes:
+        kind: `"head"` or `"head_unscaled"`, over each head's features;
+            `"projection"`, over all the heads' features at once.
+        epsilon: float. Added to the mean square.
+        after_position: bool. Whether after the scheme's transform of the
+            queries and keys rather than before.
+        query_scale: None, or the queries' learned scale, `(key_dim,)` or
+            `(heads, key_dim)`.
+        key_scale: None, or the keys' learned scale, likewise.
+    """
+
+    kind: str
+    epsilon: float
+    after_position: bool
+    query_scale: object = None
+    key_scale: object = None
+
+    def __call__(self, query, key):
+        """The queries and keys divided by their root mean square, times the scales.
+
+        In float32, the scale too, then cast back, as Hugging Face's
+        `Qwen3RMSNorm` and `Olmo2RMSNorm` compute it in float32 models.
+        """
+        axes = (-2, -1) if self.kind == "projection" else (-1,)
+
+        def normalized(x, scale):
+            x32 = keras.ops.cast(x, "float32")
+            mean_square = keras.ops.mean(keras.ops.square(x32), axis=axes, keepdims=True)
+            x32 = x32 * keras.ops.rsqrt(mean_square + self.epsilon)
+            if scale is not None:
+                x32 = x32 * scale
+            return keras.ops.cast(x32, x.dtype)
+
+        return normalized(query, self.query_scale), normalized(key, self.key_scale)
 
 
 def _shape_text(shape):
@@ -117,6 +161,40 @@ def transformed(position, query, key, context):
                 f"Received: {name} of shape {_shape_text(returned.shape)}"
             )
     return outputs
+
+
+def heads(attention, query, key, context):
+    """The projected queries and keys as the logits read them, in one step.
+
+    Normalised by `attention.qk_norm` before the scheme's
+    `transform_query_key` (`transformed`), or after it where the norm says
+    so; then the queries multiplied by the scheme's `logits_scale`
+    (`scaled`).
+
+    Returns:
+        `(query, key)`, of the shapes given: `(batch, query, heads,
+        key_dim)` and `(batch, key, key/value heads, key_dim)`.
+    """
+    norm = attention.qk_norm
+    if norm is not None and not norm.after_position:
+        query, key = norm(query, key)
+    if attention.position is not None:
+        query, key = transformed(attention.position, query, key, context)
+    if norm is not None and norm.after_position:
+        query, key = norm(query, key)
+    return scaled(attention, query), key
+
+
+def scaled(attention, query):
+    """The queries times the scheme's `logits_scale`, `1 / sqrt(key_dim)` without one."""
+    position = attention.position
+    key_dim = query.shape[-1]
+    scale = (
+        1.0 / math.sqrt(key_dim)
+        if position is None
+        else checked_scale(position, position.logits_scale(key_dim))
+    )
+    return query * keras.ops.cast(scale, query.dtype)
 
 
 def checked_bias(position, bias, query, key):
