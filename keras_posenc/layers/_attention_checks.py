@@ -184,6 +184,37 @@ def check_mask(name, mask, inputs, axis_name, meaning):
     )
 
 
+def check_attention_mask(attention_mask, query, keys_length):
+    """A `ValueError` unless `attention_mask` fits the queries and keys."""
+    _checks.check_not_text("attention_mask", attention_mask, "bools (or 0 and 1)")
+    shape = tuple(attention_mask.shape)
+    batch_size, queries = query.shape[0], query.shape[1]
+    if len(shape) not in (2, 3, 4) or (
+        None not in (queries, shape[-2]) and shape[-2] not in (queries, 1)
+    ) or (None not in (keys_length, shape[-1]) and shape[-1] != keys_length) or (
+        len(shape) > 2 and None not in (batch_size, shape[0])
+        and shape[0] not in (batch_size, 1)
+    ):
+        raise ValueError(
+            "`attention_mask` must have shape (query, key), (batch, query, "
+            "key) or (batch, heads or 1, query, key), here "
+            f"batch={batch_size}, query={queries} and key={keys_length}, "
+            "True where a query may attend to a key; for a padding mask of "
+            "the keys, (batch, key), pass `value_mask` or mask the inputs. "
+            f"Received: attention_mask of shape {shape}"
+        )
+
+
+def check_cache_index(cache, cache_update_index):
+    """A `ValueError` for a `cache_update_index` without a `cache`."""
+    if cache is None and cache_update_index is not None:
+        raise ValueError(
+            "`cache_update_index` says where to write in a `cache`: it "
+            "needs one. Received: cache=None with "
+            f"cache_update_index={cache_update_index!r}"
+        )
+
+
 def check_key_masks(keys, value_mask, key_mask):
     """A `ValueError` naming `value_mask` or `key_mask` unless `(batch, key)`."""
     for name, mask in (("value_mask", value_mask), ("key_mask", key_mask)):

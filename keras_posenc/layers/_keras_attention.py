@@ -184,6 +184,40 @@ def keras_call(layer, call, query, value, use_causal_mask, **arguments):
     return call(query, value, **arguments)
 
 
+def with_query_mask(attention_mask, query_mask, query, keys, cache):
+    """`attention_mask`, checked, with the rows of `query_mask` in it.
+
+    Keras' `call` reads the queries' mask from the tensor alone and drops
+    the `query_mask` argument; here a query it masks attends to no key, as
+    one whose tensor carries that mask. The keys are `keys`' tokens, or
+    with a `cache` (the caller's tensor, not yet checked) its slots.
+    """
+    if attention_mask is not None:
+        attention_mask = keras.ops.convert_to_tensor(attention_mask)
+        _attention_checks.check_attention_mask(
+            attention_mask, query, keys.shape[1] if cache is None else cache.shape[2]
+        )
+    if query_mask is None:
+        return attention_mask
+    query_mask = keras.ops.convert_to_tensor(query_mask)
+    _attention_checks.check_mask(
+        "query_mask", query_mask, query, "query", "the queries that attend"
+    )
+    keys_length = (
+        keras.ops.shape(keys)[1] if cache is None else keras.ops.shape(cache)[2]
+    )
+    rows = keras.ops.broadcast_to(
+        keras.ops.cast(query_mask, "bool")[:, :, None],
+        (keras.ops.shape(query)[0], keras.ops.shape(query)[1], keys_length),
+    )  # (batch, query, key)
+    if attention_mask is None:
+        return rows
+    attention_mask = keras.ops.cast(attention_mask, "bool")
+    if len(attention_mask.shape) == 4:
+        rows = rows[:, None]  # (batch, 1, query, key)
+    return keras.ops.logical_and(attention_mask, rows)  # batch first
+
+
 def combined_mask(attention_mask, value_mask, key_mask):
     """The keys' masks and `attention_mask`, combined as Keras combines them.
 

@@ -1,4 +1,3 @@
-import numbers
 import warnings
 
 import keras
@@ -9,17 +8,14 @@ from keras_posenc.layers import _attention_kernel
 from keras_posenc.layers import _attention_positions
 from keras_posenc.layers import _keras_attention
 from keras_posenc.layers._attention_cache import AttentionCache
-from keras_posenc.layers._attention_checks import check_mask as _check_mask
 from keras_posenc.layers._attention_checks import describe as _describe
-from keras_posenc.layers.attention_position import AttentionContext
 from keras_posenc.ops import _backend
-from keras_posenc.ops import _checks
 
-# The checks of the arguments and inputs are in `_attention_checks` (the
-# cache's check and the queries' mask read two of them here), the positions
-# in `_attention_positions`, the private parts of Keras this layer reads in
-# `_keras_attention` (with the Keras versions that have them), and the
-# attention itself in `_attention_kernel`.
+# The checks of the arguments and inputs are in `_attention_checks`, the
+# positions in `_attention_positions`, the key/value cache in
+# `_attention_cache`, the private parts of Keras this layer reads in
+# `_keras_attention` (with the Keras versions that have them, and the
+# masks in Keras' order), and the attention itself in `_attention_kernel`.
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -236,15 +232,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             _attention_checks.check_key_masks(
                 value if key is None else key, value_mask, key_mask
             )
-        attention_mask = self._with_query_mask(
+        attention_mask = _keras_attention.with_query_mask(
             attention_mask, query_mask, query, value if key is None else key, cache
         )
-        if cache is None and cache_update_index is not None:
-            raise ValueError(
-                "`cache_update_index` says where to write in a `cache`: it "
-                "needs one. Received: cache=None with "
-                f"cache_update_index={cache_update_index!r}"
-            )
+        _attention_checks.check_cache_index(cache, cache_update_index)
         on_graph = _attention_checks.check_graph(
             self.position, adjacency, query, value, key, query_positions,
             key_positions, cache,
@@ -297,7 +288,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 _keras_attention.key_projection(self),
             ),
         )
-        # `attention_mask` holds the queries' mask (`_with_query_mask`).
+        # `attention_mask` holds the queries' mask (`with_query_mask`).
         mask = _keras_attention.combined_mask(attention_mask, value_mask, key_mask)
         output, scores, cache = self._attend(
             query, keys, value, mask, context, cache, training, return_attention_scores
@@ -309,54 +300,6 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if cache is not None:
             outputs += (cache.tensor,)
         return outputs[0] if len(outputs) == 1 else outputs
-
-    def _with_query_mask(self, attention_mask, query_mask, query, keys, cache):
-        """`attention_mask`, checked, with the rows of `query_mask` in it.
-
-        Keras' `call` reads the queries' mask from the tensor alone and
-        drops the `query_mask` argument; here a query it masks attends to
-        no key, as one whose tensor carries that mask.
-        """
-        batch_size = query.shape[0]
-        if attention_mask is not None:
-            attention_mask = keras.ops.convert_to_tensor(attention_mask)
-            _checks.check_not_text("attention_mask", attention_mask, "bools (or 0 and 1)")
-            shape = tuple(attention_mask.shape)
-            queries = query.shape[1]
-            keys_length = keys.shape[1] if cache is None else cache.shape[2]
-            if len(shape) not in (2, 3, 4) or (
-                None not in (queries, shape[-2]) and shape[-2] not in (queries, 1)
-            ) or (None not in (keys_length, shape[-1]) and shape[-1] != keys_length) or (
-                len(shape) > 2 and None not in (batch_size, shape[0])
-                and shape[0] not in (batch_size, 1)
-            ):
-                raise ValueError(
-                    "`attention_mask` must have shape (query, key), (batch, "
-                    "query, key) or (batch, heads or 1, query, key), here "
-                    f"batch={batch_size}, query={queries} and key={keys_length}, "
-                    "True where a query "
-                    "may attend to a key; for a padding mask of the keys, "
-                    "(batch, key), pass `value_mask` or mask the inputs. "
-                    f"Received: attention_mask of shape {shape}"
-                )
-        if query_mask is None:
-            return attention_mask
-        query_mask = keras.ops.convert_to_tensor(query_mask)
-        _check_mask("query_mask", query_mask, query, "query", "the queries that attend")
-        keys_length = (
-            keras.ops.shape(keys)[1] if cache is None else keras.ops.shape(cache)[2]
-        )
-        rows = keras.ops.broadcast_to(
-            keras.ops.cast(query_mask, "bool")[:, :, None],
-            (keras.ops.shape(query)[0], keras.ops.shape(query)[1], keys_length),
-        )  # (batch, query, key)
-        if attention_mask is None:
-            return rows
-        attention_mask = keras.ops.cast(attention_mask, "bool")
-        if len(attention_mask.shape) == 4:
-            rows = rows[:, None]  # (batch, 1, query, key)
-        return keras.ops.logical_and(attention_mask, rows)  # batch first
-
 
     def _attend(
         self, query, keys, value, mask, context, cache, training, returns_scores
