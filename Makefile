@@ -167,7 +167,7 @@ test-torch: $(TORCH)/.installed
 		tests/test_grid_attention.py tests/test_shortest_path_bias.py tests/test_hf_config.py \
 		tests/test_token_and_position_embedding.py tests/test_graph_encoding_contract.py \
 		tests/test_ops.py tests/test_doc_pages.py tests/test_flex_attention.py \
-		tests/test_torch_compile.py
+		tests/test_torch_compile.py tests/test_attention_cache.py tests/test_attention_files.py
 
 # Every page of the built site in headless Chromium, offline; needs
 # Debian's chromium (apt-get install chromium).
