@@ -107,14 +107,12 @@ test-jax: $(JAX)/.installed
 	KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=8 \
 		$(JAX)/bin/python -m pytest notebooks/03_tpu_training.ipynb
 
-# At the floor, the layers' own tests: the whole models, the files across
-# backends and the distribution runs are the ceiling's (CI's 45 minutes).
-JAX_FLOOR_SKIPS := $(addprefix --ignore=tests/,test_models.py test_vision_models.py \
-	test_cross_backend.py test_distribution_jax.py test_legacy_h5.py)
-
+# At the floor, the attention, its schemes and the ops (`JAX_FLOOR_TESTS`,
+# below): the whole library, the models, the files across backends and the
+# distribution runs are the ceiling's (CI's 45 minutes).
 test-jax-oldest: $(JAX_OLDEST)/.installed
-	KERAS_BACKEND=jax $(JAX_OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" \
-		$(LAB_TESTS) $(JAX_FLOOR_SKIPS)
+	KERAS_BACKEND=jax $(JAX_OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) -m "not newest" \
+		$(JAX_FLOOR_TESTS)
 
 # Colab's TPU runtime less the TPU: Python 3.12, JAX on the CPU, within the
 # jax extra's range, and Keras, within install_requires' range; no
@@ -153,21 +151,26 @@ test-colab: $(COLAB)/.installed
 # benchmark, the token embedding's and the graph encodings' checks of
 # their inputs, and the examples of README and the docs pages.
 TORCH_VERSION := 2.13.0
+# The attention, its schemes, the ops and the docs' examples: PyTorch's run,
+# and at JAX's floor the same less what needs PyTorch or the newest Keras.
+BACKEND_TESTS := tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py \
+	tests/test_positional_multi_head_attention.py tests/test_attention_kernel.py \
+	tests/test_grouped_query_attention.py tests/test_qk_norm.py tests/test_hf_attention.py \
+	tests/test_bench_backends.py tests/test_attention_position.py \
+	tests/test_rotary_embedding.py tests/test_rotary_grid.py tests/test_xpos_embedding.py \
+	tests/test_attention_temperature.py tests/test_alibi_bias.py \
+	tests/test_relative_position_bias.py tests/test_relative_position_embedding.py \
+	tests/test_kerple_bias.py tests/test_fire_bias.py tests/test_contextual_position.py \
+	tests/test_disentangled_position.py tests/test_transformer_xl_position.py \
+	tests/test_grid_attention.py tests/test_shortest_path_bias.py tests/test_hf_config.py \
+	tests/test_token_and_position_embedding.py tests/test_graph_encoding_contract.py \
+	tests/test_ops.py tests/test_doc_pages.py tests/test_flex_attention.py \
+	tests/test_torch_compile.py tests/test_attention_cache.py tests/test_attention_files.py
+JAX_FLOOR_TESTS := $(filter-out tests/test_flex_attention.py tests/test_torch_compile.py \
+	tests/test_cross_backend.py tests/test_doc_pages.py,$(BACKEND_TESTS))
+
 test-torch: $(TORCH)/.installed
-	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) \
-		tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py \
-		tests/test_positional_multi_head_attention.py tests/test_attention_kernel.py \
-		tests/test_grouped_query_attention.py tests/test_qk_norm.py tests/test_hf_attention.py \
-		tests/test_bench_backends.py tests/test_attention_position.py \
-		tests/test_rotary_embedding.py tests/test_rotary_grid.py tests/test_xpos_embedding.py \
-		tests/test_attention_temperature.py tests/test_alibi_bias.py \
-		tests/test_relative_position_bias.py tests/test_relative_position_embedding.py \
-		tests/test_kerple_bias.py tests/test_fire_bias.py tests/test_contextual_position.py \
-		tests/test_disentangled_position.py tests/test_transformer_xl_position.py \
-		tests/test_grid_attention.py tests/test_shortest_path_bias.py tests/test_hf_config.py \
-		tests/test_token_and_position_embedding.py tests/test_graph_encoding_contract.py \
-		tests/test_ops.py tests/test_doc_pages.py tests/test_flex_attention.py \
-		tests/test_torch_compile.py tests/test_attention_cache.py tests/test_attention_files.py
+	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) $(BACKEND_TESTS)
 
 # Every page of the built site in headless Chromium, offline; needs
 # Debian's chromium (apt-get install chromium).
