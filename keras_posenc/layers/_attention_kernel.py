@@ -556,6 +556,9 @@ def attend(
         value_dim)`, and the weights, `(batch, heads, query, key)`, or None
         where they are not asked for.
     """
+    # The one answer of the backend that a scheme reads: whether XLA fuses
+    # the attention whole (JAX on the CPU).
+    context = context.replace(fused=_backend.fuses_attention())
     path, block = choose(attention, query, value, context, returns_scores, training)
     position = attention.position
     if path == "flex":

@@ -33,7 +33,7 @@ def _float_distance(query_positions, key_positions):
 
     What XLA on JAX computes inside its fused attention, where an int32
     `j - i` of the logits' size is a tensor of its own
-    (`_backend.fuses_attention`). Both are counted from the first query,
+    (`AttentionContext.fused`). Both are counted from the first query,
     in int32, so the difference is exact, as the int32 one cast to float32
     is, while every position lies within 2 ** 24 of that query's.
 
@@ -162,7 +162,7 @@ class AlibiBias(HeadBias):
         if (
             query is not None
             and query_positions.shape[-1] != 0
-            and _backend.fuses_attention()
+            and context.fused
         ):
             distance = _float_distance(query_positions, key_positions)
         else:

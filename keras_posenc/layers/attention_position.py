@@ -89,6 +89,11 @@ class AttentionContext:
             the query and key positions are then both its cells, row-major,
             `ops.grid_positions(grid_shape)`, whose structure a scheme may
             use (None for a block of queries).
+        fused: bool. For speed only, as `consecutive`, and set by the
+            attention's kernel: whether XLA runs the attention whole as one
+            fused kernel (JAX on the CPU), which takes in a bias computed
+            element by element from vectors, and where a bias shared by the
+            batch is the cheaper one.
 
     Example:
 
@@ -110,6 +115,7 @@ class AttentionContext:
     project_key: Optional[Callable] = None
     consecutive: bool = False
     grid_shape: Optional[tuple] = None
+    fused: bool = False
     # The attention's `AttentionCache`, which says which slots hold a key;
     # for a context made with a `cache_update_index` alone, one made from
     # it and the positions.

@@ -28,74 +28,6 @@ def _read_pos_att_type(pos_att_type):
     return tuple(terms)
 
 
-def _read_by_row(per_row, rows):
-    """Each `(batch, i)`'s entry of row `rows[b, i, j]`, heads first.
-
-    Args:
-        per_row: float tensor of shape `(batch, length, rows, heads)`.
-        rows: int32 tensor of shape `(batch, length, other)`.
-
-    Returns:
-        A tensor of shape `(batch, heads, length, other)`.
-    """
-    # Heads last in the gather, so that it reads contiguous rows and XLA
-    # fuses it, and the transpose after it, into the logits' sum.
-    return keras.ops.transpose(
-        _backend.take_rows_per_query(per_row, rows), [0, 3, 1, 2]
-    )  # (batch, heads, length, other)
-
-
-def _read_along_rows(per_row, rows):
-    """Each `(batch, head, i)`'s entry of row `rows[b, i, j]`, the rows last.
-
-    Args:
-        per_row: float tensor of shape `(batch, heads, length, rows)`.
-        rows: int32 tensor of shape `(batch, length, other)`.
-
-    Returns:
-        A tensor of shape `(batch, heads, length, other)`.
-    """
-    return _backend.take_along_last_axis(per_row, rows[:, None])
-
-
-def _read_by_key(per_row, rows):
-    """Each key `j`'s entry of row `rows[b, i, j]`: `per_row[b, n, rows, j]`.
-
-    Keys last in the table, so that the keys of one query read one row
-    where their log bucket is the same (most of them, at long lengths),
-    one after another; with the rows last, each key would read a row of
-    its own, `2 span` floats from the last's. The table is read as one
-    row of `2 span * key` entries per batch entry and head: on PyTorch
-    along that row (`_backend.take_along_last_axis`), `rows` of batch 1
-    read by every batch entry as they are.
-
-    Args:
-        per_row: float tensor of shape `(batch, heads, rows, key)`.
-        rows: int32 tensor of shape `(batch or 1, query, key)`; of batch
-            1 on PyTorch only.
-
-    Returns:
-        A tensor of shape `(batch, heads, query, key)`.
-    """
-    batch_size, heads, count, keys = keras.ops.shape(per_row)
-    queries = keras.ops.shape(rows)[1]
-    entries = rows * keys + keras.ops.arange(keys, dtype="int32")  # (batch or 1, query, key)
-    if _backend.backend() == "torch":
-        taken = _backend.take_along_last_axis(
-            keras.ops.reshape(per_row, (batch_size, heads, count * keys)),
-            keras.ops.reshape(entries, (-1, 1, queries * keys)),
-        )  # (batch, heads, query * key)
-        return keras.ops.reshape(taken, (batch_size, heads, queries, keys))
-    entries = keras.ops.broadcast_to(
-        keras.ops.reshape(entries, (batch_size, 1, queries * keys)),
-        (batch_size, heads, queries * keys),
-    )  # (batch, heads, query * key)
-    taken = _backend.take_rows_per_query(
-        keras.ops.reshape(per_row, (batch_size, heads, count * keys, 1)), entries
-    )  # (batch, heads, query * key, 1)
-    return keras.ops.reshape(taken, (batch_size, heads, queries, keys))
-
-
 @keras.saving.register_keras_serializable(package="keras_posenc")
 class DisentangledPosition(AttentionPosition):
     """DeBERTa's disentangled attention: content-to-position and back.
@@ -215,12 +147,10 @@ class DisentangledPosition(AttentionPosition):
         """The queries of a block: the c2p term's per-query table a block's.
 
         XLA hoists the p2c table, of the keys, out of the loop over blocks.
-        On TensorFlow, 1024, so that up to 1024 queries the attention is
-        one block (its loop over blocks costs more than the blocks' tensors
-        save); elsewhere 256, so that on JAX's CPU, whose fused kernel
-        takes a block's logits, they stay small.
+        The backend's size for a table per query
+        (`_backend.per_query_table_block`).
         """
-        return 1024 if _backend.backend() == "tensorflow" else 256
+        return _backend.per_query_table_block()
 
     def __init__(
         self,
@@ -433,32 +363,15 @@ class DisentangledPosition(AttentionPosition):
             rows = self._consecutive_rows(queries, keys, context)
         else:
             rows = self._rows(context.query_positions, context.key_positions)
-        # On PyTorch each term is read along its table's last axis, heads
-        # first, as Hugging Face reads it (`torch.gather`), its rows not
-        # copied for every batch entry: its reads of flattened tables below
-        # copy and transpose the whole logits.
-        along_last = _backend.backend() == "torch"
-        if not along_last:
-            rows = keras.ops.broadcast_to(
-                rows, (keras.ops.shape(query)[0], queries, keys)
-            )  # (batch, query, key)
         table = self._table()
         terms = []
         if "c2p" in self.pos_att_type:
-            # q_i . P_k[r] for every row r; the queries carry the scale.
+            # q_i . P_k[r] for every row r, read at each pair's row; the
+            # queries carry the scale.
             pos_key = self._projected(table, "key", context)  # (2 span, heads, key_dim)
-            query = keras.ops.cast(query, "float32")
-            if along_last:
-                terms.append(
-                    _read_along_rows(
-                        keras.ops.einsum("btnd,rnd->bntr", query, pos_key), rows
-                    )
-                )
-            else:
-                per_row = keras.ops.einsum(
-                    "btnd,rnd->btrn", query, pos_key
-                )  # (batch, query, 2 span, heads)
-                terms.append(_read_by_row(per_row, rows))
+            terms.append(
+                _backend.dot_at_rows(keras.ops.cast(query, "float32"), pos_key, rows)
+            )
         if "p2c" in self.pos_att_type:
             # k_j . P_q[r], read at the same row: HF's p2c index, `-(key -
             # query)`, is the c2p one, the buckets being odd.
@@ -477,7 +390,7 @@ class DisentangledPosition(AttentionPosition):
             per_row = keras.ops.einsum(
                 "bnrd,bsnd->bnrs", pos_query, keras.ops.cast(key, "float32")
             )  # (batch, heads, 2 span, key)
-            terms.append(_read_by_key(per_row, rows))
+            terms.append(_backend.take_rows_per_key(per_row, rows))
         return sum(terms[1:], terms[0])
 
     def get_config(self):

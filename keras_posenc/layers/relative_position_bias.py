@@ -115,9 +115,9 @@ class RelativePositionBias(HeadBias):
         # heads, and the softmax reads that sum, where a bias shared by the
         # batch is written once and added twice, the logits kept alive
         # beside the sum. Where XLA fuses the attention whole
-        # (`_backend.fuses_attention`), the gather is a tensor of its own
+        # (`context.fused`), the gather is a tensor of its own
         # either way, and a bias shared by the batch is the smaller one.
-        per_batch = query is not None and not _backend.fuses_attention()
+        per_batch = query is not None and not context.fused
         rows = ops.clipped_distance_rows(
             context.query_positions,
             context.key_positions,

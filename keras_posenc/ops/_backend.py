@@ -396,6 +396,87 @@ def take_along_last_axis(values, indices):
     )
 
 
+def per_query_table_block():
+    """The queries of a block for a bias read from a table per query.
+
+    On TensorFlow, 1024, so that up to 1024 queries the attention is one
+    block (its loop over blocks costs more than the blocks' tensors save);
+    elsewhere 256, so that on JAX's CPU, whose fused kernel takes a block's
+    logits, they stay small.
+    """
+    return 1024 if backend() == "tensorflow" else 256
+
+
+def dot_at_rows(query, table, rows):
+    """`query[b, i, n] . table[rows[b, i, j], n]` for every query and key.
+
+    Each query's product with every row of the table, then each pair's
+    row of it (DeBERTa's content-to-position term). On PyTorch the rows
+    last, read along that axis, as Hugging Face reads them
+    (`torch.gather`), `rows` not copied for every batch entry; elsewhere
+    the heads last, so that the gather reads contiguous rows and XLA fuses
+    it, and the transpose after it, into the logits' sum.
+
+    Args:
+        query: float tensor of shape `(batch, query, heads, dim)`.
+        table: float tensor of shape `(rows, heads, dim)`.
+        rows: int32 tensor of shape `(batch or 1, query, key)`, entries in
+            `[0, rows)`.
+
+    Returns:
+        A tensor of shape `(batch, heads, query, key)`.
+    """
+    if backend() == "torch":
+        per_row = keras.ops.einsum("btnd,rnd->bntr", query, table)  # (batch, heads, query, rows)
+        return take_along_last_axis(per_row, rows[:, None])
+    batch_size, queries = keras.ops.shape(query)[:2]
+    rows = keras.ops.broadcast_to(
+        rows, (batch_size, queries, keras.ops.shape(rows)[2])
+    )  # (batch, query, key)
+    per_row = keras.ops.einsum("btnd,rnd->btrn", query, table)  # (batch, query, rows, heads)
+    return keras.ops.transpose(
+        take_rows_per_query(per_row, rows), [0, 3, 1, 2]
+    )  # (batch, heads, query, key)
+
+
+def take_rows_per_key(values, rows):
+    """Each key `j`'s entry of row `rows[b, i, j]`: `values[b, n, rows, j]`.
+
+    Keys last in the table, so that the keys of one query read one row
+    where their row is the same (most of DeBERTa's log buckets, at long
+    lengths), one after another; with the rows last, each key would read
+    a row of its own. The table is read as one row of `rows * key`
+    entries per batch entry and head: on PyTorch along that row
+    (`take_along_last_axis`), `rows` of batch 1 read by every batch entry
+    as they are; elsewhere by `take_rows_per_query`.
+
+    Args:
+        values: float tensor of shape `(batch, heads, rows, key)`.
+        rows: int32 tensor of shape `(batch or 1, query, key)`, entries in
+            `[0, rows)`.
+
+    Returns:
+        A tensor of shape `(batch, heads, query, key)`.
+    """
+    batch_size, heads, count, keys = keras.ops.shape(values)
+    queries = keras.ops.shape(rows)[1]
+    entries = rows * keys + keras.ops.arange(keys, dtype="int32")  # (batch or 1, query, key)
+    if backend() == "torch":
+        taken = take_along_last_axis(
+            keras.ops.reshape(values, (batch_size, heads, count * keys)),
+            keras.ops.reshape(entries, (-1, 1, queries * keys)),
+        )  # (batch, heads, query * key)
+        return keras.ops.reshape(taken, (batch_size, heads, queries, keys))
+    entries = keras.ops.broadcast_to(
+        keras.ops.reshape(entries, (-1, 1, queries * keys)),
+        (batch_size, heads, queries * keys),
+    )  # (batch, heads, query * key)
+    taken = take_rows_per_query(
+        keras.ops.reshape(values, (batch_size, heads, count * keys, 1)), entries
+    )  # (batch, heads, query * key, 1)
+    return keras.ops.reshape(taken, (batch_size, heads, queries, keys))
+
+
 def take_rows_per_query(values, rows):
     """Each `(batch, query)`'s rows `rows[b, q]` of its own `values[b, q]`.
 
