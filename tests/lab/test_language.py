@@ -557,7 +557,9 @@ def test_save_and_reload_checks_the_predictions(tmp_path, capsys):
     keras.utils.set_random_seed(0)
     model = language.build_model("rope", 8)
     probe = np.arange(16, dtype="int32").reshape(2, 8) % VOCAB
-    # Trained a step, as the demo's models are: its optimizer has state.
+    # Trained a step, as the demo's models are: its optimizer has state,
+    # built before `fit` as `training.fit` builds it (one trace, not two).
+    model.optimizer.build(model.trainable_variables)
     model.fit(probe, probe, verbose=0)
     reloaded = training.save_and_reload(model, str(tmp_path / "lm.keras"), [probe])
     assert reloaded is not model
