@@ -1,3 +1,6 @@
+import contextlib
+import inspect
+import io
 import math
 import os
 
@@ -28,8 +31,51 @@ NOISE_CASES = [
 ]
 
 
-def test_rotary_embedding_benchmark_times_every_candidate():
-    results = rotary_embedding.run(shape=TINY_SHAPE, repeats=2, warmup=1)
+# The benchmarks in one `keras-posenc bench --tiny` run, whose report a test
+# checks; each benchmark's own tests read its results there rather than time
+# every candidate again, where the suite ran it at their tiny sizes.
+BENCHMARKS = (absolute, rotary_embedding, attention, decoding, grid)
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory):
+    """`bench --tiny`: its status, report file, output and each benchmark's run.
+
+    The runs are `{module: (arguments, results)}`: the arguments of the
+    suite's call of `module.run`, by name, and what it returned.
+    """
+    out = tmp_path_factory.mktemp("bench") / "results" / "bench.md"
+    runs = {}
+
+    def recording(module):
+        run = module.run
+
+        def recorded_run(*args, **kwargs):
+            arguments = inspect.signature(run).bind(*args, **kwargs).arguments
+            runs[module] = (dict(arguments), run(*args, **kwargs))
+            return runs[module][1]
+
+        return recorded_run
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module in BENCHMARKS:
+            patch.setattr(module, "run", recording(module))
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            status = main(["bench", "--tiny", "--out", str(out)])
+    return status, out, printed.getvalue(), runs
+
+
+def suite_results(tiny_bench, module, **arguments):
+    """The results of `module.run` in `tiny_bench`, called with `arguments`."""
+    called, results = tiny_bench[3][module]
+    assert {name: called[name] for name in arguments} == arguments
+    return results
+
+
+def test_rotary_embedding_benchmark_times_every_candidate(tiny_bench):
+    results = suite_results(
+        tiny_bench, rotary_embedding, shape=TINY_SHAPE, repeats=2, warmup=1
+    )
     assert set(results) == {
         "keras_posenc",
         "keras_hub",
@@ -133,8 +179,10 @@ TINY_ATTENTION = {"batch": 1, "length": 8, "heads": 2, "key_dim": 4}
 
 
 @pytest.fixture(scope="module")
-def attention_results():
-    return attention.run(
+def attention_results(tiny_bench):
+    return suite_results(
+        tiny_bench,
+        attention,
         **TINY_ATTENTION,
         repeats=2,
         warmup=1,
@@ -374,8 +422,10 @@ def test_logits_writes_counts_the_passes_that_write_the_logits():
 TINY_ABSOLUTE = {"shape": (1, 16, 8), "vocabulary_size": 50}
 
 
-def test_absolute_benchmark_times_every_candidate():
-    results = absolute.run(**TINY_ABSOLUTE, repeats=2, warmup=1)
+def test_absolute_benchmark_times_every_candidate(tiny_bench):
+    results = suite_results(
+        tiny_bench, absolute, **TINY_ABSOLUTE, repeats=2, warmup=1
+    )
     expected = set()
     for encoding in absolute.ENCODINGS:
         others = ["floor", "itself"]
@@ -446,10 +496,9 @@ def test_absolute_benchmark_checks_that_candidates_agree():
         absolute._check_agreement("learned", candidates, tf.zeros((1, 4, 2)), 4)
 
 
-def test_bench_writes_the_machine_and_every_table(tmp_path, capsys):
-    out = tmp_path / "results" / "bench.md"
-    assert main(["bench", "--tiny", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+def test_bench_writes_the_machine_and_every_table(tiny_bench):
+    status, out, printed, _ = tiny_bench
+    assert status == 0
     assert "Timing additive encodings" in printed
     assert printed.rstrip().endswith(str(out))
     written = out.read_text()
@@ -494,8 +543,8 @@ def test_machine_description_reads_proc_files(tmp_path):
         assert suite._memory() == f"{total / 2**30:.1f} GiB"
 
 
-def test_grid_benchmark_times_every_layer_against_its_baseline():
-    results = grid.run(**suite.TINY_GRID, repeats=2, warmup=1)
+def test_grid_benchmark_times_every_layer_against_its_baseline(tiny_bench):
+    results = suite_results(tiny_bench, grid, **suite.TINY_GRID, repeats=2, warmup=1)
     assert set(results) == set(grid.TARGETS)
     for name, result in results.items():
         baseline = "vs_plain" if name.startswith("attention") else "vs_floor"
@@ -512,9 +561,9 @@ def test_grid_benchmark_checks_that_the_layer_and_its_floor_agree():
         grid._check_agreement("sinusoidal", candidates, tf.zeros((1, 4, 2)), "floor")
 
 
-def test_decoding_benchmark_times_every_candidate(capsys):
-    sizes = dict(batch=2, prompt=6, new_tokens=3, heads=2, key_dim=4)
-    results = decoding.run(**sizes, repeats=2, warmup=1)
+def test_decoding_benchmark_times_every_candidate(tiny_bench):
+    sizes = suite.TINY_DECODING
+    results = suite_results(tiny_bench, decoding, **sizes, repeats=2, warmup=1)
     others = [name for name in decoding.CANDIDATES if name != decoding.BASELINE]
     assert set(results) == {
         *decoding.CANDIDATES,
@@ -527,7 +576,9 @@ def test_decoding_benchmark_times_every_candidate(capsys):
     }
     for value in results.values():
         assert math.isfinite(value) and value > 0
-    assert results["plain_tokens_per_second"] == pytest.approx(2 * 3 / results["plain"])
+    assert results["plain_tokens_per_second"] == pytest.approx(
+        sizes["batch"] * sizes["new_tokens"] / results["plain"]
+    )
     table = decoding.format_table(results, judged=False)
     for name in ("rope", "alibi", "t5"):
         assert f"| {decoding.LABELS[name]} |" in table
@@ -567,15 +618,24 @@ def test_decoding_benchmark_checks_keras_hub_agrees(monkeypatch):
         decoding.run(batch=1, prompt=4, new_tokens=2, heads=2, key_dim=4, repeats=1)
 
 
-def test_decoding_benchmark_prints_a_table(capsys):
+def test_decoding_benchmark_prints_a_table(tiny_bench, monkeypatch, capsys):
+    # The tiny bench's call at its sizes: its results, not a second run.
+    calls = []
+
+    def run(**arguments):
+        calls.append(arguments)
+        return suite_results(tiny_bench, decoding, **arguments)
+
+    monkeypatch.setattr(decoding, "run", run)
     status = decoding.main(
-        ["--prompt", "6", "--new-tokens", "2", "--heads", "2", "--key-dim", "4",
-         "--repeats", "1"]
+        ["--prompt", "8", "--new-tokens", "4", "--heads", "2", "--key-dim", "4",
+         "--repeats", "2"]
     )
     assert status == 0
+    assert calls == [dict(suite.TINY_DECODING, repeats=2)]
     printed = capsys.readouterr().out
-    assert "a 6-token prompt of batch 1" in printed
-    assert "2 tokens decoded one at a time" in printed
+    assert "a 8-token prompt of batch 1" in printed
+    assert "4 tokens decoded one at a time" in printed
     assert "| a second copy of plain (noise) |" in printed
 
 

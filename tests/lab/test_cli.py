@@ -591,20 +591,33 @@ def test_the_second_process_ends_with_the_language_task(
     assert not (tmp_path / "graph_accuracy.csv").exists()
 
 
-def test_demo_trains_the_chosen_encodings(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def chosen_language_demo(tmp_path_factory):
+    """The language task of two chosen encodings trained one step, other options set.
+
+    Returns:
+        Its status, output folder and what it printed.
+    """
+    out_dir = tmp_path_factory.mktemp("chosen")
     argv = [
         "demo", "--task", "language", "--quick", "--encodings", "alibi",
-        "learned", "--steps", "3", "--lengths", "16", "48", "--seed", "5",
-        "--out", str(tmp_path),
+        "learned", "--steps", "1", "--lengths", "16", "48", "--seed", "5",
+        "--out", str(out_dir),
     ]
-    assert main(argv) == 0
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        status = main(argv)
+    return status, out_dir, printed.getvalue()
+
+
+def test_demo_trains_the_chosen_encodings(chosen_language_demo):
+    status, tmp_path, printed = chosen_language_demo
+    assert status == 0
     with open(tmp_path / "nll.csv", newline="") as file:
         rows = list(csv.reader(file))
     assert rows[0] == ["encoding", "16", "48", "train tokens/s"]
     assert [row[0] for row in rows[1:]] == ["alibi", "learned"]
     assert rows[2][2] == "n/a"
-    printed = capsys.readouterr().out
-    assert "3 steps" in printed and "(seed 5)" in printed
+    assert "Training: 1 steps of" in printed and "(seed 5)" in printed
     assert "One seed (5)" in printed
     # One task: no task headings.
     assert "== The" not in printed and "tasks done in" not in printed
@@ -615,21 +628,17 @@ def test_demo_trains_the_chosen_encodings(tmp_path, capsys):
     assert not (tmp_path / "accuracy.csv").exists()
 
 
-def test_a_one_step_training_is_timed_after_it(tmp_path, capsys):
+def test_a_one_step_training_is_timed_after_it(chosen_language_demo):
     # The speed is timed in rounds after training, so even one step of
     # training (one call, which traces the function) gets a speed.
-    argv = [
-        "demo", "--task", "language", "--quick", "--encodings", "alibi",
-        "sinusoidal", "--steps", "1", "--out", str(tmp_path),
-    ]
-    assert main(argv) == 0
+    status, tmp_path, printed = chosen_language_demo
+    assert status == 0
     with open(tmp_path / "nll.csv", newline="") as file:
         header, *rows = list(csv.reader(file))
     assert header[-1] == "train tokens/s"
     assert all(float(row[-1]) > 0 for row in rows)
     with open(tmp_path / "nll.md") as file:
         assert "nan" not in file.read()
-    printed = capsys.readouterr().out
     assert "Timing training: 5 rounds of one call per model." in printed
     # The speeds are in the table; a quick run compares nothing in words.
     assert training.QUICK_NOTE in printed

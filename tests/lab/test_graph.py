@@ -1,4 +1,6 @@
+import contextlib
 import csv
+import io
 import itertools
 
 import keras
@@ -386,9 +388,18 @@ def markdown_rows(markdown):
     return rows
 
 
-def test_the_command_runs_the_tiny_graph_task(tmp_path, capsys):
-    assert main(["demo", "--task", "graph", "--quick", "--out", str(tmp_path)]) == 0
-    printed = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def quick_graph_command(tmp_path_factory):
+    """`demo --task graph --quick`: its status, output folder and what it printed."""
+    out_dir = tmp_path_factory.mktemp("graph")
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        status = main(["demo", "--task", "graph", "--quick", "--out", str(out_dir)])
+    return status, out_dir, printed.getvalue()
+
+
+def test_the_command_runs_the_tiny_graph_task(quick_graph_command):
+    status, tmp_path, printed = quick_graph_command
+    assert status == 0
     headers = ["4–6 nodes", "8–10 nodes", "12–16 nodes"]
     labels = [GRAPH_LABELS[encoding] for encoding in GRAPH_ENCODINGS]
     with open(tmp_path / "graph_accuracy.csv", newline="") as file:
@@ -430,12 +441,14 @@ def test_the_command_runs_the_tiny_graph_task(tmp_path, capsys):
     assert np.all(np.isfinite(logits))
 
 
-def test_a_judged_run_prints_its_findings_and_a_quick_one_a_note(tmp_path, capsys):
-    config = GRAPH_QUICK.replace(encodings=["none", "shortest_path"], steps=1)
-    assert not config.judged
-    assert graph.run(config, tmp_path) == 0
-    printed = capsys.readouterr().out
+def test_a_judged_run_prints_its_findings_and_a_quick_one_a_note(
+    quick_graph_command, tmp_path, capsys
+):
+    # The quick one: the command's run of `GRAPH_QUICK`.
+    assert not GRAPH_QUICK.judged
+    _, _, printed = quick_graph_command
     assert training.QUICK_NOTE in printed and "beats none" not in printed
+    config = GRAPH_QUICK.replace(encodings=["none", "shortest_path"], steps=1)
     assert graph.run(config.replace(judged=True), tmp_path) == 0
     printed = capsys.readouterr().out
     assert training.QUICK_NOTE not in printed

@@ -1,5 +1,7 @@
+import contextlib
 import csv
 import inspect
+import io
 import math
 import re
 import time
@@ -555,7 +557,9 @@ def test_save_and_reload_checks_the_predictions(tmp_path, capsys):
     keras.utils.set_random_seed(0)
     model = language.build_model("rope", 8)
     probe = np.arange(16, dtype="int32").reshape(2, 8) % VOCAB
-    # Trained a step, as the demo's models are: its optimizer has state.
+    # Trained a step, as the demo's models are: its optimizer has state,
+    # built before `fit` as `training.fit` builds it (one trace, not two).
+    model.optimizer.build(model.trainable_variables)
     model.fit(probe, probe, verbose=0)
     reloaded = training.save_and_reload(model, str(tmp_path / "lm.keras"), [probe])
     assert reloaded is not model
@@ -565,27 +569,44 @@ def test_save_and_reload_checks_the_predictions(tmp_path, capsys):
     assert "predictions identical" in capsys.readouterr().out
 
 
-def test_a_judged_run_prints_its_findings_and_a_quick_one_a_note(tmp_path, capsys):
-    config = demo_config.QUICK.replace(encodings=("alibi",), steps=1)
+@pytest.fixture(scope="module")
+def quick_two_seed_run(tmp_path_factory):
+    """A quick run of ALiBi over two seeds, with a hook before each timing.
+
+    Returns:
+        Its status and the lines it printed.
+    """
+    config = demo_config.QUICK.replace(encodings=("alibi",), steps=1, num_seeds=2)
     assert not config.judged
-    assert language.run(config, tmp_path) == 0
-    printed = capsys.readouterr().out
+
+    def before_timing():
+        print("BEFORE TIMING")
+
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        status = language.run(
+            config, tmp_path_factory.mktemp("language"), before_timing=before_timing
+        )
+    return status, printed.getvalue().splitlines()
+
+
+def test_a_judged_run_prints_its_findings_and_a_quick_one_a_note(
+    quick_two_seed_run, tmp_path, capsys
+):
+    status, lines = quick_two_seed_run
+    assert status == 0
+    printed = "\n".join(lines)
     assert training.QUICK_NOTE in printed
     assert "ALiBi: " not in printed and "(the floor)" not in printed
+    config = demo_config.QUICK.replace(encodings=("alibi",), steps=1)
     assert language.run(config.replace(judged=True), tmp_path) == 0
     printed = capsys.readouterr().out
     assert training.QUICK_NOTE not in printed
     assert "ALiBi: " in printed and "nats from length 16 to 64" in printed
 
 
-def test_run_calls_before_timing_before_each_seeds_timing(tmp_path, capsys):
-    config = demo_config.QUICK.replace(encodings=("alibi",), steps=1, num_seeds=2)
-
-    def before_timing():
-        print("BEFORE TIMING")
-
-    assert language.run(config, tmp_path, before_timing=before_timing) == 0
-    lines = capsys.readouterr().out.splitlines()
+def test_run_calls_before_timing_before_each_seeds_timing(quick_two_seed_run):
+    status, lines = quick_two_seed_run
+    assert status == 0
     marks = [index for index, line in enumerate(lines) if line == "BEFORE TIMING"]
     timings = [
         index
