@@ -60,7 +60,8 @@ def fit(model, inputs, targets, batch_size, label):
     # Its variables made now, not inside the training function's first
     # trace: TensorFlow traces a function again when its first trace made
     # variables, and that second trace took half of a quick run's training.
-    model.optimizer.build(model.trainable_variables)
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
     history = model.fit(
         inputs,
         targets,
