@@ -1,12 +1,14 @@
 # `make demo` and `make test` each set up .venv on first use, then run;
 # `make test-oldest` sets up .venv-oldest, at the floor of every version
 # range in setup.cfg's install_requires, and runs the tests there.
-# `make test-jax` and `make test-jax-oldest` run the tests on Keras' JAX
-# backend, at the ceiling (on Python 3.12, which jax 0.11 and later need)
-# and the floor (on Python 3.11) of the jax extra's range, and
-# `make test-torch` the attention, its schemes, the ops and the docs'
-# examples on PyTorch; each in a venv of its own, with the extra of its
-# backend (the layers themselves need Keras alone).
+# `make test-jax` runs the attention, its schemes, the ops, every public
+# layer and files across backends on Keras' JAX backend at the ceiling of
+# the jax extra's range (on Python 3.12, which jax 0.11 and later need),
+# `make test-jax-oldest` the kernel, the ops and every public layer at its
+# floor (on Python 3.11), and `make test-torch` the attention, its
+# schemes, the ops and the docs' examples on PyTorch; each in a venv of its
+# own, with the extra of its backend (the layers themselves need Keras
+# alone).
 # `make test-colab` runs the TPU notebook as on Colab's TPU runtime: in a
 # venv of JAX and Keras alone, where its first cell installs the package.
 PYTHON ?= python3
@@ -96,20 +98,16 @@ LAB_TESTS := $(addprefix --ignore=tests/,lab test_plot.py \
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" $(LAB_TESTS)
 
-# The library's tests on JAX at its newest, on Python 3.12, and the docs
-# pages' examples. JAX between the floor and the newest on Python 3.11
-# (0.10, the last there) is not run: one run at each end keeps CI's 45
-# minutes. Then the TPU notebook, over 8 host devices standing in for a TPU's 8
-# cores (about a minute).
+# On JAX at its newest, on Python 3.12: the attention, its schemes, the
+# ops, every public layer, files across backends and JAX's distribution
+# (`JAX_TESTS`, below). The docs' examples run on TensorFlow and PyTorch,
+# the TPU notebook on JAX in `make test-colab` (CI's 45 minutes).
 test-jax: $(JAX)/.installed
-	KERAS_BACKEND=jax $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) tests $(LAB_TESTS)
-	KERAS_BACKEND=jax $(JAX)/bin/python -m pytest tests/test_doc_pages.py
-	KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-		$(JAX)/bin/python -m pytest notebooks/03_tpu_training.ipynb
+	KERAS_BACKEND=jax $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) $(JAX_TESTS)
 
-# At the floor, the attention, its schemes and the ops (`JAX_FLOOR_TESTS`,
-# below): the whole library, the models, the files across backends and the
-# distribution runs are the ceiling's (CI's 45 minutes).
+# At the floor, the kernel, the attention and the ops, and every public
+# layer's forward pass, training step and round trip (`JAX_FLOOR_TESTS`,
+# below): the schemes' own tests are the ceiling's (CI's 45 minutes).
 test-jax-oldest: $(JAX_OLDEST)/.installed
 	KERAS_BACKEND=jax $(JAX_OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) -m "not newest" \
 		$(JAX_FLOOR_TESTS)
@@ -151,8 +149,10 @@ test-colab: $(COLAB)/.installed
 # benchmark, the token embedding's and the graph encodings' checks of
 # their inputs, and the examples of README and the docs pages.
 TORCH_VERSION := 2.13.0
-# The attention, its schemes, the ops and the docs' examples: PyTorch's run,
-# and at JAX's floor the same less what needs PyTorch or the newest Keras.
+# The attention, its schemes, the ops and the docs' examples: PyTorch's run;
+# JAX's the same less PyTorch's own kernels and the docs' examples, with
+# JAX's distribution; JAX's floor the kernel, the attention, the ops and
+# every public layer.
 BACKEND_TESTS := tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py \
 	tests/test_positional_multi_head_attention.py tests/test_attention_kernel.py \
 	tests/test_grouped_query_attention.py tests/test_qk_norm.py tests/test_hf_attention.py \
@@ -166,8 +166,11 @@ BACKEND_TESTS := tests/test_every_backend.py tests/test_cross_backend.py tests/t
 	tests/test_token_and_position_embedding.py tests/test_graph_encoding_contract.py \
 	tests/test_ops.py tests/test_doc_pages.py tests/test_flex_attention.py \
 	tests/test_torch_compile.py tests/test_attention_cache.py tests/test_attention_files.py
-JAX_FLOOR_TESTS := $(filter-out tests/test_flex_attention.py tests/test_torch_compile.py \
-	tests/test_cross_backend.py tests/test_doc_pages.py,$(BACKEND_TESTS))
+JAX_TESTS := $(filter-out tests/test_flex_attention.py tests/test_torch_compile.py \
+	tests/test_doc_pages.py,$(BACKEND_TESTS)) tests/test_distribution_jax.py
+JAX_FLOOR_TESTS := tests/test_every_backend.py tests/test_backend_dispatch.py tests/test_ops.py \
+	tests/test_attention_kernel.py tests/test_positional_multi_head_attention.py \
+	tests/test_grouped_query_attention.py tests/test_qk_norm.py tests/test_attention_cache.py
 
 test-torch: $(TORCH)/.installed
 	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) $(BACKEND_TESTS)
