@@ -24,7 +24,8 @@ keras-hub's `CachedMultiHeadAttention` does, with Keras' own sublayers:
   would move in saved files.
 
 With neither a position nor positions nor a cache, the call is Keras' own
-(`keras_call`). The position's config is serialized here too, where Keras
+(`keras_call`); else Keras' order around the kernel (`attend`): the
+projections, `_attention_kernel`'s attention, the gate and the output. The position's config is serialized here too, where Keras
 keeps no public word of whether it is saving (`saving_shares_objects`).
 """
 
@@ -33,6 +34,7 @@ import functools
 import keras
 
 from keras_posenc.layers import _attention_checks
+from keras_posenc.layers import _attention_kernel
 from keras_posenc.ops import _backend
 
 
@@ -125,6 +127,82 @@ def build_grouped(layer, query_shape, value_shape, key_shape):
     )
     layer._output_dense.build(
         tuple(query_shape[:2]) + (layer.num_heads, layer.value_dim)
+    )
+
+
+def attend(layer, query, keys, value, mask, context, cache, training, returns_scores):
+    """Keras' order around the kernel: projections, attention, output.
+
+    Args:
+        layer: the `PositionalMultiHeadAttention`.
+        query: tensor of shape `(batch, query, features)`.
+        keys: tensor of shape `(batch, key, features)`.
+        value: tensor of shape `(batch, key, features)`.
+        mask: None, or the masks combined, `(batch, query, key)` or
+            `(batch, heads | 1, query, key)`.
+        context: the call's `AttentionContext`.
+        cache: None, or the call's `AttentionCache`.
+        training: bool or None.
+        returns_scores: bool.
+
+    Returns:
+        `(output, scores, cache)`: the output, `(batch, query,
+        features)`; the weights, `(batch, heads, query, key)`, or None
+        unless `returns_scores`; the updated `AttentionCache`, or None.
+    """
+    # The masks are in `mask`; the projections take none and would
+    # warn that they drop those the inputs carry. Keras' `__call__`
+    # sets the queries' mask on the output.
+    gate_layer = gate_projection(layer)
+    with _backend.ignoring_warnings("Layer .* was passed an input with a mask"):
+        gate = gate_layer(query) if gate_layer else None
+        # (batch, query, heads, key_dim)
+        query = query_projection(layer)(query)
+        key = key_projection(layer)(keys)  # (batch, key, heads, key_dim)
+        # (batch, key, heads, value_dim)
+        value = value_projection(layer)(value)
+    attention = _attention_kernel.Attention(
+        position=layer.position,
+        dropout=layer.dropout,
+        dropout_layer=dropout_layer(layer),
+        flash_attention=bool(flash_attention(layer)),
+        sliding_window=sliding_window(layer),
+        scores_dtype=layer.compute_dtype,
+        qk_norm=_qk_norm(layer),
+    )
+    if cache is None:
+        query, key = _attention_kernel.heads(attention, query, key, context)
+    else:
+        # The new keys at the slots they go to, transformed once (RoPE
+        # rotates each key when it is cached), so that the cache holds
+        # keys as the logits read them; then the logits read every slot.
+        written = cache.new_positions(
+            context.key_positions
+        )  # (batch or 1, new[, num_axes])
+        query, key = _attention_kernel.heads(
+            attention, query, key, context.replace(key_positions=written)
+        )
+        cache = cache.updated(key, value)
+        key, value = cache.keys, cache.values  # (batch, slots, heads, dim)
+    output, weights = _attention_kernel.attend(
+        attention, query, key, value, mask, context, training, bool(returns_scores)
+    )  # (batch, query, heads, value_dim)
+    if gate is not None:
+        output = keras.ops.multiply(output, gate)
+    output = output_projection(layer)(output)
+    return output, weights, cache
+
+
+def _qk_norm(layer):
+    """The kernel's `QKNorm` of `qk_norm`, or None."""
+    if layer.qk_norm is None:
+        return None
+    return _attention_kernel.QKNorm(
+        kind=layer.qk_norm,
+        epsilon=layer.qk_norm_epsilon,
+        after_position=layer.qk_norm_after_position,
+        query_scale=getattr(layer, "query_norm_scale", None),
+        key_scale=getattr(layer, "key_norm_scale", None),
     )
 
 

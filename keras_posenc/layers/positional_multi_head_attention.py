@@ -4,18 +4,17 @@ import keras
 
 from keras_posenc import ops
 from keras_posenc.layers import _attention_checks
-from keras_posenc.layers import _attention_kernel
 from keras_posenc.layers import _attention_positions
 from keras_posenc.layers import _keras_attention
 from keras_posenc.layers._attention_cache import AttentionCache
 from keras_posenc.layers._attention_checks import describe as _describe
-from keras_posenc.ops import _backend
 
 # The checks of the arguments and inputs are in `_attention_checks`, the
 # positions in `_attention_positions`, the key/value cache in
 # `_attention_cache`, the private parts of Keras this layer reads in
-# `_keras_attention` (with the Keras versions that have them, and the
-# masks in Keras' order), and the attention itself in `_attention_kernel`.
+# `_keras_attention` (with the Keras versions that have them, the masks in
+# Keras' order, and the projections around the kernel), and the attention
+# itself in `_attention_kernel`.
 
 
 @keras.saving.register_keras_serializable(package="keras_posenc")
@@ -290,8 +289,8 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         )
         # `attention_mask` holds the queries' mask (`with_query_mask`).
         mask = _keras_attention.combined_mask(attention_mask, value_mask, key_mask)
-        output, scores, cache = self._attend(
-            query, keys, value, mask, context, cache, training, return_attention_scores
+        output, scores, cache = _keras_attention.attend(
+            self, query, keys, value, mask, context, cache, training, return_attention_scores
         )
         output = _attention_positions.nan_past_int32(output, past_int32)
         outputs = (output,)
@@ -300,82 +299,6 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         if cache is not None:
             outputs += (cache.tensor,)
         return outputs[0] if len(outputs) == 1 else outputs
-
-    def _attend(
-        self, query, keys, value, mask, context, cache, training, returns_scores
-    ):
-        """Keras' order around the kernel: projections, attention, output.
-
-        Args:
-            query: tensor of shape `(batch, query, features)`.
-            keys: tensor of shape `(batch, key, features)`.
-            value: tensor of shape `(batch, key, features)`.
-            mask: None, or the masks combined, `(batch, query, key)` or
-                `(batch, heads | 1, query, key)`.
-            context: the call's `AttentionContext`.
-            cache: None, or the call's `AttentionCache`.
-            training: bool or None.
-            returns_scores: bool.
-
-        Returns:
-            `(output, scores, cache)`: the output, `(batch, query,
-            features)`; the weights, `(batch, heads, query, key)`, or None
-            unless `returns_scores`; the updated `AttentionCache`, or None.
-        """
-        # The masks are in `mask`; the projections take none and would
-        # warn that they drop those the inputs carry. Keras' `__call__`
-        # sets the queries' mask on the output.
-        gate_projection = _keras_attention.gate_projection(self)
-        with _backend.ignoring_warnings("Layer .* was passed an input with a mask"):
-            gate = gate_projection(query) if gate_projection else None
-            # (batch, query, heads, key_dim)
-            query = _keras_attention.query_projection(self)(query)
-            key = _keras_attention.key_projection(self)(keys)  # (batch, key, heads, key_dim)
-            # (batch, key, heads, value_dim)
-            value = _keras_attention.value_projection(self)(value)
-        attention = _attention_kernel.Attention(
-            position=self.position,
-            dropout=self.dropout,
-            dropout_layer=_keras_attention.dropout_layer(self),
-            flash_attention=bool(_keras_attention.flash_attention(self)),
-            sliding_window=_keras_attention.sliding_window(self),
-            scores_dtype=self.compute_dtype,
-            qk_norm=self._qk_norm,
-        )
-        if cache is None:
-            query, key = _attention_kernel.heads(attention, query, key, context)
-        else:
-            # The new keys at the slots they go to, transformed once (RoPE
-            # rotates each key when it is cached), so that the cache holds
-            # keys as the logits read them; then the logits read every slot.
-            written = cache.new_positions(
-                context.key_positions
-            )  # (batch or 1, new[, num_axes])
-            query, key = _attention_kernel.heads(
-                attention, query, key, context.replace(key_positions=written)
-            )
-            cache = cache.updated(key, value)
-            key, value = cache.keys, cache.values  # (batch, slots, heads, dim)
-        output, weights = _attention_kernel.attend(
-            attention, query, key, value, mask, context, training, bool(returns_scores)
-        )  # (batch, query, heads, value_dim)
-        if gate is not None:
-            output = keras.ops.multiply(output, gate)
-        output = _keras_attention.output_projection(self)(output)
-        return output, weights, cache
-
-    @property
-    def _qk_norm(self):
-        """The kernel's `QKNorm` of `qk_norm`, or None."""
-        if self.qk_norm is None:
-            return None
-        return _attention_kernel.QKNorm(
-            kind=self.qk_norm,
-            epsilon=self.qk_norm_epsilon,
-            after_position=self.qk_norm_after_position,
-            query_scale=getattr(self, "query_norm_scale", None),
-            key_scale=getattr(self, "key_norm_scale", None),
-        )
 
     def compute_output_spec(
         self,
