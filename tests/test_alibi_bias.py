@@ -328,3 +328,25 @@ def test_bias_inside_attention_without_queries_or_keys_is_empty():
     some = keras.ops.arange(3, dtype="int32")[None]
     assert tuple(layer.logits_bias(keras.ops.zeros((1, 0, 2, 4)), None, AttentionContext(query_positions=none, key_positions=some)).shape) == (1, 2, 0, 3)
     assert tuple(layer.logits_bias(keras.ops.zeros((1, 3, 2, 4)), None, AttentionContext(query_positions=some, key_positions=none)).shape) == (1, 2, 3, 0)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_the_kernels_fused_hint_changes_no_value(bidirectional):
+    # Where the kernel says XLA fuses the attention whole, the distances
+    # come from the positions' vectors in float32; exact all the same, far
+    # from position 0.
+    layer = AlibiBias(4, bidirectional=bidirectional)
+    layer.build_for_attention(4, 16, 8)
+    query_positions = np.array([[70000, 70001, 90000]], "int32")
+    key_positions = np.array([[0, 69999, 70001, 100000, 2**24 - 1]], "int32")
+    query = keras.random.normal((1, 3, 4, 16))
+    expected = reference_bias(
+        query_positions, key_positions, references.alibi_slopes(4), bidirectional
+    )
+    for fused in (False, True):
+        context = AttentionContext(
+            query_positions=keras.ops.convert_to_tensor(query_positions),
+            key_positions=keras.ops.convert_to_tensor(key_positions),
+            fused=fused,
+        )
+        assert_bias(layer.logits_bias(query, None, context), expected)

@@ -485,3 +485,25 @@ def test_flash_attention_with_rope_equals_float64_reference_or_says_why_not():
     else:
         with pytest.raises(ValueError, match="needs a flash kernel"):
             layer(tokens, tokens, use_causal_mask=True)
+
+
+@pytest.mark.parametrize("fuses", [False, True])
+def test_the_kernel_tells_the_scheme_whether_xla_fuses_the_attention(fuses, monkeypatch):
+    # The schemes ask the context, which the kernel fills from the backend's
+    # one answer; the output is the float64 reference's either way.
+    monkeypatch.setattr(_attention_kernel._backend, "fuses_attention", lambda: fuses)
+    # Shaw's scheme: its bias comes from `logits_bias` on every path.
+    layer = built(KNOWN["shaw"])
+    seen = []
+    logits_bias = layer.position.logits_bias
+
+    def recording(query, key, context):
+        seen.append(context.fused)
+        return logits_bias(query, key, context)
+
+    monkeypatch.setattr(layer.position, "logits_bias", recording)
+    tokens, _ = tokens_and_mask(False)
+    output = layer(tokens, tokens)
+    assert seen and set(seen) == {fuses}
+    expected, _ = reference_attention(layer, tokens, tokens)
+    assert_close(output, expected)

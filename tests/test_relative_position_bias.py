@@ -418,3 +418,22 @@ def test_bad_positions_say_what_was_expected():
         layer(np.zeros((1, 3), "float32"), np.zeros((1, 3), "int32"))
     with pytest.raises(ValueError, match="same batch size"):
         layer(np.zeros((2, 3), "int32"), np.zeros((3, 3), "int32"))
+
+
+def test_the_kernels_fused_hint_shares_the_bias_over_the_batch():
+    # Outside a fused attention, one row of indices per batch entry (the
+    # bias of the logits' shape); inside it, one for the batch. The same
+    # values either way.
+    layer = layer_with_table(3, num_buckets=16, max_distance=20)
+    positions = np.arange(5)
+    query = keras.random.normal((2, 5, 3, 4))
+    expected = reference_bias(layer, [positions], [positions])
+    for fused, batch in ((False, 2), (True, 1)):
+        context = AttentionContext(
+            query_positions=keras.ops.arange(5, dtype="int32")[None],
+            key_positions=keras.ops.arange(5, dtype="int32")[None],
+            fused=fused,
+        )
+        bias = layer.logits_bias(query, None, context)
+        assert tuple(bias.shape) == (batch, 3, 5, 5)
+        assert_bias(bias, np.broadcast_to(expected, (batch, 3, 5, 5)))
