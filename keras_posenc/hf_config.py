@@ -25,7 +25,6 @@ from keras_posenc import ops
 # decoders'.
 TEXT_CONFIG_KEYS = ("text_encoder", "decoder", "generator", "text_config")
 
-_DEEPSEEK_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 # The entries of `layer_types` that transformers' `layer_type_validation`
 # allows.
 _LAYER_TYPES = (
@@ -34,13 +33,6 @@ _LAYER_TYPES = (
     "chunked_attention",
     "linear_attention",
 )
-# transformers' mrope_section when a Qwen-VL config gives none.
-_MROPE_SECTIONS = {
-    "qwen2_vl": [16, 24, 24],
-    "qwen2_5_vl": [16, 24, 24],
-    "qwen3_vl": [24, 20, 20],
-    "qwen3_vl_moe": [24, 20, 20],
-}
 
 
 def text_config(config):
@@ -131,15 +123,12 @@ def rotary_embedding_arguments(config, layer_type=None):
     if parameters.get("rope_type") == "su":
         parameters["rope_type"] = "longrope"
     base = parameters.pop("rope_theta", base)
-    model_type = config.get("model_type")
-    if model_type == "pixtral":
-        # Rows and columns of patches, the whole head; "axial" names it.
-        return {
-            "max_wavelength": base,
-            "num_axes": 2,
-            "axis_layout": "alternating",
-        }
-    grid = _mrope_arguments(model_type, parameters)
+    family = _family(config.get("model_type"))
+    own = family.rotary(config, parameters, base) if family.rotary else {}
+    if "max_wavelength" in own:
+        # The family reads its RoPE whole.
+        return own
+    grid = _mrope_arguments(parameters)
     rope_type = parameters.get("rope_type", "default")
     # GPT-NeoX's config.json names the share rotary_pct.
     partial = parameters.pop(
@@ -164,33 +153,29 @@ def rotary_embedding_arguments(config, layer_type=None):
             f"`{name}['{key}']` must name its schedule: `rope_type` (or its "
             f"older name `type`). Received: {key}={given!r}"
         )
-    pairing, rotary_dim = "half", None
-    if model_type in _DEEPSEEK_MODEL_TYPES:
+    rotary_dim = None
+    if family.latent:
+        # The layer turns the slice whole.
         ops.check_positive_int(
             f"{name}['qk_rope_head_dim']", config.get("qk_rope_head_dim")
         )
-        # V2 multiplies adjacent pairs as complex numbers; V3 does the
-        # same unless rope_interleave is false.
-        if model_type == "deepseek_v2" or config.get("rope_interleave", True):
-            pairing = "interleaved"
     elif "qk_rope_head_dim" in config:
+        latent = tuple(key for key, entry in FAMILIES.items() if entry.latent)
         raise ValueError(
             f"`{name}` gives `qk_rope_head_dim`, a separately rotated slice "
             "of each head (multi-head latent attention), but its pairing is "
-            f"known only for model types {_DEEPSEEK_MODEL_TYPES}. Received: "
-            f"model_type={model_type!r}"
+            f"known only for model types {latent}. Received: "
+            f"model_type={config.get('model_type')!r}"
         )
-    elif model_type == "gptj":
-        # GPT-J pairs features 2i and 2i + 1 and gives the rotated width.
-        pairing = "interleaved"
-        rotary_dim = config.get("rotary_dim")
+    elif "rotary_dim" in own:
+        # The family gives the rotated width itself.
+        rotary_dim = own["rotary_dim"]
     elif rope_type == "proportional":
         # Spaced over the whole head, the share rotating: a schedule key.
         parameters["partial_rotary_factor"] = partial
     elif partial != 1.0:
         rotary_dim = int(head_dim * partial)
-    if _family(model_type).interleaved:
-        pairing = "interleaved"
+    pairing = "interleaved" if family.interleaved else "half"
     scaling = None if rope_type == "default" else parameters
     if rope_type == "dynamic":
         if "max_position_embeddings" not in config:
@@ -235,6 +220,7 @@ def rotary_embedding_arguments(config, layer_type=None):
         "rotary_dim": rotary_dim,
         "scaling": scaling,
         **grid,
+        **own,
     }
 
 
@@ -458,31 +444,25 @@ def _check_dict(config):
         )
 
 
-def _mrope_arguments(model_type, parameters):
-    """The grid arguments of a Qwen-VL config's M-RoPE, `{}` for other configs.
+def _mrope_arguments(parameters, sections=None, cyclic=False):
+    """The grid arguments of a config's M-RoPE, `{}` for a RoPE on one axis.
 
     Takes `mrope_section` and `mrope_interleaved` out of `parameters` and
     reads the `"mrope"` schedule as the default one, as transformers does.
+    `sections` serve where the config gives none, and `cyclic` interleaves
+    (`axis_layout="cyclic"`) whatever the config says: a family's M-RoPE.
     """
-    base_type = (model_type or "").removesuffix("_text")
-    sections = parameters.pop("mrope_section", None)
+    given = parameters.pop("mrope_section", None)
     interleaved = parameters.pop("mrope_interleaved", False)
     if parameters.get("rope_type") == "mrope":
         parameters["rope_type"] = "default"
-    if sections is None:
-        # The Qwen-VL text models apply M-RoPE whatever their config says.
-        sections = _MROPE_SECTIONS.get(base_type)
+    if given is not None:
+        sections = given
     if sections is None:
         return {}
-    # Qwen3-VL's text model interleaves (axis_layout="cyclic") whatever its
-    # config says.
-    if interleaved or base_type.startswith("qwen3_vl"):
-        axis_layout = "cyclic"
-    else:
-        axis_layout = "sections"
     return {
         "num_axes": len(sections),
-        "axis_layout": axis_layout,
+        "axis_layout": "cyclic" if interleaved or cyclic else "sections",
         "axis_sections": list(sections),
     }
 
@@ -642,14 +622,26 @@ class Weight:
 class Family:
     """What one model family needs, read from its config: a `FAMILIES` entry.
 
-    Its positions (`position_arguments_per_layer`) and, where `arguments`
-    is given, its attention with its weights
+    Its positions (`rotary_embedding_arguments`,
+    `position_arguments_per_layer`) and, where `arguments` is given, its
+    attention with its weights
     (`keras_posenc.hf_attention.attention_from_hf`, which reads nothing
     else of the family).
 
     Args:
         interleaved: bool. Whether its RoPE turns adjacent features
             `(2i, 2i + 1)` together. Defaults to `False`.
+        latent: bool. Whether its attention is multi-head latent
+            attention, whose RoPE turns a slice of each head apart,
+            `qk_rope_head_dim` wide, whole; the other families' configs
+            may not give `qk_rope_head_dim`. Defaults to `False`.
+        rotary: callable or None. `(text, parameters, base)` -> the
+            `RotaryEmbedding` arguments the family reads itself, over those
+            read from the config. `parameters` is the RoPE dict, the keys
+            it reads taken out, and `base` its base. Where they give
+            `rotary_dim`, `partial_rotary_factor` is not applied; where
+            they give `max_wavelength`, they are all of them. Defaults to
+            `None`.
         rope_layers: callable or None. `(text, name, num_layers)` -> whether
             each layer has RoPE; `None`: every layer (or as
             `no_rope_layers` says, where the config gives it). Defaults
@@ -705,6 +697,8 @@ class Family:
     """
 
     interleaved: bool = False
+    latent: bool = False
+    rotary: typing.Optional[typing.Callable] = None
     rope_layers: typing.Optional[typing.Callable] = None
     temperature: bool = False
     arguments: typing.Optional[typing.Callable] = None
@@ -1093,6 +1087,37 @@ def _cohere2_rope_layers(config, name, num_layers):
     ]
 
 
+def _pixtral_rotary(text, parameters, base):
+    """Pixtral's vision encoder: rows and columns of patches, the whole head.
+
+    "Axial" RoPE, from its base alone.
+    """
+    return {"max_wavelength": base, "num_axes": 2, "axis_layout": "alternating"}
+
+
+def _qwen2_vl_rotary(text, parameters, base):
+    """Qwen2-VL's M-RoPE, which its text model applies whatever its config says.
+
+    transformers' `mrope_section` where the config gives none.
+    """
+    return _mrope_arguments(parameters, sections=(16, 24, 24))
+
+
+def _qwen3_vl_rotary(text, parameters, base):
+    """Qwen3-VL's M-RoPE, interleaved (`"cyclic"`) whatever its config says."""
+    return _mrope_arguments(parameters, sections=(24, 20, 20), cyclic=True)
+
+
+def _deepseek_v3_rotary(text, parameters, base):
+    """DeepSeek V3's pairs: adjacent features unless `rope_interleave` is false."""
+    return {"pairing": "interleaved" if text.get("rope_interleave", True) else "half"}
+
+
+def _gptj_rotary(text, parameters, base):
+    """GPT-J's rotated width, `rotary_dim` (every feature where null)."""
+    return {"rotary_dim": text.get("rotary_dim")}
+
+
 _DECODER = dict(
     arguments=_decoder_arguments,
     weights=_decoder_weights,
@@ -1140,6 +1165,8 @@ _CONFORMER_NAMES = (
 )
 _XLNET_NAMES = ("q", "k", "v", "o", "r", "r_w_bias", "r_r_bias")
 _XLNET_OTHER_WEIGHTS = ("r_s_bias", "seg_embed", "layer_norm.weight", "layer_norm.bias")
+_QWEN2_VL = Family(rotary=_qwen2_vl_rotary)
+_QWEN3_VL = Family(rotary=_qwen3_vl_rotary)
 _T5 = Family(
     arguments=_t5_arguments,
     weights=_t5_weights,
@@ -1164,6 +1191,21 @@ FAMILIES = {
     # Cohere's rotate_half takes x[..., ::2] and x[..., 1::2].
     "cohere": Family(interleaved=True),
     "cohere2": Family(interleaved=True, rope_layers=_cohere2_rope_layers),
+    # V2 multiplies adjacent pairs as complex numbers.
+    "deepseek_v2": Family(interleaved=True, latent=True),
+    "deepseek_v3": Family(latent=True, rotary=_deepseek_v3_rotary),
+    # GPT-J pairs features 2i and 2i + 1.
+    "gptj": Family(interleaved=True, rotary=_gptj_rotary),
+    "pixtral": Family(rotary=_pixtral_rotary),
+    # M-RoPE, under the composite model's type or its text model's.
+    "qwen2_vl": _QWEN2_VL,
+    "qwen2_vl_text": _QWEN2_VL,
+    "qwen2_5_vl": _QWEN2_VL,
+    "qwen2_5_vl_text": _QWEN2_VL,
+    "qwen3_vl": _QWEN3_VL,
+    "qwen3_vl_text": _QWEN3_VL,
+    "qwen3_vl_moe": _QWEN3_VL,
+    "qwen3_vl_moe_text": _QWEN3_VL,
     "parakeet_encoder": Family(
         **_ENCODER, names=_PARAKEET_NAMES, weight_names=_PARAKEET_NAMES
     ),
