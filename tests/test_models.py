@@ -28,7 +28,7 @@ MAX_LENGTH = 16
 POSITIONS = ("sinusoidal", "learned")
 
 # Loads every `<name>.keras` in the folder given as argv[1] with the package
-# imported, predicts on `<name>.npy`, writes `<name>.pred.npy`.
+# imported, calls it on `<name>.npy`, writes `<name>.pred.npy`.
 LOAD_CHILD = """
 import pathlib
 import sys
@@ -42,7 +42,7 @@ folder = pathlib.Path(sys.argv[1])
 for path in sorted(folder.glob("*.keras")):
     model = keras.models.load_model(path, safe_mode=True)
     inputs = np.load(path.with_suffix(".npy"))
-    np.save(path.with_suffix(".pred.npy"), model.predict(inputs, verbose=0))
+    np.save(path.with_suffix(".pred.npy"), keras.ops.convert_to_numpy(model(inputs)))
 """
 
 # Serves every exported SavedModel folder `<name>` in argv[1] on `<name>.npy`
@@ -232,11 +232,15 @@ def models():
 
 
 def save_inputs_and_predict(models, folder):
-    """Write each model's inputs to `folder/<name>.npy`; its predictions."""
+    """Write each model's inputs to `folder/<name>.npy`; its outputs.
+
+    The models are called as they are, here and in the child that loads
+    them: `predict` would trace each model anew.
+    """
     predictions = {}
     for name, (model, inputs) in models.items():
         np.save(folder / f"{name}.npy", inputs)
-        predictions[name] = model.predict(inputs, verbose=0)
+        predictions[name] = numpy(model(inputs))
     return predictions
 
 

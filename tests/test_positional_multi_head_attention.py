@@ -30,6 +30,7 @@ from tests import references
 from tests.backend import BACKEND
 from tests.backend import RUN_TIME_ERRORS
 from tests.backend import compiled
+from tests.backend import gradient_function
 from tests.backend import gradients
 from tests.backend import graph_function
 from tests.backend import keras_mask as keras_mask_of
@@ -874,9 +875,8 @@ def test_a_position_shared_by_two_attention_layers_loads_as_one(
     assert first.position is second.position
     assert len(loaded.weights) == len(model.weights)
     inputs = random_inputs((BATCH, LENGTH, FEATURES))
-    np.testing.assert_array_equal(
-        loaded.predict(inputs, verbose=0), model.predict(inputs, verbose=0)
-    )
+    # Both called as they are: `predict` would trace each model anew.
+    np.testing.assert_array_equal(numpy(loaded(inputs)), numpy(model(inputs)))
 
 
 def test_the_config_serializes_its_position_once_and_marks_it_only_when_saving(
@@ -929,10 +929,9 @@ def test_keras_file_round_trip_is_bit_identical(scheme, tmp_path):
     ]
     tokens = random_inputs((BATCH, LENGTH, FEATURES))
     positions = np.maximum(np.arange(LENGTH) - np.array([[0], [2]]), 0)
-    expected = model.predict([tokens, positions], verbose=0)
-    np.testing.assert_array_equal(
-        loaded.predict([tokens, positions], verbose=0), expected
-    )
+    # Both called as they are: `predict` would trace each model anew.
+    expected = numpy(model([tokens, positions]))
+    np.testing.assert_array_equal(numpy(loaded([tokens, positions])), expected)
     # The positions reached the attention: the model is the layers called
     # with them, and differs from the same model at the default positions.
     eager = attention_layer(model)(
@@ -944,7 +943,7 @@ def test_keras_file_round_trip_is_bit_identical(scheme, tmp_path):
     )
     assert_close(model.layers[-1](eager), expected)
     default_positions = np.tile(np.arange(LENGTH), (BATCH, 1))
-    default = model.predict([tokens, default_positions], verbose=0)
+    default = numpy(model([tokens, default_positions]))
     assert np.abs(default - expected).max() > 0.05
 
 
@@ -1897,6 +1896,17 @@ def test_on_jax_attention_writes_no_more_logits_than_keras(scheme):
     assert found <= keras_writes
 
 
+def optimized_hlo_of(program, *arguments):
+    """The optimized HLO of a `compiled_program.jit` program, from its trace.
+
+    `compiled_program.optimized_hlo` traces its function anew; this reads
+    the program already traced for `arguments`, as it ran.
+    """
+    if BACKEND == "tensorflow":
+        return program.experimental_get_compiler_ir(*arguments)(stage="optimized_hlo")
+    return program.lowered(*arguments).as_text()
+
+
 @pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("scheme", ["shaw", "t5"])
@@ -1930,15 +1940,25 @@ def test_attention_over_blocks_of_queries_equals_float64_reference(
         return layer(tokens, tokens, attention_mask=mask, use_causal_mask=causal)
 
     expected, _ = reference_attention(layer, tokens, tokens, mask=mask, causal=causal)
-    assert_close(compiled(call)(tokens), expected)
+    # One program, traced once: its outputs are checked and its HLO read.
+    program = compiled_program.jit(call)
+    assert_close(program(tokens), expected)
     if BACKEND in ("tensorflow", "jax"):
         # No tensor of all the logits' size: a block's are a third of it.
-        hlo = compiled_program.optimized_hlo(call, tokens)
+        hlo = optimized_hlo_of(program, tokens)
         assert compiled_program.results_of_size(hlo, BATCH * HEADS * length**2) == 0
-    # The gradients are those of the whole attention at once.
-    blocked = gradients(call, tokens)[0]
+    # The gradients are those of the whole attention at once. JAX takes
+    # them compiled: differentiating its loop over the blocks eagerly takes
+    # several times as long as compiling it.
+    def input_gradients():
+        if BACKEND != "jax":
+            return gradients(call, tokens)[0]
+        function = compiled(gradient_function(call))
+        return numpy(function(keras.ops.convert_to_tensor(tokens))[0])
+
+    blocked = input_gradients()
     monkeypatch.setattr(_attention_kernel, "choose", lambda *a, **k: ("reference", None))
-    assert_close(gradients(call, tokens)[0], blocked.astype("float64"))
+    assert_close(input_gradients(), blocked.astype("float64"))
 
 
 @pytest.mark.parametrize("scheme", ["none", "rotary", "alibi"])
