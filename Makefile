@@ -82,9 +82,14 @@ demo: $(STAMP)
 # Two workers (pytest-xdist), each file's tests on one of them: the suite's
 # module-scoped fixtures (trained models, built sites) are made once.
 PYTEST_WORKERS := -n 2 --dist loadfile
+# XLA's CPU code unoptimized by LLVM: most of a compile's time on a CPU is
+# LLVM's, and the tests check values, not speed (the benchmarks do).
+XLA_TEST_FLAGS := --xla_backend_optimization_level=0
 
+# The TPU notebook runs in `make test-colab`, on JAX as on Colab.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not browser"
+	XLA_FLAGS=$(XLA_TEST_FLAGS) $(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not browser" \
+		--ignore=notebooks/03_tpu_training.ipynb
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The lab (tests/lab: the command, the demo's tasks, the benchmarks), the
@@ -96,20 +101,20 @@ LAB_TESTS := $(addprefix --ignore=tests/,lab test_plot.py \
 # At the floor of every version range, the library's tests (not the
 # notebooks, not the lab's) less those marked `newest` (CI's 45 minutes).
 test-oldest: $(OLDEST_STAMP)
-	$(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" $(LAB_TESTS)
+	XLA_FLAGS=$(XLA_TEST_FLAGS) $(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" $(LAB_TESTS)
 
 # On JAX at its newest, on Python 3.12: the attention, its schemes, the
 # ops, every public layer, files across backends and JAX's distribution
 # (`JAX_TESTS`, below). The docs' examples run on TensorFlow and PyTorch,
 # the TPU notebook on JAX in `make test-colab` (CI's 45 minutes).
 test-jax: $(JAX)/.installed
-	KERAS_BACKEND=jax $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) $(JAX_TESTS)
+	KERAS_BACKEND=jax XLA_FLAGS=$(XLA_TEST_FLAGS) $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) $(JAX_TESTS)
 
 # At the floor, the kernel, the attention and the ops, and every public
 # layer's forward pass, training step and round trip (`JAX_FLOOR_TESTS`,
 # below): the schemes' own tests are the ceiling's (CI's 45 minutes).
 test-jax-oldest: $(JAX_OLDEST)/.installed
-	KERAS_BACKEND=jax $(JAX_OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) -m "not newest" \
+	KERAS_BACKEND=jax XLA_FLAGS=$(XLA_TEST_FLAGS) $(JAX_OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) -m "not newest" \
 		$(JAX_FLOOR_TESTS)
 
 # Colab's TPU runtime less the TPU: Python 3.12, JAX on the CPU, within the
@@ -133,7 +138,7 @@ test-colab: $(COLAB)/.installed
 	$(COLAB)/bin/python -m pip uninstall --quiet --yes keras-posenc
 	rm -f $(COLAB)/install-cell.log
 	KERAS_POSENC_SPEC="$(CURDIR)" PIP_LOG="$(CURDIR)/$(COLAB)/install-cell.log" \
-		KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+		KERAS_BACKEND=jax XLA_FLAGS="--xla_force_host_platform_device_count=8 $(XLA_TEST_FLAGS)" \
 		$(COLAB)/bin/python -m pytest notebooks/03_tpu_training.ipynb
 	grep -E "(Installing collected packages|Successfully installed).*keras-posenc" \
 		$(COLAB)/install-cell.log

@@ -33,7 +33,11 @@ def run(mode, out, *arguments, devices=8, check=True):
     env = dict(
         os.environ,
         KERAS_BACKEND="jax",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        # The devices, after the flags the run was given (the Makefile's).
+        XLA_FLAGS=" ".join(
+            os.environ.get("XLA_FLAGS", "").split()
+            + [f"--xla_force_host_platform_device_count={devices}"]
+        ),
         TF_CPP_MIN_LOG_LEVEL="2",
     )
     process = subprocess.Popen(
