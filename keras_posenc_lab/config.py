@@ -1,8 +1,8 @@
 """What the demo trains and evaluates: its tasks, encodings and configurations.
 
 Plain Python, unlike the tasks' modules (`language`, `vision`, `graph`),
-which import TensorFlow: the `keras-posenc` command reads these for its
-`--help` without importing them.
+which import Keras and its backend: the `keras-posenc` command reads these
+for its `--help` without importing them.
 """
 
 import dataclasses

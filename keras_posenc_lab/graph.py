@@ -245,7 +245,7 @@ def predict_classes(model, inputs):
     classes = []
     for start in range(0, count, EVALUATION_BATCH):
         batch = {name: value[start : start + EVALUATION_BATCH] for name, value in inputs.items()}
-        logits = model(batch, training=False)  # (batch, nodes, classes)
+        logits = training.predict(model, batch)  # (batch, nodes, classes)
         classes.append(np.argmax(logits, axis=-1))
     return np.concatenate(classes)
 

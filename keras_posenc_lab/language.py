@@ -360,9 +360,9 @@ def mean_nll(model, windows):
     losses = []
     for start in range(0, len(windows), batch_size):
         batch = windows[start : start + batch_size]  # (batch, length + 1)
-        logits = keras.ops.convert_to_numpy(
-            model(batch[:, :-1], training=False)
-        ).astype("float64")  # (batch, length, vocab)
+        logits = training.predict(model, batch[:, :-1]).astype(
+            "float64"
+        )  # (batch, length, vocab)
         peak = logits.max(axis=-1, keepdims=True)  # (batch, length, 1)
         log_normalizer = peak[..., 0] + np.log(
             np.exp(logits - peak).sum(axis=-1)

@@ -77,6 +77,17 @@ def fit(model, inputs, targets, batch_size, label):
         )
 
 
+def predict(model, inputs):
+    """`model`'s outputs on `inputs`, called eagerly, as a NumPy array.
+
+    The call is eager: the evaluations call each model a few times per
+    shape, where tracing and compiling would cost more than they save.
+    On PyTorch the outputs hold the graph of their gradients, which NumPy
+    cannot read: `keras.ops.convert_to_numpy` detaches them.
+    """
+    return keras.ops.convert_to_numpy(model(inputs, training=False))
+
+
 def save_and_reload(model, path, probes):
     """Save `model` to `path`, reload it, and check it predicts identically.
 
@@ -95,9 +106,7 @@ def save_and_reload(model, path, probes):
     model.save(path)
     reloaded = keras.models.load_model(path, safe_mode=True)
     for probe in probes:
-        if not np.array_equal(
-            model(probe, training=False), reloaded(probe, training=False)
-        ):
+        if not np.array_equal(predict(model, probe), predict(reloaded, probe)):
             raise RuntimeError(
                 f"the model reloaded from {path} predicts differently from "
                 "the trained model."
