@@ -228,8 +228,10 @@ def build_model(
             `"axial_rope"`, the factor of the patches' positions, as
             `scaled_copy` evaluates them; `None` for the positions as
             trained. Defaults to `None`.
-        jit_compile: bool. Whether `fit` runs under XLA, with
-            `STEPS_PER_EXECUTION` steps per call. Defaults to `False`.
+        jit_compile: bool. Whether `fit` runs under XLA on TensorFlow,
+            with `STEPS_PER_EXECUTION` steps per call (on JAX it always
+            does, on PyTorch never: `training.compiled`). Defaults to
+            `False`.
 
     Returns:
         A compiled functional `keras.Model` from images `(batch, h, w, 1)`,
@@ -545,7 +547,7 @@ def run(config, out_dir):
                     config,
                     data,
                     out_dir,
-                    f"[{number}/{total}{seed_text}]",
+                    f"[vision {number}/{total}{seed_text}]",
                     seed,
                 )
             except RuntimeError as error:

@@ -709,9 +709,9 @@ def test_vision_demo_over_two_seeds(tmp_path, capsys):
         assert len(cells) == len(QUICK_GRIDS)
         assert all(" ± " in cell for cell in cells)
     printed = capsys.readouterr().out
-    assert "[1/4, seed 0] Training with none:" in printed
-    assert "[3/4, seed 1] Training with none:" in printed
-    assert "[4/4, seed 1] Training with " in printed
+    assert "[vision 1/4, seed 0] Training with none:" in printed
+    assert "[vision 3/4, seed 1] Training with none:" in printed
+    assert "[vision 4/4, seed 1] Training with " in printed
     assert not (tmp_path / "nll.csv").exists()
 
 

@@ -617,7 +617,7 @@ def test_run_calls_before_timing_before_each_seeds_timing(quick_two_seed_run):
     # then the timing.
     assert len(marks) == 2
     assert timings == [mark + 2 for mark in marks]
-    seed_one = lines.index("[2/2, seed 1] Training with alibi:")
+    seed_one = lines.index("[language 2/2, seed 1] Training with alibi:")
     assert marks[0] < seed_one < marks[1]
 
 
