@@ -394,8 +394,9 @@ def main(argv=None):
 
     Returns:
         The exit status, `0` on success, `1` when the subcommand needs an
-        extra that is not installed (with a one-line message naming it).
-        Bad arguments exit with status 2 and a one-line message.
+        extra, or the library of the backend Keras is set to, that is not
+        installed (with a one-line message naming it). Bad arguments exit
+        with status 2 and a one-line message.
     """
     parser = _make_parser()
     args = parser.parse_args(argv)
