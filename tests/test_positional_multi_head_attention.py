@@ -1358,6 +1358,25 @@ def test_cache_output_spec():
     assert new_cache.shape == cache.shape and new_cache.dtype == "float32"
 
 
+def test_output_spec_takes_calls_arguments_by_position_or_name():
+    # `call`'s order: query, value, key, query_mask, value_mask, key_mask,
+    # attention_mask, return_attention_scores.
+    layer = cached_attention("t5")
+    query = keras.KerasTensor((BATCH, 3, FEATURES))
+    value = keras.KerasTensor((BATCH, 5, FEATURES))
+    by_position = layer.compute_output_spec(
+        query, value, value, None, None, None, None, True
+    )
+    by_name = layer.compute_output_spec(
+        query=query, value=value, return_attention_scores=True
+    )
+    for output, weights in (by_position, by_name):
+        assert output.shape == (BATCH, 3, FEATURES)
+        assert weights.shape == (BATCH, HEADS, 3, 5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'cahce'"):
+        layer.compute_output_spec(query, value, cahce=None)
+
+
 @pytest.mark.parametrize(
     "make_layer, call_kwargs, message",
     [

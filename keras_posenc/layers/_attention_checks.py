@@ -224,6 +224,26 @@ def check_key_masks(keys, value_mask, key_mask):
             )
 
 
+def check_call(sizes, query, value, key, value_mask, key_mask, cache, cache_update_index):
+    """The checks of a call's inputs that do not concern positions.
+
+    Args:
+        sizes: the features the projections were built for, `(query,
+            value, key)`, or `None`s before the first build.
+        query, value, key, value_mask, key_mask, cache, cache_update_index:
+            the call's arguments.
+
+    Raises:
+        ValueError: naming the argument whose batch size, features or mask
+            does not fit, or a `cache_update_index` without a `cache`.
+    """
+    check_batch_sizes(query=query, value=value, key=key)
+    check_features(sizes, query, value, key)
+    if cache is None:
+        check_key_masks(value if key is None else key, value_mask, key_mask)
+    check_cache_index(cache, cache_update_index)
+
+
 def check_causal(position, use_causal_mask):
     """A `ValueError` for a causal mask where positions are not on a line."""
     if use_causal_mask and position is not None and not on_a_line(position):

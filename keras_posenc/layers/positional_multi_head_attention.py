@@ -1,3 +1,4 @@
+import inspect
 import warnings
 
 import keras
@@ -108,19 +109,9 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
     >>> tokens = np.random.default_rng(0).normal(size=(1, 5, 16))
     >>> tuple(attention(tokens, tokens, use_causal_mask=True).shape)
     (1, 5, 16)
-    >>> cache = np.zeros((1, 2, 8, 2, 8), "float32")  # 8 slots
-    >>> prompt, cache = attention(
-    ...     tokens[:, :4], tokens[:, :4], use_causal_mask=True,
-    ...     cache=cache, cache_update_index=0,
-    ... )
-    >>> last, cache = attention(
-    ...     tokens[:, 4:], tokens[:, 4:], use_causal_mask=True,
-    ...     cache=cache, cache_update_index=4,
-    ... )
-    >>> full = attention(tokens, tokens, use_causal_mask=True)
-    >>> last, full = keras.ops.convert_to_numpy(last), keras.ops.convert_to_numpy(full)
-    >>> bool(np.allclose(last[:, 0], full[:, 4], atol=1e-6))
-    True
+
+    Cached decoding, step by step, is in the documentation's page on the
+    attention layer, with the cache's layout.
 
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
@@ -216,18 +207,14 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             self.position, query, value, key, (query_positions, key_positions), cache,
             adjacency, grid_shape, use_causal_mask,
         )
-        _attention_checks.check_batch_sizes(query=query, value=value, key=key)
-        _attention_checks.check_features(
-            getattr(self, "_feature_sizes", (None, None, None)), query, value, key
+        _attention_checks.check_call(
+            getattr(self, "_feature_sizes", (None, None, None)), query, value, key,
+            value_mask, key_mask, cache, cache_update_index,
         )
-        if cache is None:
-            _attention_checks.check_key_masks(
-                value if key is None else key, value_mask, key_mask
-            )
+        keys = value if key is None else key
         attention_mask = _keras_attention.with_query_mask(
-            attention_mask, query_mask, query, value if key is None else key, cache
+            attention_mask, query_mask, query, keys, cache
         )
-        _attention_checks.check_cache_index(cache, cache_update_index)
         if self.position is None and self.qk_norm is None and not self._grouped and (
             query_positions is None and key_positions is None and cache is None
         ):
@@ -252,12 +239,11 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 cache,
                 cache_update_index,
                 query,
-                value if key is None else key,
+                keys,
                 value_mask is not None or key_mask is not None,
                 _describe(self.position),
             )
             start_index = cache.update_index
-        keys = value if key is None else key
         context, past_int32 = _attention_positions.context(
             self.position,
             query,
@@ -288,32 +274,19 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             outputs += (cache.tensor,)
         return outputs[0] if len(outputs) == 1 else outputs
 
-    def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        return_attention_scores=False,
-        training=None,
-        use_causal_mask=False,
-        query_positions=None,
-        key_positions=None,
-        cache=None,
-        cache_update_index=None,
-        adjacency=None,
-        grid_shape=None,
-    ):
+    def compute_output_spec(self, *args, **kwargs):
+        arguments = inspect.signature(self.call).bind(*args, **kwargs).arguments
+        query, value, key = arguments["query"], arguments["value"], arguments.get("key")
+        cache = arguments.get("cache")
         _attention_positions.checked(
-            self.position, query, value, key, (query_positions, key_positions), cache,
-            adjacency, grid_shape, use_causal_mask,
+            self.position, query, value, key,
+            (arguments.get("query_positions"), arguments.get("key_positions")), cache,
+            arguments.get("adjacency"), arguments.get("grid_shape"),
+            arguments.get("use_causal_mask", False),
         )
         output_spec = super().compute_output_spec(query, value, key)
         outputs = (output_spec,)
-        if return_attention_scores:
+        if arguments.get("return_attention_scores"):
             weights_shape = (
                 query.shape[0],
                 self.num_heads,
