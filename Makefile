@@ -104,8 +104,8 @@ test-oldest: $(OLDEST_STAMP)
 	XLA_FLAGS=$(XLA_TEST_FLAGS) $(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" $(LAB_TESTS)
 
 # On JAX at its newest, on Python 3.12: the attention, its schemes, the
-# ops, every public layer, files across backends and JAX's distribution
-# (`JAX_TESTS`, below). The docs' examples run on TensorFlow and PyTorch,
+# ops, every public layer, files across backends, the demo's tasks, tiny,
+# and JAX's distribution (`JAX_TESTS`, below). The docs' examples run on TensorFlow and PyTorch,
 # the TPU notebook on JAX in `make test-colab` (CI's 45 minutes).
 test-jax: $(JAX)/.installed
 	KERAS_BACKEND=jax XLA_FLAGS=$(XLA_TEST_FLAGS) $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) $(JAX_TESTS)
@@ -152,10 +152,12 @@ test-colab: $(COLAB)/.installed
 # the backend module's answers, files across PyTorch and TensorFlow, the
 # attention and its kernel's paths (PyTorch's SDPA), the backends'
 # benchmark, the token embedding's and the graph encodings' checks of
-# their inputs, and the examples of README and the docs pages.
+# their inputs, the examples of README and the docs pages, and the demo's
+# three tasks, tiny, with TensorFlow hidden (tests/lab/test_backends.py).
 TORCH_VERSION := 2.13.0
-# The attention, its schemes, the ops and the docs' examples: PyTorch's run;
-# JAX's the same less PyTorch's own kernels and the docs' examples, with
+# The attention, its schemes, the ops, the docs' examples and the demo's
+# tasks, tiny: PyTorch's run; JAX's the same less PyTorch's own kernels and
+# the docs' examples, with
 # JAX's distribution; JAX's floor the kernel, the attention, the ops and
 # every public layer.
 BACKEND_TESTS := tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py \
@@ -170,7 +172,8 @@ BACKEND_TESTS := tests/test_every_backend.py tests/test_cross_backend.py tests/t
 	tests/test_grid_attention.py tests/test_shortest_path_bias.py tests/test_hf_config.py \
 	tests/test_token_and_position_embedding.py tests/test_graph_encoding_contract.py \
 	tests/test_ops.py tests/test_doc_pages.py tests/test_flex_attention.py \
-	tests/test_torch_compile.py tests/test_attention_cache.py tests/test_attention_files.py
+	tests/test_torch_compile.py tests/test_attention_cache.py tests/test_attention_files.py \
+	tests/lab/test_backends.py
 JAX_TESTS := $(filter-out tests/test_flex_attention.py tests/test_torch_compile.py \
 	tests/test_doc_pages.py,$(BACKEND_TESTS)) tests/test_distribution_jax.py
 JAX_FLOOR_TESTS := tests/test_every_backend.py tests/test_backend_dispatch.py tests/test_ops.py \

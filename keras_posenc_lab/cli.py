@@ -7,10 +7,12 @@ grid encoding at one image size and evaluates it at larger ones, and one
 small graph transformer per graph encoding on small graphs and evaluates it
 on larger ones; `keras-posenc bench` runs the speed and memory benchmarks.
 
-It parses its arguments first and imports TensorFlow only for `demo` and
-`bench`, which train and time on it, with TensorFlow's C++ start-up logging
-hidden unless `--verbose`: `--help` and `--version` answer at once. `plot`
-draws on whichever backend Keras runs.
+Every command runs on the backend Keras is set to (`KERAS_BACKEND`,
+TensorFlow by default): TensorFlow, JAX or PyTorch. It parses its arguments
+first and imports Keras and the backend's library only then, with
+TensorFlow's C++ start-up logging hidden unless `--verbose`: `--help` and
+`--version` answer at once. A missing extra, or a backend whose library is
+not installed, is named in one line.
 """
 
 import argparse
@@ -26,21 +28,15 @@ from keras_posenc_lab import config as demo_config
 from keras_posenc_lab import runner
 from keras_posenc_lab._arguments import int_at_least
 
-# What each subcommand imports beyond the base install, as (module,
-# distribution) pairs, and the extra of setup.cfg that installs them.
-# The demo and the benchmarks train and time on TensorFlow; the plots draw
-# on any backend.
+# What each subcommand imports beyond the base install and the backend's
+# library, as (module, distribution) pairs, and the extra of setup.cfg that
+# installs them. Each runs on the backend Keras is set to, whose library
+# comes with its own extra (`tensorflow`, `jax`, `torch`).
 NEEDS = {
     "plot": ((("matplotlib", "matplotlib"),), "plot"),
-    "demo": (
-        (
-            ("tensorflow", "tensorflow"),
-            ("matplotlib", "matplotlib"),
-            ("sklearn", "scikit-learn"),
-        ),
-        "demo",
-    ),
-    "bench": ((("tensorflow", "tensorflow"), ("keras_hub", "keras-hub")), "bench"),
+    "demo": ((("matplotlib", "matplotlib"), ("sklearn", "scikit-learn")), "demo"),
+    # keras-hub is the baseline of three of the benchmarks.
+    "bench": ((("keras_hub", "keras-hub"),), "bench"),
     # `bench --backend torch` and `--backend jax`: the attention on their
     # own kernels, against x-transformers on PyTorch.
     "bench-torch": ((("torch", "torch"), ("x_transformers", "x-transformers")), "bench-torch"),
@@ -69,7 +65,8 @@ def _make_parser():
     common.add_argument(
         "--verbose",
         action="store_true",
-        help="show TensorFlow's C++ logging (hidden by default)",
+        help="show TensorFlow's C++ logging (hidden by default; on the "
+        "TensorFlow backend)",
     )
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -116,8 +113,9 @@ def _make_parser():
             "hop distance to a marked node, on random graphs of 8 to 16 nodes, "
             "and evaluate its accuracy on larger ones. Every model is saved "
             "and reloaded, and each task writes its table (the language and "
-            "vision tasks a plot too). Needs matplotlib and scikit-learn (the "
-            "`demo` extra)."
+            "vision tasks a plot too). Runs on the backend Keras is set to "
+            "(KERAS_BACKEND: tensorflow, the default, jax or torch). Needs "
+            "matplotlib and scikit-learn (the `demo` extra)."
         ),
     )
     demo_parser.add_argument(
@@ -262,10 +260,11 @@ def _make_parser():
         parents=[common],
         help="run the speed and memory benchmarks and print their ratios",
         description=(
-            "Time every layer under XLA against keras-hub, plain Keras and "
-            "precomputed tables, in one process, and measure peak memory; "
-            "print one Markdown table of ratios. Needs keras-hub (the "
-            "`bench` extra)."
+            "Time every layer against keras-hub, plain Keras and precomputed "
+            "tables, in one process, on the backend Keras is set to "
+            "(KERAS_BACKEND: tensorflow, the default, jax or torch), under "
+            "XLA on TensorFlow and JAX, and measure peak memory; print one "
+            "Markdown table of ratios. Needs keras-hub (the `bench` extra)."
         ),
     )
     bench_parser.add_argument(
@@ -288,13 +287,19 @@ def _make_parser():
     bench_parser.add_argument(
         "--backend",
         choices=("tensorflow", "jax", "torch"),
-        default="tensorflow",
-        help="tensorflow (default): every benchmark, compiled with XLA; jax "
-        "or torch: the attention of each scheme on that backend's own "
-        "kernel against its best (Keras' own attention; x-transformers on "
-        "PyTorch), with the peak memory of one call at (1, 8192)",
+        default=None,
+        help="jax or torch: the attention of each scheme on that backend's "
+        "own kernel against its best (Keras' own attention; x-transformers "
+        "on PyTorch), with the peak memory of one call at (1, 8192); "
+        "tensorflow: every benchmark, on TensorFlow (default: every "
+        "benchmark, on the backend KERAS_BACKEND names)",
     )
     return parser
+
+
+def _keras_backend():
+    """The backend `KERAS_BACKEND` names, `"tensorflow"` where it is unset."""
+    return os.environ.get("KERAS_BACKEND", "tensorflow")
 
 
 def _missing(command):
@@ -322,9 +327,12 @@ def _missing(command):
             ):
                 pin = requirement.strip()
         pinned.append(f'"{pin}"')
+    # The suite's extra is the same on every backend: the message says
+    # which one it was asked to run on.
+    on = f" on Keras' {_keras_backend()} backend" if command == "bench" else ""
     return (
-        f"`keras-posenc {command.replace('bench-', 'bench --backend ')}` needs "
-        f"{' and '.join(missing)}, which the "
+        f"`keras-posenc {command.replace('bench-', 'bench --backend ')}`{on} "
+        f"needs {' and '.join(missing)}, which the "
         f"`{extra}` extra installs. Install it with: pip install "
         + " ".join(pinned)
     )
@@ -345,18 +353,27 @@ def _stderr_closed():
         os.close(devnull)
 
 
-def _import_tensorflow(verbose):
-    """Import TensorFlow, quietly unless `verbose`.
+def _import_backend(verbose):
+    """Import Keras on its backend; a one-line message if it cannot, else `None`.
 
-    Its C++ start-up lines (no CUDA driver, CPU features, cuInit) are logged
-    before its log level applies; `TF_CPP_MIN_LOG_LEVEL=3` hides the later
-    ones. A level the user set is kept.
+    On TensorFlow's backend TensorFlow is imported first, quietly unless
+    `verbose`: its C++ start-up lines (no CUDA driver, CPU features, cuInit)
+    are logged before its log level applies; `TF_CPP_MIN_LOG_LEVEL=3` hides
+    the later ones. A level the user set is kept. Where the backend's
+    library is not installed, the message is the library's own: which
+    backend Keras chose and the line that installs it.
     """
-    quiet = not verbose and "tensorflow" not in sys.modules
-    if quiet:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    with _stderr_closed() if quiet else contextlib.nullcontext():
-        import tensorflow  # noqa: F401
+    if _keras_backend() == "tensorflow" and importlib.util.find_spec("tensorflow"):
+        quiet = not verbose and "tensorflow" not in sys.modules
+        if quiet:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        with _stderr_closed() if quiet else contextlib.nullcontext():
+            import tensorflow  # noqa: F401
+    try:
+        import keras_posenc  # noqa: F401
+    except ImportError as error:
+        return str(error)
+    return None
 
 
 def _bench_on(backend, args):
@@ -392,15 +409,26 @@ def main(argv=None):
 
     Returns:
         The exit status, `0` on success, `1` when the subcommand needs an
-        extra that is not installed (with a one-line message naming it).
-        Bad arguments exit with status 2 and a one-line message.
+        extra, or the library of the backend Keras is set to, that is not
+        installed (with a one-line message naming it). Bad arguments exit
+        with status 2 and a one-line message.
     """
     parser = _make_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
         configs = _demo_configs(parser, args)
+    if (
+        args.command == "bench"
+        and args.backend == "tensorflow"
+        and _keras_backend() != "tensorflow"
+    ):
+        parser.error(
+            "`--backend tensorflow` runs every benchmark on TensorFlow, but "
+            f"KERAS_BACKEND={_keras_backend()}: unset it, or leave out "
+            f"--backend to run them on {_keras_backend()}."
+        )
     needs = args.command
-    if args.command == "bench" and args.backend != "tensorflow":
+    if args.command == "bench" and args.backend in ("jax", "torch"):
         needs = f"bench-{args.backend}"
     message = _missing(needs)
     if message is not None:
@@ -408,15 +436,12 @@ def main(argv=None):
         return 1
     if args.command == "demo":
         runner.set_threads(configs)
-    if args.command == "bench" and args.backend != "tensorflow":
+    if args.command == "bench" and args.backend in ("jax", "torch"):
         return _bench_on(args.backend, args)
-    # `plot` draws on any backend; on TensorFlow's, Keras imports it, so
-    # quietly here first.
-    if args.command != "plot" or (
-        os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow"
-        and importlib.util.find_spec("tensorflow") is not None
-    ):
-        _import_tensorflow(args.verbose)
+    message = _import_backend(args.verbose)
+    if message is not None:
+        print(f"keras-posenc: error: {message}", file=sys.stderr)
+        return 1
     if args.command == "plot":
         from keras_posenc import plot
 

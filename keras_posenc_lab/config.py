@@ -1,8 +1,8 @@
 """What the demo trains and evaluates: its tasks, encodings and configurations.
 
 Plain Python, unlike the tasks' modules (`language`, `vision`, `graph`),
-which import TensorFlow: the `keras-posenc` command reads these for its
-`--help` without importing them.
+which import Keras and its backend: the `keras-posenc` command reads these
+for its `--help` without importing them.
 """
 
 import dataclasses
@@ -75,9 +75,11 @@ class Config:
             the first seed of the training data and weights.
         num_seeds: int. How many times each model is trained, with seeds
             `seed, seed + 1, ...`; the table gives the mean and the spread.
-        jit_compile: bool. Whether training runs under XLA. Evaluation
-            calls the models eagerly either way: a few calls per shape,
-            where tracing and compiling would cost more than they save.
+        jit_compile: bool. Whether training runs under XLA on
+            TensorFlow; on JAX it always does, on PyTorch never
+            (`training.compiled`). Evaluation calls the models eagerly
+            either way: a few calls per shape, where tracing and compiling
+            would cost more than they save.
         judged: bool. Whether the run is long enough to compare the
             encodings: it prints its findings after the table; `--quick`
             runs print a note instead.
@@ -160,7 +162,9 @@ class VisionConfig:
         seed: int. The first seed of the training order and the weights.
         num_seeds: int. How many times each model is trained, with seeds
             `seed, seed + 1, ...`; the table gives the mean and the spread.
-        jit_compile: bool. Whether training runs under XLA.
+        jit_compile: bool. Whether training runs under XLA on
+            TensorFlow; on JAX it always does, on PyTorch never
+            (`training.compiled`).
         judged: bool. Whether the run is long enough to compare the
             encodings: it prints its findings after the table; `--quick`
             runs print a note instead.
@@ -206,7 +210,9 @@ class GraphConfig:
         seed: int. The first seed of the training graphs and the weights.
         num_seeds: int. How many times each model is trained, with seeds
             `seed, seed + 1, ...`; the table gives the mean and the spread.
-        jit_compile: bool. Whether training runs under XLA.
+        jit_compile: bool. Whether training runs under XLA on
+            TensorFlow; on JAX it always does, on PyTorch never
+            (`training.compiled`).
         judged: bool. Whether the run is long enough to compare the
             encodings: it prints its findings after the table; `--quick`
             runs print a note instead.

@@ -182,8 +182,10 @@ def build_model(encoding, jit_compile=False, seed=None):
         encoding: str. One of `GRAPH_ENCODINGS`: `"laplacian"` and
             `"random_walk"` add to the node features; `"shortest_path"`
             acts in every attention block; `"none"` adds nothing.
-        jit_compile: bool. Whether `fit` runs under XLA, with
-            `STEPS_PER_EXECUTION` steps per call. Defaults to `False`.
+        jit_compile: bool. Whether `fit` runs under XLA on TensorFlow,
+            with `STEPS_PER_EXECUTION` steps per call (on JAX it always
+            does, on PyTorch never: `training.compiled`). Defaults to
+            `False`.
         seed: int or None. Seed of the Laplacian's random sign flips.
             Defaults to `None`.
 
@@ -228,15 +230,14 @@ def build_model(encoding, jit_compile=False, seed=None):
         logits,
         name=f"graph_{encoding}",
     )
-    model.compile(
-        optimizer=keras.optimizers.Adam(training.LEARNING_RATE),
+    return training.compiled(
+        model,
+        jit_compile,
+        STEPS_PER_EXECUTION,
         loss=keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, ignore_class=UNSCORED
         ),
-        steps_per_execution=STEPS_PER_EXECUTION if jit_compile else 1,
-        jit_compile=jit_compile,
     )
-    return model
 
 
 def predict_classes(model, inputs):
@@ -245,7 +246,7 @@ def predict_classes(model, inputs):
     classes = []
     for start in range(0, count, EVALUATION_BATCH):
         batch = {name: value[start : start + EVALUATION_BATCH] for name, value in inputs.items()}
-        logits = model(batch, training=False)  # (batch, nodes, classes)
+        logits = training.predict(model, batch)  # (batch, nodes, classes)
         classes.append(np.argmax(logits, axis=-1))
     return np.concatenate(classes)
 
@@ -399,7 +400,7 @@ def run(config, out_dir):
                     train_data,
                     test_sets,
                     out_dir,
-                    f"[{number}/{total}{seed_text}]",
+                    f"[graph {number}/{total}{seed_text}]",
                     seed,
                 )
             except RuntimeError as error:

@@ -283,9 +283,10 @@ def build_model(
             (xPos's scale base, CoPE's rows, the temperature's floor).
         scaling: dict or None. The RoPE scaling of `"rope"`. Defaults to
             `None`.
-        jit_compile: bool. Whether `fit` runs under XLA, with
-            `STEPS_PER_EXECUTION` training steps per call. Defaults to
-            `False`.
+        jit_compile: bool. Whether `fit` runs under XLA on TensorFlow,
+            with `STEPS_PER_EXECUTION` training steps per call (on JAX it
+            always does, on PyTorch never: `training.compiled`). Defaults
+            to `False`.
         vocabulary_size: int. Token ids run from 0 to this less one.
             Defaults to `VOCABULARY_SIZE`, the Markov source's.
 
@@ -371,9 +372,9 @@ def mean_nll(model, windows, batch_tokens=DEFAULT.evaluation_batch_tokens):
     losses = []
     for start in range(0, len(windows), batch_size):
         batch = windows[start : start + batch_size]  # (batch, length + 1)
-        logits = keras.ops.convert_to_numpy(
-            model(batch[:, :-1], training=False)
-        ).astype("float64")  # (batch, length, vocab)
+        logits = training.predict(model, batch[:, :-1]).astype(
+            "float64"
+        )  # (batch, length, vocab)
         peak = logits.max(axis=-1, keepdims=True)  # (batch, length, 1)
         log_normalizer = peak[..., 0] + np.log(
             np.exp(logits - peak).sum(axis=-1)
@@ -851,7 +852,7 @@ def _run_text(config, text, out_dir, before_timing):
         for encoding in config.encodings:
             number += 1
             seed_text = f", seed {seed}" if config.num_seeds > 1 else ""
-            label = f"[{number}/{total}{seed_text}]"
+            label = f"[language {number}/{total}{seed_text}]"
             try:
                 trained[encoding], model, sequences = _train(
                     encoding, config, source, out_dir, label, seed, prefix

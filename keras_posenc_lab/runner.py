@@ -12,9 +12,9 @@ import time
 
 
 def set_threads(configs):
-    """Set TensorFlow's thread counts for the tasks of `configs`.
+    """Set the backends' thread counts for the tasks of `configs`.
 
-    Before TensorFlow is imported; values the user set are kept.
+    Before Keras imports its backend; values the user set are kept.
     """
     # One op at a time: the demo's small models have ops too small to
     # share the cores between them, and two at once train slower.
@@ -26,6 +26,8 @@ def set_threads(configs):
         # thread also leaves no scheduling to change the order of sums, so
         # a run repeats to the last digit.
         os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+        # PyTorch's ops take theirs from OpenMP's.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def run(configs, args):

@@ -22,27 +22,46 @@ QUICK_NOTE = (
 )
 
 
-def compiled(model, jit_compile, steps_per_execution):
+def compiled(model, jit_compile, steps_per_execution, loss=None):
     """`model` compiled with Adam at `LEARNING_RATE` and cross-entropy on logits.
 
     Under XLA each call of the training function runs `steps_per_execution`
     steps: the demos' steps are tiny, and running several per call saves
-    Python's overhead, at the cost of compiling a loop.
+    Python's overhead, at the cost of compiling a loop. `jit_compile` says
+    whether TensorFlow's backend trains under XLA; JAX's always does (its
+    eager mode compiles every op on its own, which costs a tiny model's
+    step more than compiling the step whole), and PyTorch's never, as in
+    Keras' own default (its trainer runs one step per call, and
+    `torch.compile` would take longer than the demo's training).
+
+    Args:
+        model: a `keras.Model`.
+        jit_compile: bool. Whether to train under XLA on TensorFlow.
+        steps_per_execution: int. Steps per call under XLA.
+        loss: a `keras.losses.Loss` or None. `None` for sparse categorical
+            cross-entropy on logits. Defaults to `None`.
+
+    Returns:
+        `model`, compiled.
     """
+    backend = keras.backend.backend()
+    xla = backend == "jax" or (backend == "tensorflow" and jit_compile)
     model.compile(
         optimizer=keras.optimizers.Adam(LEARNING_RATE),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        steps_per_execution=steps_per_execution if jit_compile else 1,
-        jit_compile=jit_compile,
+        loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=steps_per_execution if xla else 1,
+        jit_compile=xla,
     )
     return model
 
 
 def fit(model, inputs, targets, batch_size, label):
-    """Train `model` one pass over `inputs`, printing a line where it helps.
+    """Train `model` one pass over `inputs`, with progress where it helps.
 
-    Keras' progress bar redraws one line; in a file or a CI log it is
-    thousands of characters of ANSI codes, so there one line says it.
+    `label` is printed first. On a terminal Keras' own progress bar follows
+    it, redrawn in place: the step, the time left and the loss. In a file
+    or a CI log the bar would be thousands of characters of ANSI codes and
+    carriage returns, so there one line after training says it.
 
     Args:
         model: a compiled `keras.Model`.
@@ -50,8 +69,8 @@ def fit(model, inputs, targets, batch_size, label):
             One row per example, in training order.
         targets: array. One row per example.
         batch_size: int. Examples per step.
-        label: str. What is trained, printed first.
-
+        label: str. What is trained: the task, the model's number and its
+            encoding.
     """
     steps = len(targets) // batch_size
     interactive = sys.stdout.isatty()
@@ -77,6 +96,17 @@ def fit(model, inputs, targets, batch_size, label):
         )
 
 
+def predict(model, inputs):
+    """`model`'s outputs on `inputs`, called eagerly, as a NumPy array.
+
+    The call is eager: the evaluations call each model a few times per
+    shape, where tracing and compiling would cost more than they save.
+    On PyTorch the outputs hold the graph of their gradients, which NumPy
+    cannot read: `keras.ops.convert_to_numpy` detaches them.
+    """
+    return keras.ops.convert_to_numpy(model(inputs, training=False))
+
+
 def save_and_reload(model, path, probes):
     """Save `model` to `path`, reload it, and check it predicts identically.
 
@@ -95,9 +125,7 @@ def save_and_reload(model, path, probes):
     model.save(path)
     reloaded = keras.models.load_model(path, safe_mode=True)
     for probe in probes:
-        if not np.array_equal(
-            model(probe, training=False), reloaded(probe, training=False)
-        ):
+        if not np.array_equal(predict(model, probe), predict(reloaded, probe)):
             raise RuntimeError(
                 f"the model reloaded from {path} predicts differently from "
                 "the trained model."

@@ -32,7 +32,6 @@ import time
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import keras_posenc
 from keras_posenc import ops
@@ -109,18 +108,20 @@ class PatchTokens(keras.layers.Layer):
         )
 
     def call(self, patches):
-        shape = tf.shape(patches)
-        tokens = tf.reshape(
-            patches, [shape[0], shape[1] * shape[2], patches.shape[-1]]
+        shape = keras.ops.shape(patches)
+        batch, height, width = shape[0], shape[1], shape[2]
+        tokens = keras.ops.reshape(
+            patches, (batch, height * width, patches.shape[-1])
         )  # (batch, h * w, features)
-        class_tokens = tf.tile(
-            tf.cast(self.class_token, tokens.dtype), [shape[0], 1, 1]
+        class_tokens = keras.ops.broadcast_to(
+            keras.ops.cast(self.class_token, tokens.dtype),
+            (batch, 1, patches.shape[-1]),
         )  # (batch, 1, features)
-        grid = (shape[1], shape[2]) if self.num_axes == 2 else (1, shape[1], shape[2])
+        grid = (height, width) if self.num_axes == 2 else (1, height, width)
         positions = ops.grid_positions(grid)  # (h * w, num_axes)
         if self.position_scale is not None:
-            positions = tf.cast(positions, "float32") * self.position_scale
-        return tf.concat([class_tokens, tokens], axis=1), positions
+            positions = keras.ops.cast(positions, "float32") * self.position_scale
+        return keras.ops.concatenate([class_tokens, tokens], axis=1), positions
 
     def compute_output_shape(self, input_shape):
         batch, height, width, features = input_shape
@@ -180,9 +181,34 @@ def load_digits(grids):
 
 
 def render(images, grid):
-    """Digits `(n, 8, 8)` upsampled bilinearly to `grid * PATCH_SIZE` pixels a side."""
+    """Digits `(n, 8, 8)` upsampled bilinearly to `grid * PATCH_SIZE` pixels a side.
+
+    Half-pixel centres, as `tf.image.resize`: output pixel `d` reads the
+    input at `(d + 0.5) * 8 / size - 0.5`, clamped to the image, between its
+    two nearest pixels. In NumPy, so that every backend trains on the same
+    pixels.
+
+    Returns:
+        float32 `(n, size, size, 1)`.
+    """
     size = grid * PATCH_SIZE
-    return tf.image.resize(images[..., None], (size, size), method="bilinear").numpy()
+    rows = _bilinear_matrix(images.shape[1], size)  # (size, 8)
+    columns = _bilinear_matrix(images.shape[2], size)  # (size, 8)
+    resized = np.einsum("ri,nij,cj->nrc", rows, images, columns)  # (n, size, size)
+    return resized.astype("float32")[..., None]
+
+
+def _bilinear_matrix(in_size, out_size):
+    """`(out_size, in_size)` weights of half-pixel-centre linear interpolation."""
+    source = (np.arange(out_size) + 0.5) * (in_size / out_size) - 0.5
+    source = np.clip(source, 0.0, in_size - 1.0)  # (out_size,)
+    lower = np.floor(source).astype(int)
+    upper = np.minimum(lower + 1, in_size - 1)
+    fraction = source - lower
+    weights = np.zeros((out_size, in_size))
+    np.add.at(weights, (np.arange(out_size), lower), 1.0 - fraction)
+    np.add.at(weights, (np.arange(out_size), upper), fraction)
+    return weights
 
 
 def build_model(
@@ -202,8 +228,10 @@ def build_model(
             `"axial_rope"`, the factor of the patches' positions, as
             `scaled_copy` evaluates them; `None` for the positions as
             trained. Defaults to `None`.
-        jit_compile: bool. Whether `fit` runs under XLA, with
-            `STEPS_PER_EXECUTION` steps per call. Defaults to `False`.
+        jit_compile: bool. Whether `fit` runs under XLA on TensorFlow,
+            with `STEPS_PER_EXECUTION` steps per call (on JAX it always
+            does, on PyTorch never: `training.compiled`). Defaults to
+            `False`.
 
     Returns:
         A compiled functional `keras.Model` from images `(batch, h, w, 1)`,
@@ -348,7 +376,7 @@ def accuracy(model, images, labels):
     """The fraction of `images` whose most likely class is the label."""
     correct = 0
     for start in range(0, len(images), EVALUATION_BATCH):
-        logits = model(images[start : start + EVALUATION_BATCH], training=False)
+        logits = training.predict(model, images[start : start + EVALUATION_BATCH])
         correct += int(
             np.sum(np.argmax(logits, axis=-1) == labels[start : start + EVALUATION_BATCH])
         )
@@ -519,7 +547,7 @@ def run(config, out_dir):
                     config,
                     data,
                     out_dir,
-                    f"[{number}/{total}{seed_text}]",
+                    f"[vision {number}/{total}{seed_text}]",
                     seed,
                 )
             except RuntimeError as error:

@@ -61,13 +61,22 @@ def one_device(tmp_path_factory):
     return weights(out / "weights.npz")
 
 
+@pytest.fixture(scope="module")
+def data_parallel(tmp_path_factory):
+    """The data-parallel run's directory: its weights, and the killed run's twin."""
+    out = tmp_path_factory.mktemp("data")
+    run("data", out)
+    return out
+
+
 def test_the_backend_is_jax():
     assert BACKEND == "jax"
 
 
-def test_data_parallel_over_8_devices_trains_to_one_devices_weights(one_device, tmp_path):
-    run("data", tmp_path)
-    assert_same_weights(weights(tmp_path / "weights.npz"), one_device, **TOLERANCE)
+def test_data_parallel_over_8_devices_trains_to_one_devices_weights(
+    one_device, data_parallel
+):
+    assert_same_weights(weights(data_parallel / "weights.npz"), one_device, **TOLERANCE)
 
 
 def test_model_parallel_with_sharded_tables_trains_to_one_devices_weights(
@@ -83,12 +92,11 @@ def test_model_parallel_with_sharded_tables_trains_to_one_devices_weights(
         assert "model" in shardings[path], (path, shardings[path])
 
 
-def test_a_killed_fit_resumes_with_backup_and_restore_to_the_same_weights(tmp_path):
-    uninterrupted = tmp_path / "uninterrupted"
+def test_a_killed_fit_resumes_with_backup_and_restore_to_the_same_weights(
+    data_parallel, tmp_path
+):
     interrupted = tmp_path / "interrupted"
-    uninterrupted.mkdir()
     interrupted.mkdir()
-    run("data", uninterrupted)
     killed = run("killed", interrupted, check=False)
     _, stderr = killed.communicate(timeout=600)
     assert killed.returncode == 3, stderr[-4000:]
@@ -97,7 +105,7 @@ def test_a_killed_fit_resumes_with_backup_and_restore_to_the_same_weights(tmp_pa
     # The same program on the same devices: the same weights, bit for bit.
     assert_same_weights(
         weights(interrupted / "weights.npz"),
-        weights(uninterrupted / "weights.npz"),
+        weights(data_parallel / "weights.npz"),
         rtol=0,
         atol=0,
     )

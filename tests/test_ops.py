@@ -85,7 +85,7 @@ def test_sinusoidal_under_xla_with_unknown_length():
         )
 
 
-@settings(deadline=None, max_examples=40)
+@settings(deadline=None, max_examples=20)
 @given(
     half_dim=st.integers(1, 48),
     shift=st.one_of(

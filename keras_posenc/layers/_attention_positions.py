@@ -9,6 +9,8 @@ import functools
 import keras
 
 from keras_posenc import ops
+from keras_posenc.layers._attention_checks import check_causal
+from keras_posenc.layers._attention_checks import check_graph
 from keras_posenc.layers._attention_checks import describe
 from keras_posenc.layers._attention_checks import looks_like_grid
 from keras_posenc.layers._attention_checks import on_a_line
@@ -72,6 +74,33 @@ def positions(position, given, inputs, name, past_int32, start_index=0):
     if len(read.shape) == (1 if num_axes == 1 else 2):
         read = read[None]
     return read  # (batch or 1, length[, num_axes])
+
+
+def checked(position, query, value, key, positions, cache, adjacency, grid_shape, causal):
+    """A call's positions, its grid's where `grid_shape` is given, checked.
+
+    Args:
+        positions: the call's `(query_positions, key_positions)`.
+        causal: the call's `use_causal_mask`.
+
+    Returns:
+        `(query_positions, key_positions)`, and whether the scheme reads
+        `adjacency`.
+
+    Raises:
+        ValueError: when the grid, the graph or the causal mask does not fit
+            the scheme.
+    """
+    query_positions, key_positions = positions
+    if grid_shape is not None:
+        query_positions, key_positions = grid_positions(
+            position, grid_shape, query_positions, key_positions, adjacency
+        )
+    on_graph = check_graph(
+        position, adjacency, query, value, key, query_positions, key_positions, cache
+    )
+    check_causal(position, causal)
+    return (query_positions, key_positions), on_graph
 
 
 def grid_positions(position, grid_shape, query_positions, key_positions, adjacency):

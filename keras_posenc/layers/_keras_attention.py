@@ -130,6 +130,19 @@ def build_grouped(layer, query_shape, value_shape, key_shape):
     )
 
 
+def build_qk_norm(layer, query_shape):
+    """The scales of `layer.qk_norm`'s queries and keys, where it has them."""
+    if layer.qk_norm not in ("head", "projection"):
+        return
+    _attention_checks.check_sequence_inputs("`qk_norm`", query_shape=query_shape)
+    for role, heads in (("query", layer.num_heads), ("key", layer.num_key_value_heads)):
+        shape = (layer.key_dim,) if layer.qk_norm == "head" else (heads, layer.key_dim)
+        scale = layer.add_weight(
+            name=f"{role}_norm_scale", shape=shape, initializer="ones", autocast=False
+        )
+        setattr(layer, f"{role}_norm_scale", scale)
+
+
 def attend(layer, query, keys, value, mask, context, cache, training, returns_scores):
     """Keras' order around the kernel: projections, attention, output.
 

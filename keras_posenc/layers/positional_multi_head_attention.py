@@ -187,14 +187,7 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             self.position.build_for_attention(
                 self.num_heads, self.key_dim, self.value_dim, features=query_shape[-1]
             )
-        if self.qk_norm in ("head", "projection"):
-            _attention_checks.check_sequence_inputs("`qk_norm`", query_shape=query_shape)
-            for role, heads in (("query", self.num_heads), ("key", self.num_key_value_heads)):
-                shape = (self.key_dim,) if self.qk_norm == "head" else (heads, self.key_dim)
-                scale = self.add_weight(
-                    name=f"{role}_norm_scale", shape=shape, initializer="ones", autocast=False
-                )
-                setattr(self, f"{role}_norm_scale", scale)
+        _keras_attention.build_qk_norm(self, query_shape)
 
     def __call__(self, *args, **kwargs):
         _attention_checks.check_before_conversion(kwargs)
@@ -219,10 +212,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         adjacency=None,
         grid_shape=None,
     ):
-        if grid_shape is not None:
-            query_positions, key_positions = _attention_positions.grid_positions(
-                self.position, grid_shape, query_positions, key_positions, adjacency
-            )
+        (query_positions, key_positions), on_graph = _attention_positions.checked(
+            self.position, query, value, key, (query_positions, key_positions), cache,
+            adjacency, grid_shape, use_causal_mask,
+        )
         _attention_checks.check_batch_sizes(query=query, value=value, key=key)
         _attention_checks.check_features(
             getattr(self, "_feature_sizes", (None, None, None)), query, value, key
@@ -235,10 +228,6 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
             attention_mask, query_mask, query, value if key is None else key, cache
         )
         _attention_checks.check_cache_index(cache, cache_update_index)
-        on_graph = _attention_checks.check_graph(
-            self.position, adjacency, query, value, key, query_positions,
-            key_positions, cache,
-        )
         if self.position is None and self.qk_norm is None and not self._grouped and (
             query_positions is None and key_positions is None and cache is None
         ):
@@ -256,7 +245,6 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
                 return_attention_scores=return_attention_scores,
                 training=training,
             )
-        _attention_checks.check_causal(self.position, use_causal_mask)
         start_index = 0
         if cache is not None:
             cache, query = AttentionCache.checked(
@@ -319,15 +307,10 @@ class PositionalMultiHeadAttention(keras.layers.MultiHeadAttention):
         adjacency=None,
         grid_shape=None,
     ):
-        if grid_shape is not None:
-            query_positions, key_positions = _attention_positions.grid_positions(
-                self.position, grid_shape, query_positions, key_positions, adjacency
-            )
-        _attention_checks.check_graph(
-            self.position, adjacency, query, value, key, query_positions,
-            key_positions, cache,
+        _attention_positions.checked(
+            self.position, query, value, key, (query_positions, key_positions), cache,
+            adjacency, grid_shape, use_causal_mask,
         )
-        _attention_checks.check_causal(self.position, use_causal_mask)
         output_spec = super().compute_output_spec(query, value, key)
         outputs = (output_spec,)
         if return_attention_scores:

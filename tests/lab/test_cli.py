@@ -139,37 +139,29 @@ def test_command_hides_tensorflow_logging_unless_verbose(tmp_path):
 
 MATPLOTLIB = '"matplotlib<4,>=3.8"'
 SCIKIT_LEARN = '"scikit-learn<2,>=1.3"'
-TENSORFLOW = '"tensorflow<2.22,>=2.18"'
+KERAS_HUB = '"keras-hub<0.33,>=0.21"'
 
 
 @pytest.mark.parametrize(
-    "command, modules, distributions, pins",
+    "command, backend, modules, distributions, pins",
     [
-        ("plot", ["matplotlib"], "matplotlib", MATPLOTLIB),
-        ("demo", ["matplotlib"], "matplotlib", MATPLOTLIB),
-        ("demo", ["sklearn"], "scikit-learn", SCIKIT_LEARN),
+        ("plot", "tensorflow", ["matplotlib"], "matplotlib", MATPLOTLIB),
+        ("demo", "tensorflow", ["matplotlib"], "matplotlib", MATPLOTLIB),
+        ("demo", "jax", ["sklearn"], "scikit-learn", SCIKIT_LEARN),
         (
             "demo",
+            "torch",
             ["matplotlib", "sklearn"],
             "matplotlib and scikit-learn",
             f"{MATPLOTLIB} {SCIKIT_LEARN}",
         ),
-        ("demo", ["tensorflow"], "tensorflow", TENSORFLOW),
-        ("bench", ["keras_hub"], "keras-hub", '"keras-hub<0.33,>=0.21"'),
-        ("bench", ["tensorflow"], "tensorflow", TENSORFLOW),
+        ("bench", "tensorflow", ["keras_hub"], "keras-hub", KERAS_HUB),
+        ("bench", "jax", ["keras_hub"], "keras-hub", KERAS_HUB),
     ],
-    ids=[
-        "plot",
-        "demo-matplotlib",
-        "demo-sklearn",
-        "demo-both",
-        "demo-tensorflow",
-        "bench",
-        "bench-tensorflow",
-    ],
+    ids=["plot", "demo-matplotlib", "demo-sklearn", "demo-both", "bench", "bench-jax"],
 )
 def test_a_missing_extra_is_named_in_one_line(
-    command, modules, distributions, pins, monkeypatch, capsys
+    command, backend, modules, distributions, pins, monkeypatch, capsys
 ):
     find_spec = cli.importlib.util.find_spec
     monkeypatch.setattr(
@@ -177,12 +169,16 @@ def test_a_missing_extra_is_named_in_one_line(
         "find_spec",
         lambda name: None if name in modules else find_spec(name),
     )
+    monkeypatch.setenv("KERAS_BACKEND", backend)
     assert main([command]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     (line,) = captured.err.splitlines()
+    # The benchmarks' extra is the same on every backend: the line says
+    # which one they were to run on.
+    on = f" on Keras' {backend} backend" if command == "bench" else ""
     assert line == (
-        f"keras-posenc: error: `keras-posenc {command}` needs {distributions}, "
+        f"keras-posenc: error: `keras-posenc {command}`{on} needs {distributions}, "
         f"which the `{command}` extra installs. Install it with: pip install {pins}"
     )
 
@@ -190,14 +186,69 @@ def test_a_missing_extra_is_named_in_one_line(
 def test_the_missing_extra_pins_are_this_packages_own():
     # The messages above quote setup.cfg's ranges, as installed.
     requirements = cli.importlib.metadata.requires("keras-posenc")
-    for pin in (
-        "tensorflow<2.22,>=2.18",
-        "matplotlib<4,>=3.8",
-        "scikit-learn<2,>=1.3",
-    ):
+    for pin in ("matplotlib<4,>=3.8", "scikit-learn<2,>=1.3"):
         assert f'{pin}; extra == "demo"' in requirements
     assert 'keras-hub<0.33,>=0.21; extra == "bench"' in requirements
-    assert 'tensorflow<2.22,>=2.18; extra == "bench"' in requirements
+    # The backend's library comes with the backend's extra, not these.
+    for extra in ("demo", "bench"):
+        assert not [
+            requirement
+            for requirement in requirements
+            if requirement.endswith(f'extra == "{extra}"')
+            and requirement.startswith(("tensorflow", "jax", "torch"))
+        ], extra
+
+
+# Each backend's library, and the modules that stand for it in a process
+# where it is to look not installed.
+LIBRARIES = {
+    "tensorflow": ("tensorflow", "tensorflow_text"),
+    "jax": ("jax", "jaxlib"),
+    "torch": ("torch",),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(LIBRARIES))
+@pytest.mark.parametrize("command", ["demo", "bench"])
+def test_a_missing_backend_library_is_named_in_one_line(command, backend):
+    # In a process where Keras is not imported yet and the library of the
+    # backend KERAS_BACKEND names cannot be: the line says which backend
+    # Keras chose and how to install it.
+    hidden = "; ".join(f"sys.modules[{name!r}] = None" for name in LIBRARIES[backend])
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; {hidden}; from keras_posenc_lab.cli import main; "
+            f"sys.exit(main([{command!r}, '--tiny' if {command!r} == 'bench' "
+            "else '--quick']))",
+        ],
+        env=dict(os.environ, KERAS_BACKEND=backend),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        f"keras-posenc: error: Keras chose the '{backend}' backend (KERAS_BACKEND, "
+    )
+    assert f'pip install "keras-posenc[{backend}] @ ' in line
+
+
+def test_bench_on_tensorflow_is_refused_under_another_keras_backend(
+    monkeypatch, capsys
+):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    with pytest.raises(SystemExit) as raised:
+        main(["bench", "--backend", "tensorflow", "--tiny"])
+    assert raised.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()[-1:]
+    assert line.endswith(
+        "`--backend tensorflow` runs every benchmark on TensorFlow, but "
+        "KERAS_BACKEND=jax: unset it, or leave out --backend to run them on jax."
+    )
 
 
 @pytest.mark.parametrize(
@@ -745,9 +796,9 @@ def test_vision_demo_over_two_seeds(tmp_path, capsys):
         assert len(cells) == len(QUICK_GRIDS)
         assert all(" ± " in cell for cell in cells)
     printed = capsys.readouterr().out
-    assert "[1/4, seed 0] Training with none:" in printed
-    assert "[3/4, seed 1] Training with none:" in printed
-    assert "[4/4, seed 1] Training with " in printed
+    assert "[vision 1/4, seed 0] Training with none:" in printed
+    assert "[vision 3/4, seed 1] Training with none:" in printed
+    assert "[vision 4/4, seed 1] Training with " in printed
     assert not (tmp_path / "nll.csv").exists()
 
 

@@ -511,16 +511,6 @@ def test_training_speeds_of_real_calls():
     assert speeds["b"] * elapsed >= 3 * 2 * 6
 
 
-def test_fit_prints_one_line_when_not_a_terminal(capsys):
-    keras.utils.set_random_seed(0)
-    model = tiny_model(2)
-    inputs = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
-    training.fit(model, inputs, inputs, 2, "tiny")
-    printed = capsys.readouterr().out
-    assert printed.startswith("\ntiny:\n") and "Trained 8 steps in" in printed
-    assert "\x1b" not in printed and "\r" not in printed
-
-
 SEED_VALUES = {16: [1.2, 1.5, 1.1], 32: [2.0, 2.6, 2.3]}
 
 
@@ -803,7 +793,7 @@ def test_run_calls_before_timing_before_each_seeds_timing(two_seed_run):
     # then the timing.
     assert len(marks) == 2
     assert timings == [mark + 2 for mark in marks]
-    seed_one = lines.index("[2/2, seed 1] Training with none:")
+    seed_one = lines.index("[language 2/2, seed 1] Training with none:")
     assert marks[0] < seed_one < marks[1]
 
 
