@@ -171,7 +171,7 @@ class VisionConfig:
     """
 
     encodings: tuple = VISION_ENCODINGS
-    steps: int = 200
+    steps: int = 300
     batch_size: int = 32
     grids: tuple = (8, 12, 16)
     seed: int = 0
@@ -246,13 +246,14 @@ class GraphConfig:
 
 DEFAULT = Config()
 # `--full`: every encoding, on both texts, with 3 seeds, up to 32x the
-# trained length, in batches twice the size and scored on twice the tokens.
+# trained length, in batches twice the size, scored on four times the
+# tokens (16 windows of 2048).
 FULL = DEFAULT.replace(
     encodings=ENCODINGS,
     data=DATA,
     batch_size=16,
     lengths=DEFAULT.lengths + (2048,),
-    evaluation_tokens=16384,
+    evaluation_tokens=32768,
     num_seeds=3,
 )
 # `--gpu`: trained at 512 tokens and scored up to 16,384 (32x), in larger

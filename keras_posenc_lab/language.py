@@ -66,7 +66,7 @@ PRESS_WORDS_PER_SECOND = {
     "alibi": 28.3e3,
 }
 # Calls of each model's training function timed for its speed.
-SPEED_ROUNDS = 3
+SPEED_ROUNDS = 5
 # One file in this many of the sorted standard library is held out for
 # evaluation.
 HELD_OUT_EVERY = 10
@@ -361,9 +361,9 @@ def mean_nll(model, windows, batch_tokens=DEFAULT.evaluation_batch_tokens):
         model: `keras.Model` from token ids to next-token logits.
         windows: int32 array `(n, length + 1)`: the model reads the first
             `length` symbols of each and is scored on the last `length`.
-        batch_tokens: int. Tokens per call: the model reads this many over
-            `length` windows at a time, at least one. Defaults to
-            `Config.evaluation_batch_tokens`'s default.
+        batch_tokens: int. Tokens per call: the model reads
+            `batch_tokens // length` windows at a time, at least one.
+            Defaults to `Config.evaluation_batch_tokens`'s default.
 
     Returns:
         A float.

@@ -188,14 +188,14 @@ def test_the_configurations_are_what_the_command_says():
     assert default.data == ("markov",) and default.num_seeds == 1
     assert default.encodings == demo_config.DEMO_ENCODINGS
     # `--full`: every encoding on both texts, 3 seeds, to 32x, in batches
-    # twice the size, scored on twice the tokens (8 windows at 2048).
+    # twice the size, scored on four times the tokens (16 windows at 2048).
     assert full == default.replace(
         encodings=demo_config.ENCODINGS,
         data=["markov", "python-source"],
         num_seeds=3,
         lengths=[64, 128, 256, 512, 1024, 2048],
         batch_size=2 * default.batch_size,
-        evaluation_tokens=2 * default.evaluation_tokens,
+        evaluation_tokens=4 * default.evaluation_tokens,
     )
     # `--gpu`: trained at 512, scored at every doubling up to 16,384 (32x).
     assert gpu.train_length == 512
