@@ -326,15 +326,16 @@ def _check_extrapolation_inputs(
     ops.check_positive_int(train_name, train_length)
 
 
-def extrapolation_curves(lengths, nll, entropy_rate, train_length):
+def extrapolation_curves(lengths, nll, entropy_rate, train_length, spread=None):
     """Loss per token against evaluation length: train short, test long.
 
     One line per encoding, with a marker at each evaluation length where its
     loss is defined; `None` (a learned table asked for positions it does not
-    have) leaves that point out and breaks the line there. A dashed line
-    marks the source's entropy rate, the lowest loss any model can reach
-    (left out when it is unknown, as for real text), and a dotted one the
-    length the models were trained at.
+    have) leaves that point out and breaks the line there. Where `spread`
+    gives the standard deviation over seeds, a band of one deviation either
+    side shades the line. A dashed line marks the source's entropy rate,
+    the lowest loss any model can reach (left out when it is unknown, as
+    for real text), and a dotted one the length the models were trained at.
 
     The y axis stops at `max(entropy_rate + 1.5, m + 1)`, where `m` is the
     largest loss at the evaluation lengths up to the trained length (the
@@ -353,11 +354,30 @@ def extrapolation_curves(lengths, nll, entropy_rate, train_length):
         entropy_rate: float or None. The source's entropy rate in nats per
             token; `None` where it is unknown.
         train_length: int. The sequence length the models were trained at.
+        spread: dict or None. From encoding name to a list of
+            `len(lengths)` standard deviations over seeds, each a float
+            `>= 0` or `None` where undefined; names it lacks get no band.
+            Defaults to `None`.
 
     Returns:
         A `matplotlib.figure.Figure`.
     """
     _check_extrapolation_inputs(lengths, nll, entropy_rate, train_length)
+    for name, deviations in (spread or {}).items():
+        if (
+            name not in nll
+            or not isinstance(deviations, (list, tuple))
+            or len(deviations) != len(lengths)
+            or not all(
+                deviation is None or (_is_finite_number(deviation) and deviation >= 0)
+                for deviation in deviations
+            )
+        ):
+            raise ValueError(
+                f"`spread[{name!r}]` must be a list of {len(lengths)} finite "
+                "numbers >= 0 or None, one per entry of `lengths`, for an "
+                f"encoding of `nll`. Received: spread[{name!r}]={deviations!r}"
+            )
     floor = [] if entropy_rate is None else [entropy_rate]
     in_training = [
         index for index, length in enumerate(lengths) if length <= train_length
@@ -391,12 +411,25 @@ def extrapolation_curves(lengths, nll, entropy_rate, train_length):
         label = name
         if largest is not None and largest > top + margin:
             label = f"{name} (off the axis, up to {largest:.2f})"
-        axes.plot(
+        (line,) = axes.plot(
             lengths,
             losses,
             marker=_MARKERS[number % len(_MARKERS)],
             label=label,
         )
+        if spread is not None and name in spread:
+            deviations = np.array(
+                [np.nan if value is None else value for value in spread[name]],
+                "float64",
+            )  # (len(lengths),)
+            axes.fill_between(
+                lengths,
+                losses - deviations,
+                losses + deviations,
+                color=line.get_color(),
+                alpha=0.2,
+                linewidth=0,
+            )
     for value in floor:
         axes.axhline(
             value, color="black", linestyle="--", label="entropy rate (floor)"

@@ -44,7 +44,7 @@ NEEDS = {
 }
 TASKS = ("language", "vision", "graph")
 # Only the language task reads these options.
-LANGUAGE_OPTIONS = ("data", "train_length", "lengths", "full")
+LANGUAGE_OPTIONS = ("data", "train_length", "lengths", "full", "gpu")
 
 
 def _make_parser():
@@ -132,10 +132,13 @@ def _make_parser():
     )
     demo_parser.add_argument(
         "--data",
+        nargs="+",
         choices=demo_config.DATA,
         default=None,
-        help="the language task's text: the synthetic source or the bytes of "
-        "the standard library's .py files (default: markov)",
+        metavar="TEXT",
+        help="the language task's texts, each in turn: markov, the synthetic "
+        "source, or python-source, the bytes of the standard library's .py "
+        "files (default: markov; both with --full)",
     )
     demo_parser.add_argument(
         "--out",
@@ -229,8 +232,20 @@ def _make_parser():
         default=None,
         help=(
             "with the language task, train every encoding, also those the "
-            "default run leaves out to stay within 10 minutes"
+            "default run leaves out to stay within 6 minutes"
             + (f" ({', '.join(demo_config.FULL_ONLY)})" if demo_config.FULL_ONLY else "")
+            + f", with {demo_config.FULL.num_seeds} seeds on both texts, scored up "
+            f"to {demo_config.FULL.lengths[-1]} tokens"
+        ),
+    )
+    demo_parser.add_argument(
+        "--gpu",
+        action="store_true",
+        default=None,
+        help=(
+            "with the language task, its setting for one GPU: trained at "
+            f"{demo_config.GPU.train_length} tokens and scored up to "
+            f"{demo_config.GPU.lengths[-1]}, in larger batches"
         ),
     )
     demo_parser.add_argument(
@@ -466,10 +481,9 @@ def _demo_configs(parser, args):
     configs = {}
     try:
         if "language" in tasks:
-            config = demo_config.QUICK if args.quick else demo_config.DEFAULT
+            config = demo_config.language_config(args.quick, args.full, args.gpu)
             configs["language"] = config.replace(
-                encodings=args.encodings
-                or (demo_config.ENCODINGS if args.full else None),
+                encodings=args.encodings,
                 data=args.data,
                 steps=args.steps,
                 train_length=args.train_length,

@@ -11,7 +11,7 @@ from keras_posenc_lab import encodings
 
 ENCODINGS = tuple(encodings.LANGUAGE)
 # The language rows that `make demo` leaves to `--full`, to stay within its
-# 10 minutes, and the rows it trains.
+# 6 minutes, and the rows it trains.
 FULL_ONLY = encodings.full_only("language")
 DEMO_ENCODINGS = tuple(name for name in ENCODINGS if name not in FULL_ONLY)
 # RoPE schedules applied to the trained RoPE model at evaluation time, with
@@ -60,13 +60,17 @@ class Config:
     Args:
         encodings: tuple of str. Encodings to train, from `ENCODINGS`;
             by default all but `FULL_ONLY`.
-        data: str. The text, from `DATA`.
+        data: tuple of str. The texts, from `DATA`: each is trained on and
+            scored in turn, with a table of its own.
         steps: int. Training steps of each model.
         batch_size: int. Sequences per training step.
         train_length: int. Tokens per training sequence.
         lengths: tuple of int. Evaluation lengths, ascending.
         evaluation_tokens: int. Target tokens scored at every evaluation
             length; the same tokens at each.
+        evaluation_batch_tokens: int. Tokens the model reads per call
+            while scoring: a batch holds this many over the length
+            sequences, at least one.
         seed: int. Seed of the Markov source and the evaluation text, and
             the first seed of the training data and weights.
         num_seeds: int. How many times each model is trained, with seeds
@@ -82,12 +86,13 @@ class Config:
     """
 
     encodings: tuple = DEMO_ENCODINGS
-    data: str = "markov"
+    data: tuple = ("markov",)
     steps: int = 1000
-    batch_size: int = 16
+    batch_size: int = 8
     train_length: int = 64
-    lengths: tuple = (64, 128, 256, 512)
-    evaluation_tokens: int = 32768
+    lengths: tuple = (64, 128, 256, 512, 1024)
+    evaluation_tokens: int = 8192
+    evaluation_batch_tokens: int = 8192
     seed: int = 0
     num_seeds: int = 1
     jit_compile: bool = True
@@ -98,20 +103,25 @@ class Config:
 
         Args:
             **changes: fields of `Config`; a `None` value keeps the field.
+                `data` may be one text's name.
 
         Returns:
             A new `Config`.
 
         Raises:
-            ValueError: when an encoding is unknown, or when an evaluation
-                length is shorter than the training length.
+            ValueError: when an encoding or a text is unknown, or when an
+                evaluation length is shorter than the training length.
         """
         changes = _checked(changes, ENCODINGS, "language")
-        if "data" in changes and changes["data"] not in DATA:
-            raise ValueError(
-                f"`data` must be one of {', '.join(DATA)}. "
-                f"Received: data={changes['data']!r}"
-            )
+        if "data" in changes:
+            data = changes["data"]
+            data = (data,) if isinstance(data, str) else tuple(dict.fromkeys(data))
+            if not data or any(text not in DATA for text in data):
+                raise ValueError(
+                    f"`data` must be among {', '.join(DATA)}. "
+                    f"Received: data={changes['data']!r}"
+                )
+            changes["data"] = data
         if "lengths" in changes:
             changes["lengths"] = tuple(sorted(set(changes["lengths"])))
         config = dataclasses.replace(self, **changes)
@@ -235,6 +245,27 @@ class GraphConfig:
 
 
 DEFAULT = Config()
+# `--full`: every encoding, on both texts, with 3 seeds, up to 32x the
+# trained length, in batches twice the size, scored on four times the
+# tokens (16 windows of 2048).
+FULL = DEFAULT.replace(
+    encodings=ENCODINGS,
+    data=DATA,
+    batch_size=16,
+    lengths=DEFAULT.lengths + (2048,),
+    evaluation_tokens=32768,
+    num_seeds=3,
+)
+# `--gpu`: trained at 512 tokens and scored up to 16,384 (32x), in larger
+# batches, for one GPU.
+GPU = Config(
+    train_length=512,
+    lengths=(512, 1024, 2048, 4096, 8192, 16384),
+    batch_size=32,
+    evaluation_tokens=131072,
+    evaluation_batch_tokens=65536,
+)
+GPU_FULL = GPU.replace(encodings=ENCODINGS, data=DATA, num_seeds=3)
 QUICK = Config(
     steps=40,
     batch_size=16,
@@ -257,3 +288,30 @@ GRAPH_QUICK = GraphConfig(
     jit_compile=False,
     judged=False,
 )
+
+
+def language_config(quick=False, full=False, gpu=False):
+    """The language task's configuration for the command's size options.
+
+    Args:
+        quick: bool. `--quick`: `QUICK`, every encoding with `full`.
+            Defaults to `False`.
+        full: bool. `--full`: `FULL`, or `GPU_FULL` with `gpu`. Defaults
+            to `False`.
+        gpu: bool. `--gpu`: `GPU`. Defaults to `False`.
+
+    Returns:
+        A `Config`.
+
+    Raises:
+        ValueError: when `quick` and `gpu` are both set.
+    """
+    if quick and gpu:
+        raise ValueError(
+            "`--quick` and `--gpu` are two sizes of the language task: give one."
+        )
+    if quick:
+        return QUICK.replace(encodings=ENCODINGS if full else None)
+    if gpu:
+        return GPU_FULL if full else GPU
+    return FULL if full else DEFAULT

@@ -25,6 +25,10 @@ ROLES = (
 
 # What a model gives `build`, each taken by the encodings that name it.
 MODEL_VALUES = ("num_heads", "sequence_length", "grid_shape", "seed")
+# The trained length the language entries' lengths are set for: an
+# entry's `scales` arguments hold their values at it, and `build`, given
+# the model's `train_length`, scales them to that length.
+TRAINED_LENGTH = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +44,12 @@ class Encoding:
         takes: tuple of str. The constructor arguments that come from the
             model (`num_heads`, `sequence_length`, `grid_shape`, `seed`),
             given to `build`.
+        scales: tuple of str. The arguments that are set in proportion to
+            the trained length: `arguments` holds their values for a model
+            trained at `TRAINED_LENGTH` tokens.
         full_only: bool. Whether only `keras-posenc demo --full` (or
             `--encodings` naming it) trains it: the rows `make demo` leaves
-            out to stay within its 10 minutes.
+            out to stay within its 6 minutes.
     """
 
     label: str
@@ -50,13 +57,14 @@ class Encoding:
     role: str = "none"
     arguments: dict = dataclasses.field(default_factory=dict)
     takes: tuple = ()
+    scales: tuple = ()
     full_only: bool = False
 
 
 # The language task: a causal language model over a sequence. A new
 # encoding goes last: an entry's place seeds its model's training data
 # (`language._training_stream`), so that adding one changes no other row.
-# `make demo` trains all but the `full_only` ones, within its 10 minutes;
+# `make demo` trains all but the `full_only` ones, within its 6 minutes;
 # `keras-posenc demo --full` trains all.
 LANGUAGE = {
     "none": Encoding("none"),
@@ -64,7 +72,11 @@ LANGUAGE = {
         "sinusoidal", "SinusoidalPositionEncoding", "embeddings"
     ),
     "learned": Encoding(
-        "learned", "PositionEmbedding", "embeddings", takes=("sequence_length",)
+        "learned",
+        "PositionEmbedding",
+        "embeddings",
+        takes=("sequence_length",),
+        full_only=True,
     ),
     "rope": Encoding("rope", "RotaryEmbedding", "attention"),
     "alibi": Encoding("alibi", "AlibiBias", "attention", takes=("num_heads",)),
@@ -92,17 +104,19 @@ LANGUAGE = {
         "DisentangledPosition",
         "attention",
         {"position_buckets": 32, "max_relative_positions": 128},
+        full_only=True,
     ),
     # Llama 4's layers without RoPE: no positions, the queries sharpened past
     # the trained length. Llama 4 sets floor_scale at its trained context
     # (8192), so that the temperature is 1 within it and grows beyond; here
-    # the models train on 64 tokens, and at 512 (8x, as Llama 4 at 64k) the
-    # factor is 1 + 0.1 log(9), as Llama 4's there.
+    # at the trained length too, and at 8x (as Llama 4 at 64k) the factor
+    # is 1 + 0.1 log(9), as Llama 4's there.
     "nope_temperature": Encoding(
         "NoPE + temperature",
         "AttentionTemperature",
         "attention",
         {"floor_scale": 64, "attn_scale": 0.1},
+        scales=("floor_scale",),
         full_only=True,
     ),
     # KERPLE's log kernel, the form that extrapolated best in the paper,
@@ -120,17 +134,24 @@ LANGUAGE = {
         "fire", "FireBias", "attention", takes=("num_heads",), full_only=True
     ),
     # RoPE with xPos's decay per pair. Its paper sets the scale base at half
-    # the trained length (512 for 1024 tokens); here half of 64.
-    "xpos": Encoding("xpos", "XPosEmbedding", "attention", {"scale_base": 32.0}),
-    # CoPE: positions counted by gates of the logits. 64 rows, the training
-    # length: a training sequence's counts reach at most 64 (64 gates of at
-    # most 1), so every row is trained; at 512 the larger counts read the
-    # last row, clamped, never an untrained one.
+    # the trained length (512 for 1024 tokens); here too.
+    "xpos": Encoding(
+        "xpos",
+        "XPosEmbedding",
+        "attention",
+        {"scale_base": 32.0},
+        scales=("scale_base",),
+    ),
+    # CoPE: positions counted by gates of the logits. As many rows as the
+    # training length: a training sequence's counts reach at most that
+    # many (a gate is at most 1), so every row is trained; past it the
+    # larger counts read the last row, clamped, never an untrained one.
     "cope": Encoding(
         "cope",
         "ContextualPosition",
         "attention",
         {"max_positions": 64},
+        scales=("max_positions",),
         full_only=True,
     ),
 }
@@ -223,8 +244,10 @@ def build(task, name, role=None, **context):
             this one: a model asks for the layer of each place it has.
             Defaults to `None`.
         **context: the model's values of the arguments the encoding
-            `takes`, and any argument that replaces the registry's (a RoPE
-            scaling, a table's interpolation); the others are ignored.
+            `takes`, its `train_length` (the arguments the encoding
+            `scales` are scaled from `TRAINED_LENGTH` to it), and any
+            argument that replaces the registry's (a RoPE scaling, a
+            table's interpolation); the others are ignored.
 
     Returns:
         A `keras_posenc` layer, or `None` for an encoding with no layer or
@@ -236,6 +259,13 @@ def build(task, name, role=None, **context):
     import keras_posenc
 
     arguments = dict(encoding.arguments)
+    train_length = context.pop("train_length", TRAINED_LENGTH)
+    for argument in encoding.scales:
+        value = arguments[argument] * train_length / TRAINED_LENGTH
+        # A count stays an int: 64 rows at 64 tokens are 512 at 512.
+        arguments[argument] = (
+            round(value) if isinstance(arguments[argument], int) else value
+        )
     arguments.update(
         (key, value)
         for key, value in context.items()

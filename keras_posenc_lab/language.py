@@ -36,6 +36,7 @@ import numpy as np
 import keras_posenc
 from keras_posenc_lab import encodings
 from keras_posenc_lab import training
+from keras_posenc_lab.config import DEFAULT
 from keras_posenc_lab.config import DEMO_ENCODINGS
 from keras_posenc_lab.config import ENCODINGS
 from keras_posenc_lab.config import FULL_ONLY
@@ -50,12 +51,12 @@ NUM_HEADS = 4
 FEED_FORWARD_DIM = 256
 NUM_LAYERS = 2
 STEPS_PER_EXECUTION = 20
-# Tokens scored per batch of evaluation: the batch holds this many over the
-# evaluation length sequences.
-EVALUATION_BATCH_TOKENS = 8192
-# The most ALiBi's negative log-likelihood may rise from the trained length
-# to the longest, and what Press et al. found: it extrapolates.
-ALIBI_TOLERANCE = 0.05
+# The most an encoding's negative log-likelihood may rise from the trained
+# length for it to hold at a longer one; what Press et al. found of ALiBi.
+HOLD_TOLERANCE = 0.05
+# The multiples of the trained length at which the findings say which
+# encodings hold: Press et al. scored up to 30x (15,512 tokens after 512).
+HOLD_MULTIPLES = (8, 16, 32)
 # Press et al. 2022, Table 1: training words per second of their 247M
 # language model on a V100, by encoding.
 PRESS_WORDS_PER_SECOND = {
@@ -277,7 +278,9 @@ def build_model(
         encoding: str. One of `ENCODINGS`: `"sinusoidal"` and `"learned"`
             add to the token embeddings; `"rope"`, `"alibi"`, `"shaw"` and
             `"t5"` act in every attention layer; `"none"` adds nothing.
-        train_length: int. The learned table's length.
+        train_length: int. The trained length: the learned table's, and
+            the one the registry's lengths that scale with it are set for
+            (xPos's scale base, CoPE's rows, the temperature's floor).
         scaling: dict or None. The RoPE scaling of `"rope"`. Defaults to
             `None`.
         jit_compile: bool. Whether `fit` runs under XLA on TensorFlow,
@@ -294,7 +297,11 @@ def build_model(
     token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
     x = keras.layers.Embedding(vocabulary_size, WIDTH)(token_ids)  # (b, seq, width)
     embedding = encodings.build(
-        "language", encoding, role="embeddings", sequence_length=train_length
+        "language",
+        encoding,
+        role="embeddings",
+        sequence_length=train_length,
+        train_length=train_length,
     )
     if embedding is not None:
         x = embedding(x)
@@ -308,6 +315,7 @@ def build_model(
                 encoding,
                 role="attention",
                 num_heads=NUM_HEADS,
+                train_length=train_length,
                 **({} if scaling is None else {"scaling": scaling}),
             ),
         )
@@ -346,18 +354,21 @@ def rope_scaling(schedule, length, train_length):
     }
 
 
-def mean_nll(model, windows):
+def mean_nll(model, windows, batch_tokens=DEFAULT.evaluation_batch_tokens):
     """Mean negative log-likelihood per token, in nats.
 
     Args:
         model: `keras.Model` from token ids to next-token logits.
         windows: int32 array `(n, length + 1)`: the model reads the first
             `length` symbols of each and is scored on the last `length`.
+        batch_tokens: int. Tokens per call: the model reads
+            `batch_tokens // length` windows at a time, at least one.
+            Defaults to `Config.evaluation_batch_tokens`'s default.
 
     Returns:
         A float.
     """
-    batch_size = max(1, EVALUATION_BATCH_TOKENS // (windows.shape[1] - 1))
+    batch_size = max(1, batch_tokens // (windows.shape[1] - 1))
     losses = []
     for start in range(0, len(windows), batch_size):
         batch = windows[start : start + batch_size]  # (batch, length + 1)
@@ -467,8 +478,11 @@ def training_speeds(models, inputs, targets, batch_size, rounds=SPEED_ROUNDS):
     }
 
 
-def _train(encoding, config, source, out_dir, label, seed):
+def _train(encoding, config, source, out_dir, label, seed, prefix):
     """Train, save, reload and check one model.
+
+    Its file is `<prefix>_<encoding>.keras` in `out_dir`, with `_seed<seed>`
+    before the suffix when the run has several seeds.
 
     Returns:
         The trained model, the reloaded one, and the training sequences.
@@ -491,7 +505,6 @@ def _train(encoding, config, source, out_dir, label, seed):
         config.batch_size,
         f"{label} Training with {encoding}",
     )
-    prefix = "lm_python_source" if config.data == "python-source" else "lm"
     suffix = f"_seed{seed}" if config.num_seeds > 1 else ""
     path = os.path.join(out_dir, f"{prefix}_{encoding}{suffix}.keras")
     reloaded = training.save_and_reload(model, path, [sequences[: config.batch_size, :-1]])
@@ -505,7 +518,11 @@ def _evaluate(model, encoding, config, stream):
         if encoding == "learned" and length > config.train_length:
             scores[length] = None  # The table has no rows past its length.
         else:
-            scores[length] = mean_nll(model, evaluation_windows(stream, length))
+            scores[length] = mean_nll(
+                model,
+                evaluation_windows(stream, length),
+                config.evaluation_batch_tokens,
+            )
         print(f"NLL per token at length {length}: {_value(scores[length])}")
     return scores
 
@@ -532,13 +549,28 @@ def _evaluate_rope_scalings(model, plain_scores, config, stream, vocabulary_size
                     vocabulary_size=vocabulary_size,
                 )
                 scaled.set_weights(model.get_weights())
-            scores[length] = mean_nll(scaled, evaluation_windows(stream, length))
+            scores[length] = mean_nll(
+                scaled,
+                evaluation_windows(stream, length),
+                config.evaluation_batch_tokens,
+            )
             print(
                 f"NLL per token with {schedule} scaling at length {length}: "
                 f"{_value(scores[length])}"
             )
         results[f"rope + {schedule}"] = scores
     return results
+
+
+def _spread(results, config):
+    """`{row: [sample deviation over seeds or None per length]}` of `results`."""
+    return {
+        name: [
+            None if scores[length] is None else float(np.std(scores[length], ddof=1))
+            for length in config.lengths
+        ]
+        for name, scores in results.items()
+    }
 
 
 def _value(value):
@@ -574,6 +606,84 @@ def speed_columns(speeds):
     ]
 
 
+def hold_lengths(config):
+    """`{length: multiple}`: the evaluated lengths `HOLD_MULTIPLES` of the trained one."""
+    return {
+        multiple * config.train_length: multiple
+        for multiple in HOLD_MULTIPLES
+        if multiple * config.train_length in config.lengths
+    }
+
+
+def rises(results, config):
+    """Each row's rise from the shortest length to each of `hold_lengths`.
+
+    Args:
+        results: dict of row name to `{length: nll or None}` (the means
+            over seeds).
+        config: `Config`.
+
+    Returns:
+        `{row: {length: rise}}` in the order of `results`, for the rows
+        scored at the shortest length and at every hold length (not the
+        learned table's), each rise in nats.
+    """
+    short = config.lengths[0]
+    lengths = list(hold_lengths(config))
+    return {
+        name: {length: scores[length] - scores[short] for length in lengths}
+        for name, scores in results.items()
+        if all(scores[length] is not None for length in [short, *lengths])
+    }
+
+
+def holds_to(row_rises):
+    """The longest multiple of the trained length up to which a row holds.
+
+    Args:
+        row_rises: dict. `{length: rise}` of one row of `rises`, in
+            ascending length.
+
+    Returns:
+        The longest hold length whose rise, and every shorter one's, is at
+        most `HOLD_TOLERANCE`; `None` if the first is not.
+    """
+    longest = None
+    for length, rise in row_rises.items():
+        if rise > HOLD_TOLERANCE:
+            break
+        longest = length
+    return longest
+
+
+def rise_table(results, config):
+    """A Markdown table of `rises`: where the encodings part, past 8x.
+
+    One row per row of `rises`, a column per hold length headed with its
+    multiple (`1024 (16x)`), then the longest length it holds to (`16x`,
+    or `no` where it rises more than `HOLD_TOLERANCE` by the first).
+
+    Returns:
+        A str, empty when the run scores none of `HOLD_MULTIPLES`.
+    """
+    multiples = hold_lengths(config)
+    if not multiples:
+        return ""
+    headers = [f"{length} ({multiple}x)" for length, multiple in multiples.items()]
+    lines = [
+        "| encoding | " + " | ".join(headers) + " | holds to |",
+        "|---|" + "---:|" * len(headers) + "---|",
+    ]
+    for name, row in rises(results, config).items():
+        longest = holds_to(row)
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{rise:+.3f}" for rise in row.values())
+            + f" | {'no' if longest is None else f'{multiples[longest]}x'} |"
+        )
+    return "\n".join(lines)
+
+
 def findings(results, config, entropy_rate, speeds=None):
     """Lines that say whether the table shows the paper's direction.
 
@@ -597,8 +707,8 @@ def findings(results, config, entropy_rate, speeds=None):
     if "alibi" in results:
         lines.append(
             f"ALiBi: {rise('alibi'):+.3f} nats from length {short} to {long} "
-            f"(within {ALIBI_TOLERANCE}: "
-            f"{'yes' if rise('alibi') <= ALIBI_TOLERANCE else 'no'})."
+            f"(within {HOLD_TOLERANCE}: "
+            f"{'yes' if rise('alibi') <= HOLD_TOLERANCE else 'no'})."
         )
     for name in ("sinusoidal", "rope", "t5", "shaw", "none"):
         if name in results:
@@ -626,6 +736,7 @@ def findings(results, config, entropy_rate, speeds=None):
                 f"{name}: {ours:.3f} at {scaled} against "
                 f"plain RoPE's {plain:.3f} (better: {verdict})."
             )
+    lines += _holding(results, config)
     reference = (speeds or {}).get("sinusoidal")
     if reference:
         ratios = [
@@ -647,14 +758,40 @@ def findings(results, config, entropy_rate, speeds=None):
     return lines
 
 
+def _holding(results, config):
+    """Lines naming the rows that hold at each hold length, and those that part."""
+    lines = []
+    table = rises(results, config)
+    held = None
+    for length, multiple in hold_lengths(config).items():
+        holding = [name for name, row in table.items() if row[length] <= HOLD_TOLERANCE]
+        line = f"Hold at {length} ({multiple}x)"
+        if held is None:
+            line += (
+                f", within {HOLD_TOLERANCE} nats of their loss at "
+                f"{config.lengths[0]}"
+            )
+        line += ": " + (", ".join(holding) or "none")
+        parting = [name for name in held or () if name not in holding]
+        if parting:
+            line += "; part there: " + ", ".join(
+                f"{name} ({table[name][length]:+.3f})" for name in parting
+            )
+        lines.append(line + ".")
+        held = holding
+    return lines
+
+
 def run(config, out_dir, before_timing=None):
     """Train every encoding short, test it long, and write the results.
+
+    Each text of `config.data` in turn, with files of its own.
 
     Args:
         config: `Config`. What to train and evaluate.
         out_dir: str or path-like. Where the models, the table (`nll.md`,
             `nll.csv`) and the plot (`nll.png`) go, created if needed; for
-            `data="python-source"` the files are `nll_python_source.*`.
+            the text `"python-source"` the files are `nll_python_source.*`.
         before_timing: callable or None. Called with no arguments before
             each seed's training speeds are timed: `keras-posenc demo` waits
             there for the vision task running alongside. Defaults to `None`.
@@ -663,14 +800,27 @@ def run(config, out_dir, before_timing=None):
         The exit status: `0`, or `1` if a reloaded model predicts
         differently from the trained one.
     """
+    for text in config.data:
+        if len(config.data) > 1:
+            print(f"\n== The language task on {text} ==\n", flush=True)
+        status = _run_text(config, text, out_dir, before_timing)
+        if status:
+            return status
+    return 0
+
+
+def _run_text(config, text, out_dir, before_timing):
+    """`run` on one text of `DATA`."""
     from keras_posenc import plot
 
     started = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)
-    if config.data == "python-source":
+    if text == "python-source":
         source = PythonSource()
+        prefix, stem = "lm_python_source", "nll_python_source"
     else:
         source = MarkovSource(config.seed)
+        prefix, stem = "lm", "nll"
     longest = config.lengths[-1]
     stream = source.evaluation_stream(
         math.ceil(config.evaluation_tokens / longest),
@@ -691,7 +841,7 @@ def run(config, out_dir, before_timing=None):
     )
     if FULL_ONLY and config.encodings == DEMO_ENCODINGS:
         print(
-            f"Left out to keep the demo within 10 minutes: {', '.join(FULL_ONLY)}; "
+            f"Left out to keep the demo within 6 minutes: {', '.join(FULL_ONLY)}; "
             "`keras-posenc demo --full` trains every encoding."
         )
     runs, speed_runs = [], []
@@ -705,7 +855,7 @@ def run(config, out_dir, before_timing=None):
             label = f"[language {number}/{total}{seed_text}]"
             try:
                 trained[encoding], model, sequences = _train(
-                    encoding, config, source, out_dir, label, seed
+                    encoding, config, source, out_dir, label, seed, prefix
                 )
             except RuntimeError as error:
                 print(f"Error: {error}", file=sys.stderr)
@@ -743,7 +893,17 @@ def run(config, out_dir, before_timing=None):
     )
     extra = speed_columns(speeds)
     table = training.format_markdown(results, config.lengths, extra=extra)
-    stem = "nll_python_source" if config.data == "python-source" else "nll"
+    means = {
+        name: {length: training.mean(values) for length, values in scores.items()}
+        for name, scores in results.items()
+    }
+    rise_markdown = rise_table(means, config)
+    if rise_markdown:
+        table += (
+            f"\n\nRise from length {config.lengths[0]} (nats), of the means; an "
+            f"encoding holds where it is at most {HOLD_TOLERANCE}:\n\n"
+            f"{rise_markdown}"
+        )
     markdown_path = os.path.join(out_dir, f"{stem}.md")
     with open(markdown_path, "w") as file:
         file.write(f"{title}{floor}. {training.seeds_line(config)}\n\n{table}\n")
@@ -755,10 +915,6 @@ def run(config, out_dir, before_timing=None):
         config.lengths,
         extra=[("train tokens/s", speed_means)],
     )
-    means = {
-        name: {length: training.mean(values) for length, values in scores.items()}
-        for name, scores in results.items()
-    }
     figure = plot.extrapolation_curves(
         list(config.lengths),
         {
@@ -767,6 +923,7 @@ def run(config, out_dir, before_timing=None):
         },
         source.entropy_rate,
         config.train_length,
+        spread=_spread(results, config) if config.num_seeds > 1 else None,
     )
     plot_path = os.path.join(out_dir, f"{stem}.png")
     figure.savefig(plot_path, dpi=100)

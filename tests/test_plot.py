@@ -3,6 +3,7 @@ import math
 import os
 import re
 
+import matplotlib.colors
 import numpy as np
 import pytest
 
@@ -265,6 +266,43 @@ def test_extrapolation_curves_show_everything_when_it_fits():
         "alibi",
         "t5",
     ]
+
+
+def test_extrapolation_curves_shade_the_spread_over_seeds():
+    spread = {"alibi": [0.01, 0.02, 0.01, 0.03, 0.02], "learned": [0.05] + [None] * 4}
+    figure = plot.extrapolation_curves(LENGTHS, NLL, 1.70, 128, spread=spread)
+    axes = figure.axes[0]
+    # One band per encoding that spread names, in the lines' order, the
+    # lines unchanged.
+    assert len(axes.lines) == len(NLL) + 2
+    learned_band, alibi_band = axes.collections
+    for band, name in ((alibi_band, "alibi"), (learned_band, "learned")):
+        (line,) = [line for line in axes.lines if line.get_label() == name]
+        np.testing.assert_allclose(
+            band.get_facecolor()[0][:3], matplotlib.colors.to_rgb(line.get_color())
+        )
+    corners = np.concatenate([path.vertices for path in alibi_band.get_paths()])
+    upper = [value + deviation for value, deviation in zip(NLL["alibi"], spread["alibi"])]
+    lower = [value - deviation for value, deviation in zip(NLL["alibi"], spread["alibi"])]
+    for length, top, bottom in zip(LENGTHS, upper, lower):
+        at_length = corners[np.isclose(corners[:, 0], length), 1]
+        assert at_length.max() == pytest.approx(top)
+        assert at_length.min() == pytest.approx(bottom)
+    figure.savefig(io.BytesIO(), format="png")
+
+
+@pytest.mark.parametrize(
+    "spread, message",
+    [
+        ({"t5": [0.1] * 5}, "spread['t5']="),
+        ({"rope": [0.1] * 4}, "spread['rope']=[0.1, 0.1, 0.1, 0.1]"),
+        ({"rope": [0.1] * 4 + [-0.1]}, "spread['rope']=[0.1, 0.1, 0.1, 0.1, -0.1]"),
+        ({"rope": [0.1] * 4 + [float("nan")]}, "spread['rope']="),
+    ],
+)
+def test_extrapolation_curves_bad_spread(spread, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plot.extrapolation_curves(LENGTHS, NLL, 1.70, 128, spread=spread)
 
 
 def test_extrapolation_curves_single_length_and_undefined_lines():

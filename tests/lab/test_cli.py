@@ -310,6 +310,14 @@ def test_bench_on_tensorflow_is_refused_under_another_keras_backend(
             "`--full` applies to the language task, not to --task graph.",
         ),
         (
+            ["demo", "--task", "vision", "--gpu"],
+            "`--gpu` applies to the language task, not to --task vision.",
+        ),
+        (
+            ["demo", "--quick", "--gpu"],
+            "`--quick` and `--gpu` are two sizes of the language task",
+        ),
+        (
             ["demo", "--task", "graph", "vision", "--train-length", "8"],
             "`--train-length` applies to the language task, not to --task "
             "vision graph.",
@@ -391,7 +399,7 @@ def test_quick_demo_runs_every_task(quick_demo):
         demo_config.DEMO_ENCODINGS
     ) + len(VISION_ENCODINGS) + len(GRAPH_ENCODINGS)
     assert (
-        "Left out to keep the demo within 10 minutes: "
+        "Left out to keep the demo within 6 minutes: "
         + ", ".join(demo_config.FULL_ONLY)
         + "; `keras-posenc demo --full` trains every encoding."
     ) in printed[language:vision]
@@ -436,7 +444,6 @@ def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
     )
     table = markdown_rows(markdown)
     assert sorted(table) == sorted(names)
-    assert table["learned"][1:3] == ["n/a", "n/a"]
     assert table["sinusoidal"][-2:] == ["1.00x", "1.00x"]
     assert table["rope"][-1] == "0.70x" and table["t5"][-1] == "0.51x"
     assert table["none"][-1] == ""
@@ -578,19 +585,35 @@ def test_the_second_process_gets_the_other_tasks_configs(options):
 
 def test_full_trains_every_language_encoding_and_the_default_all_but_its_own():
     parser = cli._make_parser()
-    default = cli._demo_configs(parser, parser.parse_args(["demo", "--task", "language"]))
-    full = cli._demo_configs(
-        parser, parser.parse_args(["demo", "--task", "language", "--full"])
-    )
-    chosen = cli._demo_configs(
-        parser,
-        parser.parse_args(["demo", "--task", "language", "--full", "--encodings", "cope"]),
-    )
-    assert full["language"].encodings == demo_config.ENCODINGS
-    assert default["language"].encodings == demo_config.DEMO_ENCODINGS
+
+    def language_config(*options):
+        args = parser.parse_args(["demo", "--task", "language", *options])
+        return cli._demo_configs(parser, args)["language"]
+
+    full = language_config("--full")
+    assert language_config() == demo_config.DEFAULT
+    assert full == demo_config.FULL
+    assert full.encodings == demo_config.ENCODINGS
+    assert full.data == ("markov", "python-source") and full.num_seeds == 3
+    assert demo_config.DEFAULT.encodings == demo_config.DEMO_ENCODINGS
     assert "cope" in demo_config.FULL_ONLY
     assert "cope" not in demo_config.DEMO_ENCODINGS
-    assert chosen["language"].encodings == ("cope",)
+    assert language_config("--full", "--encodings", "cope").encodings == ("cope",)
+    assert language_config("--full", "--data", "markov").data == ("markov",)
+    assert language_config("--full", "--seeds", "1").num_seeds == 1
+    assert language_config("--gpu") == demo_config.GPU
+    assert language_config("--gpu", "--full") == demo_config.GPU_FULL
+    assert language_config("--quick", "--full").encodings == demo_config.ENCODINGS
+
+
+def test_the_help_says_what_the_sizes_run(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    # argparse wraps the help to the terminal's width.
+    text = " ".join(capsys.readouterr().out.split())
+    assert "trained at 512 tokens and scored up to 16384" in text
+    assert "with 3 seeds on both texts, scored up to 2048 tokens" in text
+    assert "within 6 minutes" in text and "10 minutes" not in text
 
 
 def test_the_tasks_run_in_their_order_each_once():
@@ -690,19 +713,26 @@ def test_a_one_step_training_is_timed_after_it(chosen_language_demo):
     assert all(float(row[-1]) > 0 for row in rows)
     with open(tmp_path / "nll.md") as file:
         assert "nan" not in file.read()
-    assert "Timing training: 5 rounds of one call per model." in printed
+    assert (
+        f"Timing training: {language.SPEED_ROUNDS} rounds of one call per model."
+        in printed
+    )
     # The speeds are in the table; a quick run compares nothing in words.
     assert training.QUICK_NOTE in printed
 
 
-def test_demo_on_the_standard_librarys_bytes(tmp_path, capsys):
+def test_demo_on_the_standard_librarys_bytes_then_the_markov_source(tmp_path, capsys):
     argv = [
-        "demo", "--task", "language", "--data", "python-source", "--quick",
-        "--encodings", "alibi", "--steps", "2", "--out", str(tmp_path),
+        "demo", "--task", "language", "--data", "python-source", "markov",
+        "--quick", "--encodings", "alibi", "--steps", "2", "--out", str(tmp_path),
     ]
     assert main(argv) == 0
     assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "lm_alibi.keras",
         "lm_python_source_alibi.keras",
+        "nll.csv",
+        "nll.md",
+        "nll.png",
         "nll_python_source.csv",
         "nll_python_source.md",
         "nll_python_source.png",
@@ -718,8 +748,14 @@ def test_demo_on_the_standard_librarys_bytes(tmp_path, capsys):
         markdown = file.read()
     assert "entropy rate" not in markdown.lower()
     printed = capsys.readouterr().out
-    assert "Text: the " in printed and "as bytes (a vocabulary of 256)" in printed
-    assert "Entropy rate" not in printed and "entropy rate" not in printed
+    # Each text under its heading, in the order given.
+    first = printed.index("== The language task on python-source ==")
+    second = printed.index("== The language task on markov ==")
+    assert first < second
+    assert "Text: the " in printed[first:second]
+    assert "as bytes (a vocabulary of 256)" in printed[first:second]
+    assert "entropy rate" not in printed[first:second].lower()
+    assert "nats per symbol" in printed[second:]
     model = keras.models.load_model(
         tmp_path / "lm_python_source_alibi.keras", safe_mode=True
     )

@@ -165,14 +165,145 @@ def test_config_changes_are_checked():
     assert config.encodings == ("t5", "alibi")
     assert config.lengths == (64, 128, 512)
     assert config.steps == demo_config.DEFAULT.steps
+    # One text by its name, or several, each once, in the order given.
+    assert demo_config.DEFAULT.replace(data="python-source").data == ("python-source",)
+    assert demo_config.DEFAULT.replace(
+        data=["python-source", "markov", "python-source"]
+    ).data == ("python-source", "markov")
     with pytest.raises(ValueError, match=r"`encodings` must be among .*'yarn'"):
         demo_config.DEFAULT.replace(encodings=["rope", "yarn"])
     with pytest.raises(ValueError, match=r"`lengths` must each be at least .*32"):
         demo_config.DEFAULT.replace(lengths=[32, 128])
+    with pytest.raises(ValueError, match=r"`data` must be among .*data=\['wiki'\]"):
+        demo_config.DEFAULT.replace(data=["wiki"])
+    with pytest.raises(ValueError, match=r"data=\(\)"):
+        demo_config.DEFAULT.replace(data=())
+
+
+def test_the_configurations_are_what_the_command_says():
+    default, full, gpu = demo_config.DEFAULT, demo_config.FULL, demo_config.GPU
+    # `make demo`: trained at 64, scored up to 16x, on the Markov source.
+    assert default.train_length == 64 and default.lengths[0] == 64
+    assert default.lengths[-1] == 16 * 64
+    assert default.data == ("markov",) and default.num_seeds == 1
+    assert default.encodings == demo_config.DEMO_ENCODINGS
+    # `--full`: every encoding on both texts, 3 seeds, to 32x, in batches
+    # twice the size, scored on four times the tokens (16 windows at 2048).
+    assert full == default.replace(
+        encodings=demo_config.ENCODINGS,
+        data=["markov", "python-source"],
+        num_seeds=3,
+        lengths=[64, 128, 256, 512, 1024, 2048],
+        batch_size=2 * default.batch_size,
+        evaluation_tokens=4 * default.evaluation_tokens,
+    )
+    # `--gpu`: trained at 512, scored at every doubling up to 16,384 (32x).
+    assert gpu.train_length == 512
+    assert gpu.lengths == (512, 1024, 2048, 4096, 8192, 16384)
+    assert gpu.jit_compile and gpu.judged and gpu.num_seeds == 1
+    assert gpu.encodings == demo_config.DEMO_ENCODINGS
+    # Its batches of evaluation hold several of its longest windows.
+    assert gpu.evaluation_batch_tokens >= 2 * gpu.lengths[-1]
+    assert demo_config.GPU_FULL == gpu.replace(
+        encodings=demo_config.ENCODINGS, data=demo_config.DATA, num_seeds=3
+    )
+    assert demo_config.language_config() == default
+    assert demo_config.language_config(full=True) == full
+    assert demo_config.language_config(gpu=True) == gpu
+    assert demo_config.language_config(full=True, gpu=True) == demo_config.GPU_FULL
+    assert demo_config.language_config(quick=True) == demo_config.QUICK
+    assert demo_config.language_config(quick=True, full=True) == (
+        demo_config.QUICK.replace(encodings=demo_config.ENCODINGS)
+    )
+    with pytest.raises(ValueError, match="`--quick` and `--gpu`"):
+        demo_config.language_config(quick=True, gpu=True)
+
+
+@pytest.mark.parametrize(
+    "config", [demo_config.FULL, demo_config.GPU_FULL], ids=["full", "gpu-full"]
+)
+def test_the_held_out_text_holds_the_evaluation_of_the_longest_runs(config):
+    # Real text's held-out runs are fixed and must not overlap.
+    longest = config.lengths[-1]
+    rows = math.ceil(config.evaluation_tokens / longest)
+    stream = language.PythonSource().evaluation_stream(rows, longest + 1)
+    assert stream.shape == (rows, longest + 1)
+
+
+def test_the_registry_scales_its_lengths_with_the_trained_length():
+    # xPos's scale base is half the trained length, CoPE has a row per
+    # trained position, the temperature starts to grow past it.
+    for train_length in (64, 512):
+        model = language.build_model("xpos", train_length)
+        (scale_base,) = {
+            layer.position.get_config()["scale_base"]
+            for layer in model.layers
+            if isinstance(layer, keras_posenc.PositionalMultiHeadAttention)
+        }
+        assert scale_base == train_length / 2
+        cope = encodings.build("language", "cope", train_length=train_length)
+        assert cope.get_config()["max_positions"] == train_length
+        temperature = encodings.build(
+            "language", "nope_temperature", train_length=train_length
+        )
+        assert temperature.get_config()["floor_scale"] == train_length
+    # Without a trained length, the registry's own values: those at 64.
+    assert encodings.build("language", "xpos").get_config()["scale_base"] == 32.0
+
+
+def full_results(values):
+    """`{name: {length: nll}}` at FULL's lengths from `{name: [6 values]}`."""
+    return {
+        name: dict(zip(demo_config.FULL.lengths, row)) for name, row in values.items()
+    }
+
+
+# Trained at 64; the last three columns are 8x, 16x and 32x.
+PARTING = full_results(
+    {
+        "alibi": [2.05, 2.05, 2.05, 2.04, 2.04, 2.03],
+        "shaw": [1.93, 1.93, 1.93, 1.95, 1.99, 2.10],
+        "xpos": [1.92, 1.92, 1.92, 1.93, 1.96, 2.00],
+        "rope": [1.90, 2.00, 2.50, 3.00, 3.40, 3.90],
+        "learned": [1.95, None, None, None, None, None],
+    }
+)
+
+
+def test_the_rise_table_says_where_the_encodings_part():
+    table = language.rise_table(PARTING, demo_config.FULL)
+    assert table.splitlines() == [
+        "| encoding | 512 (8x) | 1024 (16x) | 2048 (32x) | holds to |",
+        "|---|---:|---:|---:|---|",
+        "| alibi | -0.010 | -0.010 | -0.020 | 32x |",
+        "| shaw | +0.020 | +0.060 | +0.170 | 8x |",
+        "| xpos | +0.010 | +0.040 | +0.080 | 16x |",
+        "| rope | +1.100 | +1.500 | +2.000 | no |",
+    ]
+    # A row that holds again further out holds to the first length it does not.
+    assert language.holds_to({512: 0.01, 1024: 0.2, 2048: 0.0}) == 512
+    assert language.holds_to({512: 0.06}) is None
+    # Up to 8x there is one column; short of 8x, no table.
+    short = demo_config.FULL.replace(lengths=[64, 128, 256, 512])
+    assert language.rise_table(PARTING, short).splitlines()[0] == (
+        "| encoding | 512 (8x) | holds to |"
+    )
+    assert language.rise_table(PARTING, short.replace(lengths=[64, 256])) == ""
+
+
+def test_findings_say_where_the_encodings_part():
+    lines = language.findings(PARTING, demo_config.FULL, entropy_rate=1.85)
+    assert (
+        "Hold at 512 (8x), within 0.05 nats of their loss at 64: alibi, shaw, xpos."
+        in lines
+    )
+    assert "Hold at 1024 (16x): alibi, xpos; part there: shaw (+0.060)." in lines
+    assert "Hold at 2048 (32x): alibi; part there: xpos (+0.080)." in lines
+    assert "ALiBi: -0.020 nats from length 64 to 2048 (within 0.05: yes)." in lines
 
 
 def test_findings_state_the_directions():
-    config = demo_config.DEFAULT
+    config = demo_config.DEFAULT.replace(lengths=[64, 128, 256, 512])
     results = {
         "alibi": {64: 1.90, 128: 1.90, 256: 1.91, 512: 1.92},
         "learned": {64: 1.9, 128: None, 256: None, 512: None},
@@ -190,6 +321,9 @@ def test_findings_state_the_directions():
     assert "rope + yarn: 2.100 at 256 against plain RoPE's 2.500 (better: yes)." in lines
     assert "rope + linear: 2.900 at 256 against plain RoPE's 2.500 (better: no)." in lines
     assert "rope + dynamic: 2.500 at 256 against plain RoPE's 2.500 (better: tie)." in lines
+    assert (
+        "Hold at 512 (8x), within 0.05 nats of their loss at 64: alibi." in lines
+    )
     short_config = config.replace(lengths=[64, 128])
     lines = language.findings(results, short_config, entropy_rate=1.85)
     assert "rope + yarn: 2.000 at 128 against plain RoPE's 2.100 (better: yes)." in lines
@@ -559,30 +693,82 @@ def test_save_and_reload_checks_the_predictions(tmp_path, capsys):
     assert "predictions identical" in capsys.readouterr().out
 
 
+# `--gpu`'s configuration with its lengths 32 times shorter, trained at 16
+# and scored at 16 to 512 (32x), on 512 tokens read in one call per length.
+SCALE = 32
+SMALL_GPU = demo_config.GPU.replace(
+    train_length=demo_config.GPU.train_length // SCALE,
+    lengths=[length // SCALE for length in demo_config.GPU.lengths],
+    evaluation_tokens=demo_config.GPU.lengths[-1] // SCALE,
+    evaluation_batch_tokens=demo_config.GPU.lengths[-1] // SCALE,
+)
+
+
 @pytest.fixture(scope="module")
-def quick_two_seed_run(tmp_path_factory):
-    """A quick run of ALiBi over two seeds, with a hook before each timing.
+def two_seed_run(tmp_path_factory):
+    """`SMALL_GPU` without positions over two seeds, one step each, with a hook.
+
+    The hook prints a line before each timing. Not judged and not compiled,
+    and with no position scheme, whose eager calls at 512 take seconds, to
+    be quick.
 
     Returns:
-        Its status and the lines it printed.
+        Its status, the lines it printed, its output folder, and the
+        `batch_tokens` of every call of `mean_nll`.
     """
-    config = demo_config.QUICK.replace(encodings=("alibi",), steps=1, num_seeds=2)
-    assert not config.judged
+    config = SMALL_GPU.replace(
+        encodings=("none",), steps=1, num_seeds=2, jit_compile=False, judged=False
+    )
+    out_dir = tmp_path_factory.mktemp("language")
+    batch_tokens = []
+    mean_nll = language.mean_nll
+
+    def recording_mean_nll(model, windows, tokens):
+        batch_tokens.append(tokens)
+        return mean_nll(model, windows, tokens)
 
     def before_timing():
         print("BEFORE TIMING")
 
-    with contextlib.redirect_stdout(io.StringIO()) as printed:
-        status = language.run(
-            config, tmp_path_factory.mktemp("language"), before_timing=before_timing
-        )
-    return status, printed.getvalue().splitlines()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(language, "mean_nll", recording_mean_nll)
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            status = language.run(config, out_dir, before_timing=before_timing)
+    return status, printed.getvalue().splitlines(), out_dir, batch_tokens
+
+
+def test_a_small_gpu_run_scores_to_32x_and_says_where_its_encodings_part(
+    two_seed_run,
+):
+    status, lines, out_dir, batch_tokens = two_seed_run
+    assert status == 0
+    # Every evaluation read batches of the configuration's size.
+    assert batch_tokens and set(batch_tokens) == {SMALL_GPU.evaluation_batch_tokens}
+    assert sorted(path.name for path in out_dir.glob("*.keras")) == [
+        "lm_none_seed0.keras",
+        "lm_none_seed1.keras",
+    ]
+    with open(out_dir / "nll.csv", newline="") as file:
+        header, none = list(csv.reader(file))
+    assert header[1::2][:6] == [str(length) for length in SMALL_GPU.lengths]
+    means = dict(zip(SMALL_GPU.lengths, map(float, none[1::2][:6])))
+    markdown = (out_dir / "nll.md").read_text()
+    assert "| 16 | 32 | 64 | 128 | 256 | 512 |" in markdown
+    rise_header = "| encoding | 128 (8x) | 256 (16x) | 512 (32x) | holds to |"
+    row = markdown.split(rise_header)[1].splitlines()[2]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[0] == "none"
+    # The rises of the CSV's means (four decimals), to the table's three.
+    for cell, length in zip(cells[1:4], (128, 256, 512)):
+        assert float(cell) == pytest.approx(means[length] - means[16], abs=6e-4)
+    assert cells[4] in ("no", "8x", "16x", "32x")
+    assert (out_dir / "nll.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_judged_run_prints_its_findings_and_a_quick_one_a_note(
-    quick_two_seed_run, tmp_path, capsys
+    two_seed_run, tmp_path, capsys
 ):
-    status, lines = quick_two_seed_run
+    status, lines, _, _ = two_seed_run
     assert status == 0
     printed = "\n".join(lines)
     assert training.QUICK_NOTE in printed
@@ -594,8 +780,8 @@ def test_a_judged_run_prints_its_findings_and_a_quick_one_a_note(
     assert "ALiBi: " in printed and "nats from length 16 to 64" in printed
 
 
-def test_run_calls_before_timing_before_each_seeds_timing(quick_two_seed_run):
-    status, lines = quick_two_seed_run
+def test_run_calls_before_timing_before_each_seeds_timing(two_seed_run):
+    status, lines, _, _ = two_seed_run
     assert status == 0
     marks = [index for index, line in enumerate(lines) if line == "BEFORE TIMING"]
     timings = [
@@ -607,7 +793,7 @@ def test_run_calls_before_timing_before_each_seeds_timing(quick_two_seed_run):
     # then the timing.
     assert len(marks) == 2
     assert timings == [mark + 2 for mark in marks]
-    seed_one = lines.index("[language 2/2, seed 1] Training with alibi:")
+    seed_one = lines.index("[language 2/2, seed 1] Training with none:")
     assert marks[0] < seed_one < marks[1]
 
 
