@@ -83,6 +83,9 @@ class Config:
         judged: bool. Whether the run is long enough to compare the
             encodings: it prints its findings after the table; `--quick`
             runs print a note instead.
+        speed_rounds: int. Calls of each model's training function timed
+            for its speed, after the other tasks are done where the run is
+            judged.
     """
 
     encodings: tuple = DEMO_ENCODINGS
@@ -97,6 +100,7 @@ class Config:
     num_seeds: int = 1
     jit_compile: bool = True
     judged: bool = True
+    speed_rounds: int = 5
 
     def replace(self, **changes):
         """A copy with the changes that are not `None`, checked.
@@ -274,6 +278,7 @@ QUICK = Config(
     evaluation_tokens=1024,
     jit_compile=False,
     judged=False,
+    speed_rounds=1,
 )
 VISION_DEFAULT = VisionConfig()
 VISION_QUICK = VisionConfig(

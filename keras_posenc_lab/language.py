@@ -65,8 +65,6 @@ PRESS_WORDS_PER_SECOND = {
     "t5": 14.4e3,
     "alibi": 28.3e3,
 }
-# Calls of each model's training function timed for its speed.
-SPEED_ROUNDS = 5
 # One file in this many of the sorted standard library is held out for
 # evaluation.
 HELD_OUT_EVERY = 10
@@ -425,7 +423,7 @@ class CallTimes(keras.callbacks.Callback):
         self.durations.append(time.perf_counter() - self._began)
 
 
-def training_speeds(models, inputs, targets, batch_size, rounds=SPEED_ROUNDS):
+def training_speeds(models, inputs, targets, batch_size, rounds=DEFAULT.speed_rounds):
     """Training tokens per second of each model, timed in interleaved rounds.
 
     Each model trained already, so its training function is traced (and
@@ -444,7 +442,8 @@ def training_speeds(models, inputs, targets, batch_size, rounds=SPEED_ROUNDS):
             of rows.
         targets: array `(examples, length)`.
         batch_size: int. Rows per step.
-        rounds: int. Calls timed per model. Defaults to `SPEED_ROUNDS`.
+        rounds: int. Calls timed per model. Defaults to
+            `Config.speed_rounds`'s default.
 
     Returns:
         A dict from name to tokens (positions of `inputs`) per second.
@@ -871,12 +870,17 @@ def _run_text(config, text, out_dir, before_timing):
         if before_timing is not None:
             before_timing()
         print(
-            f"\nTiming training: {SPEED_ROUNDS} rounds of one call per model.",
+            f"\nTiming training: {config.speed_rounds} "
+            f"round{'s' if config.speed_rounds > 1 else ''} of one call per model.",
             flush=True,
         )
         speed_runs.append(
             training_speeds(
-                trained, sequences[:, :-1], sequences[:, 1:], config.batch_size
+                trained,
+                sequences[:, :-1],
+                sequences[:, 1:],
+                config.batch_size,
+                config.speed_rounds,
             )
         )
     results = training.combine(runs)

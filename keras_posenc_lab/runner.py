@@ -157,7 +157,11 @@ def _run_alongside(configs, side_argv, out_dir):
                     )
                 side.wait()
 
-            status = language.run(configs["language"], out_dir, before_timing=wait_for_side)
+            # A run too short to judge the encodings is not worth the wait.
+            judged = configs["language"].judged
+            status = language.run(
+                configs["language"], out_dir, before_timing=wait_for_side if judged else None
+            )
             side_status = side.wait() if status == 0 else None
         finally:
             # An error or Ctrl-C in this process ends the second one too.
