@@ -99,9 +99,13 @@ LAB_TESTS := $(addprefix --ignore=tests/,lab test_plot.py \
 	test_site.py test_doc_pages.py test_distribution.py test_notebooks.py)
 
 # At the floor of every version range, the library's tests (not the
-# notebooks, not the lab's) less those marked `newest` (CI's 45 minutes).
+# notebooks, not the lab's) less those marked `newest`, and less two that
+# train whole models, TensorFlow's workers and the vision models, whose
+# layers the other tests cover (CI's 45 minutes).
+FLOOR_SKIPS := --ignore=tests/test_multi_worker_tensorflow.py --ignore=tests/test_vision_models.py
 test-oldest: $(OLDEST_STAMP)
-	XLA_FLAGS=$(XLA_TEST_FLAGS) $(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" $(LAB_TESTS)
+	XLA_FLAGS=$(XLA_TEST_FLAGS) $(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" \
+		$(LAB_TESTS) $(FLOOR_SKIPS)
 
 # On JAX at its newest, on Python 3.12: the attention, its schemes, the
 # ops, every public layer, files across backends, the demo's tasks, tiny,

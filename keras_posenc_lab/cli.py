@@ -232,7 +232,7 @@ def _make_parser():
         default=None,
         help=(
             "with the language task, train every encoding, also those the "
-            "default run leaves out to stay within 6 minutes"
+            "default run leaves out to stay within 10 minutes"
             + (f" ({', '.join(demo_config.FULL_ONLY)})" if demo_config.FULL_ONLY else "")
             + f", with {demo_config.FULL.num_seeds} seeds on both texts, scored up "
             f"to {demo_config.FULL.lengths[-1]} tokens"

@@ -11,7 +11,7 @@ from keras_posenc_lab import encodings
 
 ENCODINGS = tuple(encodings.LANGUAGE)
 # The language rows that `make demo` leaves to `--full`, to stay within its
-# 6 minutes, and the rows it trains.
+# 10 minutes, and the rows it trains.
 FULL_ONLY = encodings.full_only("language")
 DEMO_ENCODINGS = tuple(name for name in ENCODINGS if name not in FULL_ONLY)
 # RoPE schedules applied to the trained RoPE model at evaluation time, with

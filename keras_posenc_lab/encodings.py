@@ -49,7 +49,7 @@ class Encoding:
             trained at `TRAINED_LENGTH` tokens.
         full_only: bool. Whether only `keras-posenc demo --full` (or
             `--encodings` naming it) trains it: the rows `make demo` leaves
-            out to stay within its 6 minutes.
+            out to stay within its 10 minutes.
     """
 
     label: str
@@ -64,7 +64,7 @@ class Encoding:
 # The language task: a causal language model over a sequence. A new
 # encoding goes last: an entry's place seeds its model's training data
 # (`language._training_stream`), so that adding one changes no other row.
-# `make demo` trains all but the `full_only` ones, within its 6 minutes;
+# `make demo` trains all but the `full_only` ones, within its 10 minutes;
 # `keras-posenc demo --full` trains all.
 LANGUAGE = {
     "none": Encoding("none"),

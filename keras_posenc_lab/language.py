@@ -840,7 +840,7 @@ def _run_text(config, text, out_dir, before_timing):
     )
     if FULL_ONLY and config.encodings == DEMO_ENCODINGS:
         print(
-            f"Left out to keep the demo within 6 minutes: {', '.join(FULL_ONLY)}; "
+            f"Left out to keep the demo within 10 minutes: {', '.join(FULL_ONLY)}; "
             "`keras-posenc demo --full` trains every encoding."
         )
     runs, speed_runs = [], []
