@@ -183,6 +183,22 @@ def test_a_missing_extra_is_named_in_one_line(
     )
 
 
+@pytest.mark.parametrize("tasks, refused", [(["language"], False), (["vision"], True)])
+def test_only_the_vision_task_needs_scikit_learn(tasks, refused, monkeypatch, capsys):
+    find_spec = cli.importlib.util.find_spec
+    monkeypatch.setattr(
+        cli.importlib.util,
+        "find_spec",
+        lambda name: None if name == "sklearn" else find_spec(name),
+    )
+    # What runs after the check, stopped there.
+    monkeypatch.setattr(cli, "_import_backend", lambda verbose: "stopped after the check")
+    assert main(["demo", "--quick", "--task", *tasks]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert ("needs scikit-learn" in line) == refused
+    assert ("stopped after the check" in line) == (not refused)
+
+
 def test_the_missing_extra_pins_are_this_packages_own():
     # The messages above quote setup.cfg's ranges, as installed.
     requirements = cli.importlib.metadata.requires("keras-posenc")
