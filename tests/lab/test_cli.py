@@ -861,7 +861,7 @@ def test_bench_on_another_backend_runs_in_a_process_of_its_own(monkeypatch, caps
         calls.append((command, env["KERAS_BACKEND"]))
         return cli.subprocess.CompletedProcess(command, 0, stdout="| table |\n")
 
-    monkeypatch.setattr(cli, "_missing", lambda needs: None)
+    monkeypatch.setattr(cli, "_missing", lambda needs, unused=(): None)
     monkeypatch.setattr(cli.subprocess, "run", run)
     assert main(["bench", "--backend", "jax", "--tiny"]) == 0
     ((command, backend),) = calls
