@@ -257,6 +257,32 @@ def test_every_path_compiles(path, force_path):
     assert_close(output, expected.astype("float64"))
 
 
+def test_an_eager_call_in_blocks_hands_no_code_to_autograph(force_path, monkeypatch):
+    # TensorFlow's `tf.map_fn` hands its body to AutoGraph, eagerly too;
+    # converting the attention's call path took 8 to 16 s of a first call
+    # past the blocks' size. The other backends have no AutoGraph: there
+    # the blocks' values alone are checked.
+    layer = built(KNOWN["t5"])
+    tokens, _ = tokens_and_mask(False)
+    force_path("reference")
+    expected = numpy(layer(tokens, tokens, use_causal_mask=True))
+    force_path("reference_blocks")
+    converted = []
+    if BACKEND == "tensorflow":
+        from tensorflow.python.autograph.impl import api
+
+        convert = api.converted_call
+
+        def recording(function, *args, **kwargs):
+            converted.append(getattr(function, "__name__", repr(function)))
+            return convert(function, *args, **kwargs)
+
+        monkeypatch.setattr(api, "converted_call", recording)
+    output = layer(tokens, tokens, use_causal_mask=True)
+    assert converted == []
+    assert_close(output, expected.astype("float64"))
+
+
 @pytest.mark.parametrize("path", [p for p in PATHS if p.endswith("blocks")])
 @pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
 @pytest.mark.parametrize("scheme", ["alibi", "t5", "cope"])

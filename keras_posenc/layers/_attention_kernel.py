@@ -971,7 +971,7 @@ def by_blocks(
             output = write(whole * size, queries % size, output)
         return output
     blocks = keras.ops.map(
-        lambda index: run(index * size, size, query),
+        _backend.unconverted(lambda index: run(index * size, size, query)),
         keras.ops.arange(whole, dtype="int32"),
     )  # (blocks, batch, size, heads, value_dim)
     batch_size = keras.ops.shape(query)[0]

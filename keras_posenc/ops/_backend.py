@@ -114,6 +114,23 @@ def executing_eagerly():
     return True
 
 
+def unconverted(function):
+    """`function`, kept from TensorFlow's AutoGraph; itself elsewhere.
+
+    `tf.map_fn` hands its body to AutoGraph, eagerly too, unless its caller
+    turned AutoGraph off (Keras' own training and prediction functions do).
+    The package's code is written in `keras.ops` for graphs as it is, with
+    no Python control flow on tensors to convert, and converting the
+    attention's blocks rewrote its whole call path: 8 to 16 s of an eager
+    call's first run past the blocks' size.
+    """
+    if backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.autograph.experimental.do_not_convert(function)
+    return function
+
+
 def checked(value, condition, message, summary=(), summarize=3):
     """`value`, once the boolean tensor `condition` is known to hold.
 
