@@ -44,7 +44,7 @@ NEEDS = {
 }
 TASKS = ("language", "vision", "graph")
 # Only the language task reads these options.
-LANGUAGE_OPTIONS = ("data", "train_length", "lengths", "full", "gpu")
+LANGUAGE_OPTIONS = ("data", "train_length", "lengths", "gpu")
 
 
 def _make_parser():
@@ -165,14 +165,11 @@ def _make_parser():
             + ", ".join(demo_config.VISION_ENCODINGS)
             + "; with --task graph from: "
             + ", ".join(demo_config.GRAPH_ENCODINGS)
-            + " (default: all"
-            + (
-                f", but {', '.join(demo_config.FULL_ONLY)} for language "
-                "without --full"
-                if demo_config.FULL_ONLY
-                else ""
-            )
-            + ")"
+            + " (default: all, but without --full "
+            + ", ".join(demo_config.FULL_ONLY)
+            + " for language and "
+            + ", ".join(demo_config.VISION_FULL_ONLY)
+            + " for vision)"
         ),
     )
     demo_parser.add_argument(
@@ -231,11 +228,10 @@ def _make_parser():
         action="store_true",
         default=None,
         help=(
-            "with the language task, train every encoding, also those the "
-            "default run leaves out to stay within 10 minutes"
-            + (f" ({', '.join(demo_config.FULL_ONLY)})" if demo_config.FULL_ONLY else "")
-            + f", with {demo_config.FULL.num_seeds} seeds on both texts, scored up "
-            f"to {demo_config.FULL.lengths[-1]} tokens"
+            "train every encoding, also those the default run leaves out to "
+            f"stay within {demo_config.DEMO_MINUTES} minutes, with "
+            f"{demo_config.FULL.num_seeds} seeds; the language task on both "
+            f"texts, scored up to {demo_config.FULL.lengths[-1]} tokens"
         ),
     )
     demo_parser.add_argument(
@@ -251,7 +247,7 @@ def _make_parser():
     demo_parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny configurations, for tests: about a minute on 2 idle cores "
+        help="tiny configurations, for tests: about 90 s on 2 idle cores "
         "for all three tasks",
     )
 
@@ -497,9 +493,7 @@ def _demo_configs(parser, args):
                 num_seeds=args.seeds,
             )
         if "vision" in tasks:
-            config = (
-                demo_config.VISION_QUICK if args.quick else demo_config.VISION_DEFAULT
-            )
+            config = demo_config.vision_config(args.quick, args.full)
             configs["vision"] = config.replace(
                 encodings=args.encodings,
                 steps=args.steps,
@@ -507,9 +501,7 @@ def _demo_configs(parser, args):
                 num_seeds=args.seeds,
             )
         if "graph" in tasks:
-            config = (
-                demo_config.GRAPH_QUICK if args.quick else demo_config.GRAPH_DEFAULT
-            )
+            config = demo_config.graph_config(args.quick, args.full)
             configs["graph"] = config.replace(
                 encodings=args.encodings,
                 steps=args.steps,

@@ -9,9 +9,12 @@ import dataclasses
 
 from keras_posenc_lab import encodings
 
+# What `make demo` takes on 2 cores, measured; the rows it leaves to
+# `--full` keep it so.
+DEMO_MINUTES = 7
 ENCODINGS = tuple(encodings.LANGUAGE)
 # The language rows that `make demo` leaves to `--full`, to stay within its
-# 10 minutes, and the rows it trains.
+# minutes, and the rows it trains.
 FULL_ONLY = encodings.full_only("language")
 DEMO_ENCODINGS = tuple(name for name in ENCODINGS if name not in FULL_ONLY)
 # RoPE schedules applied to the trained RoPE model at evaluation time, with
@@ -23,6 +26,12 @@ DATA = ("markov", "python-source")
 # The vision task's encodings of a ViT's patch grid, and their rows in its
 # table.
 VISION_ENCODINGS = tuple(encodings.VISION)
+# Those `make demo` leaves to `--full`, as the language task's, and the
+# rows it trains.
+VISION_FULL_ONLY = encodings.full_only("vision")
+VISION_DEMO_ENCODINGS = tuple(
+    name for name in VISION_ENCODINGS if name not in VISION_FULL_ONLY
+)
 # Rows that evaluate another row's trained model at the larger grids, with
 # no retraining, each after its model's row: the learned table resized
 # bicubically to the new grid (its model's own row is the table not
@@ -100,7 +109,7 @@ class Config:
     num_seeds: int = 1
     jit_compile: bool = True
     judged: bool = True
-    speed_rounds: int = 5
+    speed_rounds: int = 3
 
     def replace(self, **changes):
         """A copy with the changes that are not `None`, checked.
@@ -158,7 +167,8 @@ class VisionConfig:
     """What the vision demo trains and evaluates.
 
     Args:
-        encodings: tuple of str. Encodings to train, from `VISION_ENCODINGS`.
+        encodings: tuple of str. Encodings to train, from
+            `VISION_ENCODINGS`; by default all but `VISION_FULL_ONLY`.
         steps: int. Training steps of each model.
         batch_size: int. Images per training step.
         grids: tuple of int. Patches per side of the evaluated renderings,
@@ -174,7 +184,7 @@ class VisionConfig:
             runs print a note instead.
     """
 
-    encodings: tuple = VISION_ENCODINGS
+    encodings: tuple = VISION_DEMO_ENCODINGS
     steps: int = 300
     batch_size: int = 32
     grids: tuple = (8, 12, 16)
@@ -281,10 +291,14 @@ QUICK = Config(
     speed_rounds=1,
 )
 VISION_DEFAULT = VisionConfig()
+# `--full`: every encoding, with 3 seeds.
+VISION_FULL = VISION_DEFAULT.replace(encodings=VISION_ENCODINGS, num_seeds=3)
 VISION_QUICK = VisionConfig(
     steps=12, batch_size=16, grids=(2, 3, 4), jit_compile=False, judged=False
 )
 GRAPH_DEFAULT = GraphConfig()
+# `--full`: every encoding, as the default, with 3 seeds.
+GRAPH_FULL = GRAPH_DEFAULT.replace(num_seeds=3)
 GRAPH_QUICK = GraphConfig(
     steps=10,
     batch_size=8,
@@ -320,3 +334,35 @@ def language_config(quick=False, full=False, gpu=False):
     if gpu:
         return GPU_FULL if full else GPU
     return FULL if full else DEFAULT
+
+
+def vision_config(quick=False, full=False):
+    """The vision task's configuration for the command's size options.
+
+    Args:
+        quick: bool. `--quick`: `VISION_QUICK`, every encoding with
+            `full`. Defaults to `False`.
+        full: bool. `--full`: `VISION_FULL`. Defaults to `False`.
+
+    Returns:
+        A `VisionConfig`.
+    """
+    if quick:
+        return VISION_QUICK.replace(encodings=VISION_ENCODINGS if full else None)
+    return VISION_FULL if full else VISION_DEFAULT
+
+
+def graph_config(quick=False, full=False):
+    """The graph task's configuration for the command's size options.
+
+    Args:
+        quick: bool. `--quick`: `GRAPH_QUICK`, whatever `full`. Defaults to
+            `False`.
+        full: bool. `--full`: `GRAPH_FULL`. Defaults to `False`.
+
+    Returns:
+        A `GraphConfig`.
+    """
+    if quick:
+        return GRAPH_QUICK
+    return GRAPH_FULL if full else GRAPH_DEFAULT

@@ -49,7 +49,7 @@ class Encoding:
             trained at `TRAINED_LENGTH` tokens.
         full_only: bool. Whether only `keras-posenc demo --full` (or
             `--encodings` naming it) trains it: the rows `make demo` leaves
-            out to stay within its 10 minutes.
+            out to stay within its minutes (`config.DEMO_MINUTES`).
     """
 
     label: str
@@ -64,8 +64,8 @@ class Encoding:
 # The language task: a causal language model over a sequence. A new
 # encoding goes last: an entry's place seeds its model's training data
 # (`language._training_stream`), so that adding one changes no other row.
-# `make demo` trains all but the `full_only` ones, within its 10 minutes;
-# `keras-posenc demo --full` trains all.
+# `make demo` trains all but the `full_only` ones, within its minutes;
+# `keras-posenc demo --full` trains all. The vision task's too.
 LANGUAGE = {
     "none": Encoding("none"),
     "sinusoidal": Encoding(
@@ -85,6 +85,7 @@ LANGUAGE = {
         "RelativePositionEmbedding",
         "attention",
         {"max_relative_position": 16},
+        full_only=True,
     ),
     # Causal: T5's buckets of the decoder, 32 of them saturating at 128.
     "t5": Encoding(
@@ -96,7 +97,9 @@ LANGUAGE = {
     ),
     # Transformer-XL's relative attention: sinusoidal relative positions
     # projected per head, with its content and position biases.
-    "transformer_xl": Encoding("transformer-xl", "TransformerXLPosition", "attention"),
+    "transformer_xl": Encoding(
+        "transformer-xl", "TransformerXLPosition", "attention", full_only=True
+    ),
     # DeBERTa's disentangled attention, both terms, its buckets as T5's
     # above: exact up to 16, logarithmic to 128.
     "deberta": Encoding(
@@ -171,6 +174,7 @@ VISION = {
         "SinusoidalPositionEncoding",
         "embeddings",
         {"num_prefix_tokens": 1},
+        full_only=True,
     ),
     "sinusoidal_2d": Encoding(
         "sinusoidal 2-D",
@@ -196,6 +200,7 @@ VISION = {
             "axis_sections": [2, 3, 3],
             "num_prefix_tokens": 1,
         },
+        full_only=True,
     ),
     "swin_bias": Encoding(
         "Swin relative bias",
@@ -203,6 +208,7 @@ VISION = {
         "attention",
         {"num_prefix_tokens": 1},
         takes=("num_heads", "grid_shape"),
+        full_only=True,
     ),
 }
 

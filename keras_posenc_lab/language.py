@@ -839,10 +839,7 @@ def _run_text(config, text, out_dir, before_timing):
         f"{', '.join(map(str, config.lengths))}. " + training.seeds_line(config)
     )
     if FULL_ONLY and config.encodings == DEMO_ENCODINGS:
-        print(
-            f"Left out to keep the demo within 10 minutes: {', '.join(FULL_ONLY)}; "
-            "`keras-posenc demo --full` trains every encoding."
-        )
+        print(training.left_out_line(FULL_ONLY))
     runs, speed_runs = [], []
     total = len(config.encodings) * config.num_seeds
     number = 0

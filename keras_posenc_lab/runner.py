@@ -99,7 +99,7 @@ def _side_argv(args, tasks):
     it parses them into the configs this process would have made.
     """
     argv = ["demo", "--task", *tasks, "--out", args.out]
-    for flag in ("quick", "verbose"):
+    for flag in ("quick", "full", "verbose"):
         if getattr(args, flag):
             argv.append(f"--{flag}")
     for option in ("steps", "seed", "seeds"):

@@ -12,6 +12,8 @@ import time
 import keras
 import numpy as np
 
+from keras_posenc_lab.config import DEMO_MINUTES
+
 LEARNING_RATE = 2e-3
 # What a `--quick` run prints in place of its findings, as `bench --tiny`
 # judges no ratio.
@@ -132,6 +134,14 @@ def save_and_reload(model, path, probes):
             )
     print(f"Saved to {path}; reloaded with safe_mode=True, predictions identical.")
     return reloaded
+
+
+def left_out_line(names):
+    """The line naming the rows `make demo` leaves to `--full`, and why."""
+    return (
+        f"Left out to keep the demo within {DEMO_MINUTES} minutes: "
+        f"{', '.join(names)}; `keras-posenc demo --full` trains every encoding."
+    )
 
 
 def seeds(config):

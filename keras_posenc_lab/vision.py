@@ -37,7 +37,9 @@ import keras_posenc
 from keras_posenc import ops
 from keras_posenc_lab import encodings
 from keras_posenc_lab import training
+from keras_posenc_lab.config import VISION_DEMO_ENCODINGS
 from keras_posenc_lab.config import VISION_EVALUATIONS
+from keras_posenc_lab.config import VISION_FULL_ONLY
 from keras_posenc_lab.config import VISION_LABELS
 
 PATCH_SIZE = 4
@@ -533,6 +535,8 @@ def run(config, out_dir):
         f"Training: {config.steps} steps of {config.batch_size} images at "
         f"{config.grids[0]}x{config.grids[0]}. " + training.seeds_line(config)
     )
+    if VISION_FULL_ONLY and config.encodings == VISION_DEMO_ENCODINGS:
+        print(training.left_out_line(VISION_FULL_ONLY))
     runs = []
     total = len(config.encodings) * config.num_seeds
     number = 0

@@ -21,7 +21,9 @@ from keras_posenc_lab import vision
 from keras_posenc_lab.config import GRAPH_ENCODINGS
 from keras_posenc_lab.config import GRAPH_LABELS
 from keras_posenc_lab.config import GRAPH_QUICK
+from keras_posenc_lab.config import VISION_DEMO_ENCODINGS
 from keras_posenc_lab.config import VISION_ENCODINGS
+from keras_posenc_lab.config import VISION_EVALUATIONS
 from keras_posenc_lab.config import VISION_LABELS
 from keras_posenc_lab.config import VISION_QUICK
 from keras_posenc_lab.cli import main
@@ -322,10 +324,6 @@ def test_bench_on_tensorflow_is_refused_under_another_keras_backend(
             "`--data` applies to the language task",
         ),
         (
-            ["demo", "--task", "graph", "--full"],
-            "`--full` applies to the language task, not to --task graph.",
-        ),
-        (
             ["demo", "--task", "vision", "--gpu"],
             "`--gpu` applies to the language task, not to --task vision.",
         ),
@@ -411,14 +409,23 @@ def test_quick_demo_runs_every_task(quick_demo):
     assert demo_config.FULL_ONLY and set(demo_config.DEMO_ENCODINGS) == set(
         demo_config.ENCODINGS
     ) - set(demo_config.FULL_ONLY)
+    # The vision rows likewise.
+    assert demo_config.VISION_FULL_ONLY and set(VISION_DEMO_ENCODINGS) == set(
+        VISION_ENCODINGS
+    ) - set(demo_config.VISION_FULL_ONLY)
     assert printed.count("predictions identical") == len(
         demo_config.DEMO_ENCODINGS
-    ) + len(VISION_ENCODINGS) + len(GRAPH_ENCODINGS)
-    assert (
-        "Left out to keep the demo within 10 minutes: "
-        + ", ".join(demo_config.FULL_ONLY)
-        + "; `keras-posenc demo --full` trains every encoding."
-    ) in printed[language:vision]
+    ) + len(VISION_DEMO_ENCODINGS) + len(GRAPH_ENCODINGS)
+    for left_out, task in (
+        (demo_config.FULL_ONLY, printed[language:vision]),
+        (demo_config.VISION_FULL_ONLY, printed[vision:graph]),
+    ):
+        assert (
+            f"Left out to keep the demo within {demo_config.DEMO_MINUTES} minutes: "
+            + ", ".join(left_out)
+            + "; `keras-posenc demo --full` trains every encoding."
+        ) in task
+    assert "Left out" not in printed[graph:done]
     # Not a terminal: one line per model and length, no progress bars (the
     # longest line is the language task's description of its model).
     assert "\x1b" not in printed and "\r" not in printed
@@ -492,7 +499,18 @@ def test_quick_demo_models_reload(quick_demo, encoding):
 def test_quick_demo_writes_the_vision_table(quick_demo):
     status, out_dir, printed = quick_demo
     assert status == 0
-    labels = list(VISION_LABELS.values())
+    # The trained models' rows, each evaluated model's after its own.
+    evaluated = {
+        VISION_EVALUATIONS[name][0]
+        for name in VISION_DEMO_ENCODINGS
+        if name in VISION_EVALUATIONS
+    }
+    labels = [
+        label
+        for key, label in VISION_LABELS.items()
+        if key in VISION_DEMO_ENCODINGS or key in evaluated
+    ]
+    assert len(labels) == len(VISION_DEMO_ENCODINGS) + len(evaluated)
     with open(out_dir / "accuracy.csv", newline="") as file:
         rows = list(csv.reader(file))
     assert rows[0] == ["encoding"] + QUICK_GRIDS
@@ -518,7 +536,7 @@ def test_quick_demo_writes_the_vision_table(quick_demo):
             accuracies[name], abs=5e-4
         )
     assert printed.count(f"Trained {VISION_QUICK.steps} steps in") == len(
-        VISION_ENCODINGS
+        VISION_DEMO_ENCODINGS
     )
     assert "Data: scikit-learn's handwritten digits" in printed
     # A quick run judges nothing: its table, and no findings.
@@ -555,7 +573,7 @@ def test_quick_demo_writes_the_graph_table(quick_demo):
         assert np.all(np.isfinite(logits))
 
 
-@pytest.mark.parametrize("encoding", VISION_ENCODINGS)
+@pytest.mark.parametrize("encoding", VISION_DEMO_ENCODINGS)
 def test_quick_demo_vision_models_reload(quick_demo, encoding):
     _, out_dir, _ = quick_demo
     model = keras.models.load_model(out_dir / f"vit_{encoding}.keras", safe_mode=True)
@@ -622,14 +640,51 @@ def test_full_trains_every_language_encoding_and_the_default_all_but_its_own():
     assert language_config("--quick", "--full").encodings == demo_config.ENCODINGS
 
 
+def test_full_trains_every_vision_encoding_and_every_task_with_3_seeds():
+    parser = cli._make_parser()
+
+    def configs(*options):
+        args = parser.parse_args(["demo", *options])
+        return cli._demo_configs(parser, args)
+
+    default, full = configs(), configs("--full")
+    assert default["vision"] == demo_config.VISION_DEFAULT
+    assert default["vision"].encodings == VISION_DEMO_ENCODINGS
+    assert default["graph"] == demo_config.GRAPH_DEFAULT
+    assert full["vision"].encodings == VISION_ENCODINGS
+    assert full["graph"].encodings == GRAPH_ENCODINGS
+    for task in ("language", "vision", "graph"):
+        assert full[task].num_seeds == 3, task
+        # Only the encodings and the seeds differ from the default run's
+        # (and the language task's texts, lengths, batches and tokens).
+        assert full[task].steps == default[task].steps, task
+    assert full["vision"].grids == default["vision"].grids
+    assert full["graph"].sizes == default["graph"].sizes
+    quick = configs("--quick", "--full", "--task", "vision", "graph")
+    assert quick["vision"].encodings == VISION_ENCODINGS
+    assert quick["vision"].steps == demo_config.VISION_QUICK.steps
+    assert quick["graph"] == demo_config.GRAPH_QUICK
+    # The second process is given --full.
+    args = parser.parse_args(["demo", "--full"])
+    child = parser.parse_args(runner._side_argv(args, ["vision", "graph"]))
+    assert cli._demo_configs(parser, child) == {
+        "vision": full["vision"],
+        "graph": full["graph"],
+    }
+
+
 def test_the_help_says_what_the_sizes_run(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     # argparse wraps the help to the terminal's width.
     text = " ".join(capsys.readouterr().out.split())
     assert "trained at 512 tokens and scored up to 16384" in text
-    assert "with 3 seeds on both texts, scored up to 2048 tokens" in text
-    assert "within 10 minutes" in text and "6 minutes" not in text
+    assert (
+        "with 3 seeds; the language task on both texts, scored up to 2048 tokens"
+        in text
+    )
+    assert f"within {demo_config.DEMO_MINUTES} minutes" in text
+    assert "10 minutes" not in text
 
 
 def test_the_tasks_run_in_their_order_each_once():
