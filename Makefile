@@ -1,6 +1,7 @@
 # `make demo` and `make test` each set up .venv on first use, then run;
 # `make test-oldest` sets up .venv-oldest, at the floor of every version
-# range in setup.cfg's install_requires, and runs the tests there.
+# range in setup.cfg's install_requires, and runs the kernel, the ops,
+# every public layer and the files there.
 # `make test-jax` runs the attention, its schemes, the ops, every public
 # layer and files across backends on Keras' JAX backend at the ceiling of
 # the jax extra's range (on Python 3.12, which jax 0.11 and later need),
@@ -92,20 +93,18 @@ test: $(STAMP)
 		--ignore=notebooks/03_tpu_training.ipynb
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# The lab (tests/lab: the command, the demo's tasks, the benchmarks), the
-# plots, the site and the built distributions: the newest versions' run on
-# TensorFlow covers them.
-LAB_TESTS := $(addprefix --ignore=tests/,lab test_plot.py \
-	test_site.py test_doc_pages.py test_distribution.py test_notebooks.py)
-
-# At the floor of every version range, the library's tests (not the
-# notebooks, not the lab's) less those marked `newest`, and less two that
-# train whole models, TensorFlow's workers and the vision models, whose
-# layers the other tests cover (CI's 45 minutes).
-FLOOR_SKIPS := --ignore=tests/test_multi_worker_tensorflow.py --ignore=tests/test_vision_models.py
+# At the floor of every version range, on TensorFlow, less those marked
+# `newest`: the kernel, the attention and the ops, and every public layer's
+# forward pass, training step and round trip, as at JAX's floor
+# (`JAX_FLOOR_TESTS`, below), and the files: `.keras` across the package's
+# versions, legacy `.h5`, SavedModel, TFLite and renamed arguments. Each
+# scheme's own tests, the lab's and the notebooks are the newest versions'
+# (CI's 45 minutes).
+FLOOR_TESTS = $(JAX_FLOOR_TESTS) tests/test_attention_files.py tests/test_legacy_h5.py \
+	tests/test_tflite.py tests/test_models.py tests/test_renamed_arguments.py
 test-oldest: $(OLDEST_STAMP)
-	XLA_FLAGS=$(XLA_TEST_FLAGS) $(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) tests -m "not newest" \
-		$(LAB_TESTS) $(FLOOR_SKIPS)
+	XLA_FLAGS=$(XLA_TEST_FLAGS) $(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) -m "not newest" \
+		$(FLOOR_TESTS)
 
 # On JAX at its newest, on Python 3.12: the attention, its schemes, the
 # ops, every public layer, files across backends, the demo's tasks, tiny,
