@@ -1,11 +1,11 @@
 # `make demo` and `make test` each set up .venv on first use, then run;
 # `make test-oldest` sets up .venv-oldest, at the floor of every version
-# range in setup.cfg's install_requires, and runs the kernel, the ops,
-# every public layer and the files there.
-# `make test-jax` runs the attention, its schemes, the ops, every public
-# layer and files across backends on Keras' JAX backend at the ceiling of
-# the jax extra's range (on Python 3.12, which jax 0.11 and later need),
-# `make test-jax-oldest` the kernel, the ops and every public layer at its
+# range in setup.cfg's install_requires, and runs every public layer, the
+# ops and the files there.
+# `make test-jax` runs the kernel, the attention, RoPE, the ops, every
+# public layer and files across backends on Keras' JAX backend at the
+# ceiling of the jax extra's range (on Python 3.12, which jax 0.11 and
+# later need), `make test-jax-oldest` every public layer and the ops at its
 # floor (on Python 3.11), and `make test-torch` the attention, its
 # schemes, the ops and the docs' examples on PyTorch; each in a venv of its
 # own, with the extra of its backend (the layers themselves need Keras
@@ -94,28 +94,31 @@ test: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # At the floor of every version range, on TensorFlow, less those marked
-# `newest`: the kernel, the attention and the ops, and every public layer's
-# forward pass, training step and round trip, as at JAX's floor
+# `newest`: every public layer's forward pass, training step and round
+# trip, the ops, grouped heads, qk-norm and the cache, as at JAX's floor
 # (`JAX_FLOOR_TESTS`, below), and the files: `.keras` across the package's
-# versions, legacy `.h5`, SavedModel, TFLite and renamed arguments. Each
-# scheme's own tests, the lab's and the notebooks are the newest versions'
-# (CI's 45 minutes).
+# versions, legacy `.h5`, SavedModel, TFLite and renamed arguments. The
+# kernel's and the attention's own tests, each scheme's, the lab's and the
+# notebooks are the newest versions' (CI's 45 minutes).
 FLOOR_TESTS = $(JAX_FLOOR_TESTS) tests/test_attention_files.py tests/test_legacy_h5.py \
 	tests/test_tflite.py tests/test_models.py tests/test_renamed_arguments.py
 test-oldest: $(OLDEST_STAMP)
 	XLA_FLAGS=$(XLA_TEST_FLAGS) $(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) -m "not newest" \
 		$(FLOOR_TESTS)
 
-# On JAX at its newest, on Python 3.12: the attention, its schemes, the
-# ops, every public layer, files across backends, the demo's tasks, tiny,
-# and JAX's distribution (`JAX_TESTS`, below). The docs' examples run on TensorFlow and PyTorch,
-# the TPU notebook on JAX in `make test-colab` (CI's 45 minutes).
+# On JAX at its newest, on Python 3.12: the kernel (every scheme through
+# every path), the attention, RoPE, Hugging Face's weights, the ops, every
+# public layer, files across backends, the demo's tasks, tiny, and JAX's
+# distribution (`JAX_TESTS`, below). The other schemes' own tests run on
+# TensorFlow and PyTorch, the docs' examples too, the TPU notebook on JAX
+# in `make test-colab` (CI's 45 minutes).
 test-jax: $(JAX)/.installed
 	KERAS_BACKEND=jax XLA_FLAGS=$(XLA_TEST_FLAGS) $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) $(JAX_TESTS)
 
-# At the floor, the kernel, the attention and the ops, and every public
-# layer's forward pass, training step and round trip (`JAX_FLOOR_TESTS`,
-# below): the schemes' own tests are the ceiling's (CI's 45 minutes).
+# At the floor, every public layer's forward pass, training step and round
+# trip, the ops, grouped heads, qk-norm and the cache (`JAX_FLOOR_TESTS`,
+# below): the kernel's, the attention's and the schemes' own tests are the
+# ceiling's (CI's 45 minutes).
 test-jax-oldest: $(JAX_OLDEST)/.installed
 	KERAS_BACKEND=jax XLA_FLAGS=$(XLA_TEST_FLAGS) $(JAX_OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) -m "not newest" \
 		$(JAX_FLOOR_TESTS)
@@ -159,10 +162,10 @@ test-colab: $(COLAB)/.installed
 # three tasks, tiny, with TensorFlow hidden (tests/lab/test_backends.py).
 TORCH_VERSION := 2.13.0
 # The attention, its schemes, the ops, the docs' examples and the demo's
-# tasks, tiny: PyTorch's run; JAX's the same less PyTorch's own kernels and
-# the docs' examples, with
-# JAX's distribution; JAX's floor the kernel, the attention, the ops and
-# every public layer.
+# tasks, tiny: PyTorch's run. JAX's: the kernel, the attention, RoPE,
+# Hugging Face's weights, the ops, every public layer, the files and the
+# demo's tasks, with JAX's distribution. The floors': every public layer,
+# the ops, grouped heads, qk-norm and the cache.
 BACKEND_TESTS := tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py \
 	tests/test_positional_multi_head_attention.py tests/test_attention_kernel.py \
 	tests/test_grouped_query_attention.py tests/test_qk_norm.py tests/test_hf_attention.py \
@@ -177,11 +180,12 @@ BACKEND_TESTS := tests/test_every_backend.py tests/test_cross_backend.py tests/t
 	tests/test_ops.py tests/test_doc_pages.py tests/test_flex_attention.py \
 	tests/test_torch_compile.py tests/test_attention_cache.py tests/test_attention_files.py \
 	tests/lab/test_backends.py
-JAX_TESTS := $(filter-out tests/test_flex_attention.py tests/test_torch_compile.py \
-	tests/test_doc_pages.py,$(BACKEND_TESTS)) tests/test_distribution_jax.py
 JAX_FLOOR_TESTS := tests/test_every_backend.py tests/test_backend_dispatch.py tests/test_ops.py \
-	tests/test_attention_kernel.py tests/test_positional_multi_head_attention.py \
 	tests/test_grouped_query_attention.py tests/test_qk_norm.py tests/test_attention_cache.py
+JAX_TESTS := $(JAX_FLOOR_TESTS) tests/test_cross_backend.py \
+	tests/test_positional_multi_head_attention.py tests/test_attention_kernel.py \
+	tests/test_hf_attention.py tests/test_rotary_embedding.py tests/test_bench_backends.py \
+	tests/test_attention_files.py tests/lab/test_backends.py tests/test_distribution_jax.py
 
 test-torch: $(TORCH)/.installed
 	KERAS_BACKEND=torch $(TORCH)/bin/python -m pytest $(PYTEST_WORKERS) $(BACKEND_TESTS)

@@ -247,8 +247,8 @@ def _make_parser():
     demo_parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny configurations, for tests: about 90 s on 2 idle cores "
-        "for all three tasks",
+        help="tiny configurations, for tests: models of one block, trained "
+        "briefly; under a minute on 2 idle cores for all three tasks",
     )
 
     bench_parser = commands.add_parser(
@@ -435,12 +435,23 @@ def main(argv=None):
     if message is not None:
         print(f"keras-posenc: error: {message}", file=sys.stderr)
         return 1
+    side = None
     if args.command == "demo":
         runner.set_threads(configs)
+        # The second process, where there is one, imports its backend
+        # while this one does.
+        side = runner.start(configs, args)
     if args.command == "bench" and args.backend in ("jax", "torch"):
         return _bench_on(args.backend, args)
-    message = _import_backend(args.verbose)
+    try:
+        message = _import_backend(args.verbose)
+    except BaseException:
+        if side is not None:
+            side.stop()
+        raise
     if message is not None:
+        if side is not None:
+            side.stop()
         print(f"keras-posenc: error: {message}", file=sys.stderr)
         return 1
     if args.command == "plot":
@@ -453,7 +464,7 @@ def main(argv=None):
         from keras_posenc_lab.bench import suite
 
         return suite.run(out=args.out, repeats=args.repeats, tiny=args.tiny)
-    return runner.run(configs, args)
+    return runner.run(configs, args, side)
 
 
 def _demo_configs(parser, args):

@@ -72,6 +72,7 @@ class Config:
         data: tuple of str. The texts, from `DATA`: each is trained on and
             scored in turn, with a table of its own.
         steps: int. Training steps of each model.
+        num_layers: int. Transformer blocks of each model.
         batch_size: int. Sequences per training step.
         train_length: int. Tokens per training sequence.
         lengths: tuple of int. Evaluation lengths, ascending.
@@ -100,6 +101,7 @@ class Config:
     encodings: tuple = DEMO_ENCODINGS
     data: tuple = ("markov",)
     steps: int = 1000
+    num_layers: int = 2
     batch_size: int = 8
     train_length: int = 64
     lengths: tuple = (64, 128, 256, 512, 1024)
@@ -170,6 +172,7 @@ class VisionConfig:
         encodings: tuple of str. Encodings to train, from
             `VISION_ENCODINGS`; by default all but `VISION_FULL_ONLY`.
         steps: int. Training steps of each model.
+        num_layers: int. Transformer blocks of each model.
         batch_size: int. Images per training step.
         grids: tuple of int. Patches per side of the evaluated renderings,
             ascending; the first is the training grid.
@@ -186,6 +189,7 @@ class VisionConfig:
 
     encodings: tuple = VISION_DEMO_ENCODINGS
     steps: int = 300
+    num_layers: int = 2
     batch_size: int = 32
     grids: tuple = (8, 12, 16)
     seed: int = 0
@@ -216,6 +220,7 @@ class GraphConfig:
     Args:
         encodings: tuple of str. Encodings to train, from `GRAPH_ENCODINGS`.
         steps: int. Training steps of each model.
+        num_layers: int. Transformer blocks of each model.
         batch_size: int. Graphs per training step.
         sizes: tuple of `(smallest, largest)` pairs. The numbers of nodes of
             the evaluated graphs, each drawn uniformly from its pair, in
@@ -234,6 +239,7 @@ class GraphConfig:
 
     encodings: tuple = GRAPH_ENCODINGS
     steps: int = 400
+    num_layers: int = 2
     batch_size: int = 32
     sizes: tuple = ((8, 16), (24, 32), (48, 64))
     test_graphs: int = 256
@@ -280,8 +286,12 @@ GPU = Config(
     evaluation_batch_tokens=65536,
 )
 GPU_FULL = GPU.replace(encodings=ENCODINGS, data=DATA, num_seeds=3)
+# `--quick`: every model smaller (one block, not two: what a quick run
+# spends is mostly tracing each model's training step, block by block),
+# trained briefly on short sequences.
 QUICK = Config(
     steps=40,
+    num_layers=1,
     batch_size=16,
     train_length=16,
     lengths=(16, 32, 64),
@@ -294,13 +304,19 @@ VISION_DEFAULT = VisionConfig()
 # `--full`: every encoding, with 3 seeds.
 VISION_FULL = VISION_DEFAULT.replace(encodings=VISION_ENCODINGS, num_seeds=3)
 VISION_QUICK = VisionConfig(
-    steps=12, batch_size=16, grids=(2, 3, 4), jit_compile=False, judged=False
+    steps=12,
+    num_layers=1,
+    batch_size=16,
+    grids=(2, 3, 4),
+    jit_compile=False,
+    judged=False,
 )
 GRAPH_DEFAULT = GraphConfig()
 # `--full`: every encoding, as the default, with 3 seeds.
 GRAPH_FULL = GRAPH_DEFAULT.replace(num_seeds=3)
 GRAPH_QUICK = GraphConfig(
     steps=10,
+    num_layers=1,
     batch_size=8,
     sizes=((4, 6), (8, 10), (12, 16)),
     test_graphs=16,

@@ -39,11 +39,12 @@ from keras_posenc_lab import encodings
 from keras_posenc_lab import training
 from keras_posenc_lab.config import GRAPH_ENCODINGS
 from keras_posenc_lab.config import GRAPH_LABELS
+from keras_posenc_lab.config import GRAPH_DEFAULT
 
 WIDTH = 64
 NUM_HEADS = 4
 FEED_FORWARD_DIM = 128
-NUM_LAYERS = 2
+NUM_LAYERS = GRAPH_DEFAULT.num_layers
 STEPS_PER_EXECUTION = 10
 # Hop distances from this on share the last class, as they share the
 # shortest-path bias's last entry.
@@ -175,7 +176,7 @@ def make_graphs(count, sizes, rng):
     return inputs, labels
 
 
-def build_model(encoding, jit_compile=False, seed=None):
+def build_model(encoding, jit_compile=False, seed=None, num_layers=NUM_LAYERS):
     """The graph transformer with one encoding, for graphs of any size.
 
     Args:
@@ -188,6 +189,7 @@ def build_model(encoding, jit_compile=False, seed=None):
             `False`.
         seed: int or None. Seed of the Laplacian's random sign flips.
             Defaults to `None`.
+        num_layers: int. Transformer blocks. Defaults to `NUM_LAYERS`.
 
     Returns:
         A compiled functional `keras.Model` from the inputs of
@@ -204,7 +206,7 @@ def build_model(encoding, jit_compile=False, seed=None):
     node_encoding = encodings.build("graph", encoding, role="nodes", seed=seed)
     if node_encoding is not None:
         nodes = node_encoding(nodes, adjacency, mask=node_mask)
-    for _ in range(NUM_LAYERS):
+    for _ in range(num_layers):
         normed = keras.layers.LayerNormalization()(nodes)
         position = encodings.build(
             "graph", encoding, role="attention", num_heads=NUM_HEADS
@@ -267,7 +269,9 @@ def _train(encoding, config, train_data, test_sets, out_dir, label, seed):
     """Train, save, reload and check one model; return the reloaded one."""
     inputs, labels = train_data
     keras.utils.set_random_seed(seed)
-    model = build_model(encoding, jit_compile=config.jit_compile, seed=seed)
+    model = build_model(
+        encoding, jit_compile=config.jit_compile, seed=seed, num_layers=config.num_layers
+    )
     training.fit(
         model,
         inputs,
@@ -367,7 +371,8 @@ def run(config, out_dir):
         + "."
     )
     print(
-        f"Model: {NUM_LAYERS} pre-norm transformer blocks over the nodes, width "
+        f"Model: {config.num_layers} pre-norm transformer "
+        f"block{'s' if config.num_layers > 1 else ''} over the nodes, width "
         f"{WIDTH}, {NUM_HEADS} heads, feed-forward {FEED_FORWARD_DIM}; the mark "
         f"is the only node feature. Training: {config.steps} steps of "
         f"{config.batch_size} graphs of {size_header(config.sizes[0])}. "

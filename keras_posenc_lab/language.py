@@ -49,7 +49,7 @@ CONCENTRATION = 0.3
 WIDTH = 64
 NUM_HEADS = 4
 FEED_FORWARD_DIM = 256
-NUM_LAYERS = 2
+NUM_LAYERS = DEFAULT.num_layers
 STEPS_PER_EXECUTION = 20
 # The most an encoding's negative log-likelihood may rise from the trained
 # length for it to hold at a longer one; what Press et al. found of ALiBi.
@@ -269,6 +269,7 @@ def build_model(
     scaling=None,
     jit_compile=False,
     vocabulary_size=VOCABULARY_SIZE,
+    num_layers=NUM_LAYERS,
 ):
     """The pre-norm causal transformer language model with one encoding.
 
@@ -287,6 +288,7 @@ def build_model(
             to `False`.
         vocabulary_size: int. Token ids run from 0 to this less one.
             Defaults to `VOCABULARY_SIZE`, the Markov source's.
+        num_layers: int. Transformer blocks. Defaults to `NUM_LAYERS`.
 
     Returns:
         A compiled functional `keras.Model` from int32 token ids
@@ -303,7 +305,7 @@ def build_model(
     )
     if embedding is not None:
         x = embedding(x)
-    for _ in range(NUM_LAYERS):
+    for _ in range(num_layers):
         normed = keras.layers.LayerNormalization()(x)
         attention = keras_posenc.PositionalMultiHeadAttention(
             NUM_HEADS,
@@ -496,6 +498,7 @@ def _train(encoding, config, source, out_dir, label, seed, prefix):
         config.train_length,
         jit_compile=config.jit_compile,
         vocabulary_size=source.vocabulary_size,
+        num_layers=config.num_layers,
     )
     training.fit(
         model,
@@ -546,6 +549,7 @@ def _evaluate_rope_scalings(model, plain_scores, config, stream, vocabulary_size
                     config.train_length,
                     rope_scaling(schedule, length, config.train_length),
                     vocabulary_size=vocabulary_size,
+                    num_layers=config.num_layers,
                 )
                 scaled.set_weights(model.get_weights())
             scores[length] = mean_nll(
@@ -828,7 +832,8 @@ def _run_text(config, text, out_dir, before_timing):
     )  # (rows, longest + 1), scored at every length
     print(source.describe())
     print(
-        f"Model: {NUM_LAYERS} pre-norm causal transformer blocks, width "
+        f"Model: {config.num_layers} pre-norm causal transformer "
+        f"block{'s' if config.num_layers > 1 else ''}, width "
         f"{WIDTH}, {NUM_HEADS} heads, feed-forward {FEED_FORWARD_DIM}. "
         f"Training: {config.steps} steps of {config.batch_size} sequences of "
         f"{config.train_length} tokens."

@@ -30,15 +30,62 @@ def set_threads(configs):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def run(configs, args):
+def start(configs, args):
+    """Start the second process of `configs`' tasks, if they run in two.
+
+    Called before this process imports Keras and its backend: the second
+    process imports its own meanwhile (TensorFlow takes seconds), so the
+    two imports overlap rather than follow each other.
+
+    Returns:
+        A `Side`, to give `run`, or `None` when the tasks run in this
+        process alone.
+    """
+    if not _alongside(configs):
+        return None
+    return Side(_side_argv(args, list(configs)[1:]))
+
+
+def run(configs, args, side=None):
     """Run the tasks of `configs`, with the command's parsed `args`.
+
+    Args:
+        configs: dict from task to its config.
+        args: the command's parsed arguments.
+        side: a `Side` from `start`, or `None`. Where the tasks run in two
+            processes and it is `None`, the second one starts now.
 
     Returns:
         The first failing status, else `0`.
     """
     if _alongside(configs):
-        return _run_alongside(configs, _side_argv(args, list(configs)[1:]), args.out)
+        return _run_alongside(configs, side or start(configs, args), args.out)
     return _run_in_turn(configs, args.out)
+
+
+class Side:
+    """The second process: `python -m keras_posenc_lab` with `argv`, started now.
+
+    Its output goes to temporary files, printed whole after this
+    process's. `stop` ends it, and closes them.
+    """
+
+    def __init__(self, argv):
+        self.out = tempfile.TemporaryFile("w+")
+        self.err = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "keras_posenc_lab", *argv],
+            stdout=self.out,
+            stderr=self.err,
+        )
+
+    def stop(self):
+        """Kill the process if it still runs, and close its files."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.out.close()
+        self.err.close()
 
 
 def _alongside(configs):
@@ -109,20 +156,20 @@ def _side_argv(args, tasks):
     return argv
 
 
-def _run_alongside(configs, side_argv, out_dir):
+def _run_alongside(configs, side, out_dir):
     """Run the language task here and the other tasks alongside it.
 
-    The other tasks (vision, graph) run one after the other in a second
-    process, `python -m keras_posenc_lab` with `side_argv`: each task's small
-    models leave a core idle, so the two processes at once take less time
-    than one after the other. Its output is kept and printed
-    after the language task's, so that neither is cut into the other. The
-    language task times its models' training after the second process is
-    done, so that the timing has the machine to itself.
+    The other tasks (vision, graph) run one after the other in the second
+    process, `side`: each task's small models leave a core idle, so the
+    two processes at once take less time than one after the other. Its
+    output is kept and printed after the language task's, so that neither
+    is cut into the other. The language task times its models' training
+    after the second process is done, so that the timing has the machine
+    to itself.
 
     Args:
         configs: dict from task to its config, the language task's first.
-        side_argv: list of str. The arguments of the second process, from
+        side: a `Side`, running the other tasks with the arguments of
             `_side_argv`.
         out_dir: str. Where every task writes.
 
@@ -140,43 +187,35 @@ def _run_alongside(configs, side_argv, out_dir):
         ", in a second process; its log follows this one.",
         flush=True,
     )
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        side = subprocess.Popen(
-            [sys.executable, "-m", "keras_posenc_lab", *side_argv],
-            stdout=out,
-            stderr=err,
+    try:
+
+        def wait_for_side():
+            if side.process.poll() is None:
+                print(
+                    f"\nWaiting for {_task_names(others)} to finish, so "
+                    "that training is timed alone.",
+                    flush=True,
+                )
+            side.process.wait()
+
+        # A run too short to judge the encodings is not worth the wait.
+        judged = configs["language"].judged
+        status = language.run(
+            configs["language"], out_dir, before_timing=wait_for_side if judged else None
         )
-        try:
-
-            def wait_for_side():
-                if side.poll() is None:
-                    print(
-                        f"\nWaiting for {_task_names(others)} to finish, so "
-                        "that training is timed alone.",
-                        flush=True,
-                    )
-                side.wait()
-
-            # A run too short to judge the encodings is not worth the wait.
-            judged = configs["language"].judged
-            status = language.run(
-                configs["language"], out_dir, before_timing=wait_for_side if judged else None
-            )
-            side_status = side.wait() if status == 0 else None
-        finally:
-            # An error or Ctrl-C in this process ends the second one too.
-            if side.poll() is None:
-                side.kill()
-                side.wait()
+        side_status = side.process.wait() if status == 0 else None
         if status:
             return status
-        out.seek(0)
-        err.seek(0)
+        side.out.seek(0)
+        side.err.seek(0)
         if len(others) == 1:
             # Several tasks print their own headings.
             print(f"\n== The {others[0]} task ==\n")
-        print(out.read(), end="", flush=True)
-        print(err.read(), end="", file=sys.stderr, flush=True)
+        print(side.out.read(), end="", flush=True)
+        print(side.err.read(), end="", file=sys.stderr, flush=True)
+    finally:
+        # An error or Ctrl-C in this process ends the second one too.
+        side.stop()
     if side_status:
         return side_status
     print(

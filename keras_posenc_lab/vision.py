@@ -37,6 +37,7 @@ import keras_posenc
 from keras_posenc import ops
 from keras_posenc_lab import encodings
 from keras_posenc_lab import training
+from keras_posenc_lab.config import VISION_DEFAULT
 from keras_posenc_lab.config import VISION_DEMO_ENCODINGS
 from keras_posenc_lab.config import VISION_EVALUATIONS
 from keras_posenc_lab.config import VISION_FULL_ONLY
@@ -46,7 +47,7 @@ PATCH_SIZE = 4
 WIDTH = 64
 NUM_HEADS = 4
 FEED_FORWARD_DIM = 128
-NUM_LAYERS = 2
+NUM_LAYERS = VISION_DEFAULT.num_layers
 NUM_CLASSES = 10
 STEPS_PER_EXECUTION = 10
 # The digits held out for testing, stratified by class, the same for every
@@ -214,7 +215,12 @@ def _bilinear_matrix(in_size, out_size):
 
 
 def build_model(
-    encoding, train_grid, table_grid=None, position_scale=None, jit_compile=False
+    encoding,
+    train_grid,
+    table_grid=None,
+    position_scale=None,
+    jit_compile=False,
+    num_layers=NUM_LAYERS,
 ):
     """The ViT with one encoding, for images of any size.
 
@@ -234,6 +240,7 @@ def build_model(
             with `STEPS_PER_EXECUTION` steps per call (on JAX it always
             does, on PyTorch never: `training.compiled`). Defaults to
             `False`.
+        num_layers: int. Transformer blocks. Defaults to `NUM_LAYERS`.
 
     Returns:
         A compiled functional `keras.Model` from images `(batch, h, w, 1)`,
@@ -275,7 +282,7 @@ def build_model(
     elif encoding == "sinusoidal_2d":
         tokens = encodings.build("vision", encoding)(tokens, positions=positions)
     blocks = []
-    for _ in range(NUM_LAYERS):
+    for _ in range(num_layers):
         normed = keras.layers.LayerNormalization()(tokens)
         position = encodings.build(
             "vision",
@@ -313,13 +320,23 @@ def build_model(
     return training.compiled(model, jit_compile, STEPS_PER_EXECUTION)
 
 
+def num_blocks(model):
+    """The transformer blocks of `model`, one attention layer each."""
+    return sum(
+        isinstance(layer, keras_posenc.PositionalMultiHeadAttention)
+        for layer in model.layers
+    )
+
+
 def unresized_copy(model, grid, train_grid):
     """The learned-table model at `grid` with its table zero-padded, not resized.
 
     Rows `(r, c)` with `r, c < train_grid` keep their trained vectors; the
     rest of the larger grid gets zeros: no position where the table has none.
     """
-    copy = build_model("learned", train_grid, table_grid=grid)
+    copy = build_model(
+        "learned", train_grid, table_grid=grid, num_layers=num_blocks(model)
+    )
     copy.build((None, grid * PATCH_SIZE, grid * PATCH_SIZE, 1))
     weights = []
     for trained, target in zip(model.get_weights(), copy.get_weights()):
@@ -355,7 +372,12 @@ def scaled_copy(model, encoding, grid, train_grid):
     Returns:
         A compiled `keras.Model`.
     """
-    copy = build_model(encoding, train_grid, position_scale=train_grid / grid)
+    copy = build_model(
+        encoding,
+        train_grid,
+        position_scale=train_grid / grid,
+        num_layers=num_blocks(model),
+    )
     frequencies = {
         id(layer.position.frequencies)
         for layer in copy.layers
@@ -398,7 +420,12 @@ def _train(encoding, config, data, out_dir, label, seed):
         [rng.permutation(len(train_images)) for _ in range(passes)]
     )[:count]  # shuffled afresh at each pass over the training digits
     keras.utils.set_random_seed(seed)
-    model = build_model(encoding, config.grids[0], jit_compile=config.jit_compile)
+    model = build_model(
+        encoding,
+        config.grids[0],
+        jit_compile=config.jit_compile,
+        num_layers=config.num_layers,
+    )
     training.fit(
         model,
         train_images[order],
@@ -530,7 +557,8 @@ def run(config, out_dir):
         f"bilinearly to grids of {PATCH_SIZE} x {PATCH_SIZE} px patches: {sizes}."
     )
     print(
-        f"Model: a ViT of {NUM_LAYERS} pre-norm blocks, width {WIDTH}, "
+        f"Model: a ViT of {config.num_layers} pre-norm "
+        f"block{'s' if config.num_layers > 1 else ''}, width {WIDTH}, "
         f"{NUM_HEADS} heads, feed-forward {FEED_FORWARD_DIM}, a class token. "
         f"Training: {config.steps} steps of {config.batch_size} images at "
         f"{config.grids[0]}x{config.grids[0]}. " + training.seeds_line(config)

@@ -432,6 +432,23 @@ def test_quick_demo_runs_every_task(quick_demo):
     assert max(len(line) for line in printed.splitlines()) < 400
 
 
+def test_quick_demo_trains_models_of_one_block(quick_demo):
+    # A quick run's time is mostly each model's tracing, block by block:
+    # its models have one block, the demo's two.
+    status, out_dir, printed = quick_demo
+    assert status == 0
+    assert demo_config.QUICK.num_layers == VISION_QUICK.num_layers == 1
+    assert GRAPH_QUICK.num_layers == 1
+    for default in (demo_config.DEFAULT, demo_config.VISION_DEFAULT, demo_config.GRAPH_DEFAULT):
+        assert default.num_layers == 2
+    for file in ("lm_rope.keras", "vit_axial_rope.keras", "graph_shortest_path.keras"):
+        model = keras.models.load_model(out_dir / file, safe_mode=True)
+        assert vision.num_blocks(model) == 1, file
+    assert "Model: 1 pre-norm causal transformer block, width" in printed
+    assert "Model: a ViT of 1 pre-norm block, width" in printed
+    assert "Model: 1 pre-norm transformer block over the nodes" in printed
+
+
 def test_quick_demo_writes_a_table_of_every_encoding(quick_demo):
     status, out_dir, printed = quick_demo
     assert status == 0
@@ -734,6 +751,32 @@ def test_the_second_process_ends_with_the_language_task(
     assert "== The vision task ==" not in printed
     assert not (tmp_path / "accuracy.csv").exists()
     assert not (tmp_path / "graph_accuracy.csv").exists()
+
+
+def test_the_second_process_starts_before_this_one_imports_its_backend(
+    tmp_path, capsys, monkeypatch
+):
+    # Its import of TensorFlow overlaps this process's, not follows it; if
+    # this process cannot import its backend, the second one ends too.
+    children = _Children()
+    monkeypatch.setattr(runner.subprocess, "Popen", children)
+    started = []
+
+    def failing_import(verbose):
+        started.append(len(children.started))
+        return "No module named 'tensorflow'"
+
+    monkeypatch.setattr(cli, "_import_backend", failing_import)
+    assert main(["demo", "--quick", "--out", str(tmp_path)]) == 1
+    assert started == [1]
+    (side,) = children.started
+    assert side.args[1:7] == ["-m", "keras_posenc_lab", "demo", "--task", "vision", "graph"]
+    assert "--quick" in side.args
+    # Killed, not left training: importing TensorFlow alone outlasts this.
+    assert side.returncode == -9
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "keras-posenc: error: No module named 'tensorflow'"
+    assert "== The language task ==" not in captured.out
 
 
 @pytest.fixture(scope="module")
