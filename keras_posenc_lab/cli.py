@@ -443,15 +443,15 @@ def main(argv=None):
         side = runner.start(configs, args)
     if args.command == "bench" and args.backend in ("jax", "torch"):
         return _bench_on(args.backend, args)
+    imported = False
     try:
         message = _import_backend(args.verbose)
-    except BaseException:
-        if side is not None:
+        imported = message is None
+    finally:
+        # A failed or interrupted import ends the second process too.
+        if side is not None and not imported:
             side.stop()
-        raise
     if message is not None:
-        if side is not None:
-            side.stop()
         print(f"keras-posenc: error: {message}", file=sys.stderr)
         return 1
     if args.command == "plot":
