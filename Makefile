@@ -2,8 +2,8 @@
 # `make test-oldest` sets up .venv-oldest, at the floor of every version
 # range in setup.cfg's install_requires, and runs every public layer, the
 # ops and the files there.
-# `make test-jax` runs the kernel, the attention, RoPE, the ops, every
-# public layer and files across backends on Keras' JAX backend at the
+# `make test-jax` runs the kernel, the attention compiled, RoPE, the ops,
+# every public layer and files across backends on Keras' JAX backend at the
 # ceiling of the jax extra's range (on Python 3.12, which jax 0.11 and
 # later need), `make test-jax-oldest` every public layer and the ops at its
 # floor (on Python 3.11), and `make test-torch` the attention, its
@@ -87,37 +87,38 @@ PYTEST_WORKERS := -n 2 --dist loadfile
 # LLVM's, and the tests check values, not speed (the benchmarks do).
 XLA_TEST_FLAGS := --xla_backend_optimization_level=0
 
-# The TPU notebook runs in `make test-colab`, on JAX as on Colab.
+# The TPU notebook runs in `make test-colab`, on JAX as on Colab. The
+# docs are built with `mkdocs build --strict` by tests/test_site.py.
 test: $(STAMP)
 	XLA_FLAGS=$(XLA_TEST_FLAGS) $(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not browser" \
 		--ignore=notebooks/03_tpu_training.ipynb
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # At the floor of every version range, on TensorFlow, less those marked
 # `newest`: every public layer's forward pass, training step and round
-# trip, the ops, grouped heads, qk-norm and the cache, as at JAX's floor
-# (`JAX_FLOOR_TESTS`, below), and the files: `.keras` across the package's
+# trip, the ops and the cache, as at JAX's floor (`JAX_FLOOR_TESTS`,
+# below), grouped heads, qk-norm, and the files: `.keras` across the package's
 # versions, legacy `.h5`, SavedModel, TFLite and renamed arguments. The
 # kernel's and the attention's own tests, each scheme's, the lab's and the
 # notebooks are the newest versions' (CI's 45 minutes).
-FLOOR_TESTS = $(JAX_FLOOR_TESTS) tests/test_attention_files.py tests/test_legacy_h5.py \
-	tests/test_tflite.py tests/test_models.py tests/test_renamed_arguments.py
+FLOOR_TESTS = $(JAX_FLOOR_TESTS) tests/test_grouped_query_attention.py tests/test_qk_norm.py \
+	tests/test_attention_files.py tests/test_legacy_h5.py tests/test_tflite.py \
+	tests/test_models.py tests/test_renamed_arguments.py
 test-oldest: $(OLDEST_STAMP)
 	XLA_FLAGS=$(XLA_TEST_FLAGS) $(OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) -m "not newest" \
 		$(FLOOR_TESTS)
 
 # On JAX at its newest, on Python 3.12: the kernel (every scheme through
-# every path), the attention, RoPE, Hugging Face's weights, the ops, every
-# public layer, files across backends, the demo's tasks, tiny, and JAX's
-# distribution (`JAX_TESTS`, below). The other schemes' own tests run on
-# TensorFlow and PyTorch, the docs' examples too, the TPU notebook on JAX
-# in `make test-colab` (CI's 45 minutes).
+# every path), the attention compiled, RoPE, the ops, every public layer,
+# files across backends, the demo's tasks, tiny, and JAX's distribution
+# (`JAX_TESTS`, below). The other schemes' own tests run on TensorFlow and
+# PyTorch, Hugging Face's weights and the docs' examples too, the TPU
+# notebook on JAX in `make test-colab` (CI's 45 minutes).
 test-jax: $(JAX)/.installed
 	KERAS_BACKEND=jax XLA_FLAGS=$(XLA_TEST_FLAGS) $(JAX)/bin/python -m pytest $(PYTEST_WORKERS) $(JAX_TESTS)
 
 # At the floor, every public layer's forward pass, training step and round
-# trip, the ops, grouped heads, qk-norm and the cache (`JAX_FLOOR_TESTS`,
-# below): the kernel's, the attention's and the schemes' own tests are the
+# trip, the ops and the cache (`JAX_FLOOR_TESTS`, below): the kernel's, the
+# attention's, grouped heads', qk-norm's and the schemes' own tests are the
 # ceiling's (CI's 45 minutes).
 test-jax-oldest: $(JAX_OLDEST)/.installed
 	KERAS_BACKEND=jax XLA_FLAGS=$(XLA_TEST_FLAGS) $(JAX_OLDEST)/bin/python -m pytest $(PYTEST_WORKERS) -m "not newest" \
@@ -162,10 +163,10 @@ test-colab: $(COLAB)/.installed
 # three tasks, tiny, with TensorFlow hidden (tests/lab/test_backends.py).
 TORCH_VERSION := 2.13.0
 # The attention, its schemes, the ops, the docs' examples and the demo's
-# tasks, tiny: PyTorch's run. JAX's: the kernel, the attention, RoPE,
-# Hugging Face's weights, the ops, every public layer, the files and the
-# demo's tasks, with JAX's distribution. The floors': every public layer,
-# the ops, grouped heads, qk-norm and the cache.
+# tasks, tiny: PyTorch's run. JAX's: the kernel, the attention compiled,
+# RoPE, the ops, every public layer, the files and the demo's tasks, with
+# JAX's distribution. The floors': every public layer, the ops and the
+# cache, and on TensorFlow grouped heads, qk-norm and the files.
 BACKEND_TESTS := tests/test_every_backend.py tests/test_cross_backend.py tests/test_backend_dispatch.py \
 	tests/test_positional_multi_head_attention.py tests/test_attention_kernel.py \
 	tests/test_grouped_query_attention.py tests/test_qk_norm.py tests/test_hf_attention.py \
@@ -181,10 +182,21 @@ BACKEND_TESTS := tests/test_every_backend.py tests/test_cross_backend.py tests/t
 	tests/test_torch_compile.py tests/test_attention_cache.py tests/test_attention_files.py \
 	tests/lab/test_backends.py
 JAX_FLOOR_TESTS := tests/test_every_backend.py tests/test_backend_dispatch.py tests/test_ops.py \
-	tests/test_grouped_query_attention.py tests/test_qk_norm.py tests/test_attention_cache.py
-JAX_TESTS := $(JAX_FLOOR_TESTS) tests/test_cross_backend.py \
-	tests/test_positional_multi_head_attention.py tests/test_attention_kernel.py \
-	tests/test_hf_attention.py tests/test_rotary_embedding.py tests/test_bench_backends.py \
+	tests/test_attention_cache.py
+# Of the attention's own tests, JAX runs those that compile it or read what
+# compiled code writes, and JAX's own: the rest check, per scheme, what the
+# kernel's tests check on JAX per scheme and path, against the same
+# float64 reference, and run on TensorFlow and PyTorch.
+JAX_ATTENTION_TESTS := $(addprefix tests/test_positional_multi_head_attention.py::,\
+	test_xla_training_step test_attention_over_blocks_of_queries_equals_float64_reference \
+	test_cache_index_past_the_slots_gives_nan_under_compiled_code \
+	test_cache_decoding_under_xla_in_a_loop \
+	test_alibi_at_default_positions_under_xla_gradients_equal_float64 test_mixed_bfloat16 \
+	test_mixed_bfloat16_adds_alibi_bias_inside_the_float32_softmax \
+	test_on_jax_attention_writes_no_more_logits_than_keras)
+JAX_TESTS := $(JAX_FLOOR_TESTS) tests/test_grouped_query_attention.py tests/test_qk_norm.py \
+	tests/test_cross_backend.py $(JAX_ATTENTION_TESTS) \
+	tests/test_attention_kernel.py tests/test_rotary_embedding.py tests/test_bench_backends.py \
 	tests/test_attention_files.py tests/lab/test_backends.py tests/test_distribution_jax.py
 
 test-torch: $(TORCH)/.installed
