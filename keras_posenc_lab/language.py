@@ -429,12 +429,16 @@ def training_speeds(models, inputs, targets, batch_size, rounds=DEFAULT.speed_ro
     """Training tokens per second of each model, timed in interleaved rounds.
 
     Each model trained already, so its training function is traced (and
-    compiled under XLA) and each call is timed alone. In every round each
-    model runs one call, `steps_per_execution` steps, the order turning by
-    one model a round; a model's speed comes from the median of its rounds.
-    Run one after another on a shared machine, models trained minutes apart
-    differ by 30% from the machine alone; seconds apart, they share its
-    state.
+    compiled under XLA) and each call is timed alone. Still, each model
+    first runs one call untimed: on TensorFlow a model's training function
+    is traced again on its first call after another model's training
+    reseeded the global generator (`keras.utils.set_random_seed`), whose
+    seed is part of what a traced function is kept under. In every round
+    each model runs one call, `steps_per_execution` steps, the order
+    turning by one model a round; a model's speed comes from the median of
+    its rounds. Run one after another on a shared machine, models trained
+    minutes apart differ by 30% from the machine alone; seconds apart, they
+    share its state.
 
     Args:
         models: dict from name to a trained, compiled `keras.Model`, all
@@ -457,21 +461,26 @@ def training_speeds(models, inputs, targets, batch_size, rounds=DEFAULT.speed_ro
         name: min(model.steps_per_execution or 1, len(inputs) // batch_size)
         for name, model in models.items()
     }
+
+    def call(name, callbacks=()):
+        rows = steps[name] * batch_size
+        models[name].fit(
+            inputs[:rows],
+            targets[:rows],
+            batch_size=batch_size,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+            callbacks=list(callbacks),
+        )
+
+    for name in names:
+        call(name)
     for round_number in range(rounds):
         turn = round_number % len(names)
         for name in names[turn:] + names[:turn]:
-            model = models[name]
-            rows = steps[name] * batch_size
             timer = CallTimes()
-            model.fit(
-                inputs[:rows],
-                targets[:rows],
-                batch_size=batch_size,
-                epochs=1,
-                shuffle=False,
-                verbose=0,
-                callbacks=[timer],
-            )
+            call(name, [timer])
             durations[name].extend(timer.durations)
     return {
         name: steps[name] * batch_size * inputs.shape[1] / float(np.median(durations[name]))

@@ -475,20 +475,26 @@ def test_training_speeds_interleave_rounds_and_take_the_median(monkeypatch):
     inputs = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
     for model in models.values():
         model.fit(inputs, inputs, batch_size=2, verbose=0)
-    order, seconds = [], iter([3.0, 1.0, 2.0, 5.0, 4.0, 6.0, 1.0, 2.0, 3.0])
+    calls, seconds = [], iter([3.0, 1.0, 2.0, 5.0, 4.0, 6.0, 1.0, 2.0, 3.0])
     original_fit = keras.Model.fit
 
     def timed_fit(self, *args, callbacks=(), **kwargs):
-        order.append(next(name for name, model in models.items() if model is self))
+        name = next(name for name, model in models.items() if model is self)
+        calls.append((name, bool(callbacks)))
         history = original_fit(self, *args, callbacks=callbacks, **kwargs)
-        (timer,) = callbacks
-        timer.durations = [next(seconds)]  # one call each
+        if callbacks:
+            (timer,) = callbacks
+            timer.durations = [next(seconds)]  # one call each
         return history
 
     monkeypatch.setattr(keras.Model, "fit", timed_fit)
     speeds = language.training_speeds(models, inputs, inputs, 2, rounds=3)
-    # The order turns by one model each round.
-    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # One untimed call each first (a call that traces is not timed); then
+    # the order turns by one model each round.
+    assert calls[:3] == [("a", False), ("b", False), ("c", False)]
+    assert calls[3:] == [
+        (name, True) for name in ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    ]
     # In that order a took 3, 6 and 2 s (median 3) for 2 steps of 2 rows of
     # 6 tokens; b 1, 5 and 3 (median 3); c 2, 4 and 1 (median 2) for its
     # 1 step.
