@@ -320,9 +320,13 @@ def on_pre_build(config):
     os.makedirs(out_dir, exist_ok=True)
     results = os.path.join(config["docs_dir"], "results.md")
     # The Markov source's table first, then the standard library's.
-    (lengths, markov), (source_lengths, python_source) = _tables(
-        results, _LENGTH_HEADER
-    )[:2]
+    length_tables = _tables(results, _LENGTH_HEADER)
+    (lengths, markov), (source_lengths, python_source) = length_tables[:2]
+    # The standard library's source scored to 2048: the one table of its
+    # six lengths.
+    ((long_lengths, python_source_long),) = [
+        (columns, rows) for columns, rows in length_tables if len(columns) == 6
+    ]
     ((grids, vision),) = _tables(results, _GRID_HEADER)
     language = demo_config.DEFAULT
     spread = {
@@ -350,6 +354,12 @@ def on_pre_build(config):
         "extrapolation_python_source.png": plot.extrapolation_curves(
             [int(length) for length in source_lengths],
             _means(python_source),
+            None,
+            language.train_length,
+        ),
+        "extrapolation_python_source_2048.png": plot.extrapolation_curves(
+            [int(length) for length in long_lengths],
+            _means(python_source_long),
             None,
             language.train_length,
         ),
