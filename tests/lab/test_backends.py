@@ -144,7 +144,9 @@ def tiny_fit(label):
     """`training.fit` of a one-layer model, 8 steps of 2 rows."""
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(6)])
-    training.compiled(model, False, 1, loss=keras.losses.MeanSquaredError())
+    training.compiled(
+        model, jit_compile, 1, loss=keras.losses.MeanSquaredError()
+    )
     inputs = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
     training.fit(model, inputs, inputs, 2, label)
 
@@ -182,3 +184,36 @@ def test_training_compiles_a_step_as_the_backend_runs_it_best():
         }[BACKEND]
         assert model.jit_compile is expected
         assert model.steps_per_execution == (10 if expected else 1)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_training_adam_sums_a_table_rows_lookups_before_squaring(jit_compile):
+    # Row 0 is read three times in one example, row 1 once, row 2 never:
+    # on TensorFlow its gradient arrives as one slice per lookup.
+    ids = np.array([[0, 0, 0, 1]], "int32")
+    target = np.array([[1.0, -2.0]], "float32")
+    model = keras.Sequential(
+        [
+            keras.Input((4,), dtype="int32"),
+            keras.layers.Embedding(3, 2, embeddings_initializer="ones"),
+            keras.layers.GlobalAveragePooling1D(),
+        ]
+    )
+    training.compiled(
+        model, jit_compile, 1, loss=keras.losses.MeanSquaredError()
+    )
+    model.fit(ids, target, batch_size=1, epochs=2, shuffle=False, verbose=0)
+    # Adam (Kingma and Ba 2015) in float64 on the dense gradient, as Keras
+    # writes it: the bias corrections folded into the step size.
+    table = np.ones((3, 2))
+    m, v = np.zeros_like(table), np.zeros_like(table)
+    counts = np.bincount(ids[0], minlength=3)[:, None]  # (3, 1)
+    for step in range(1, 3):
+        mean = (table[ids[0]]).mean(axis=0)
+        gradient = counts / ids.shape[1] * 2 * (mean - target[0]) / target.shape[1]
+        m += (gradient - m) * 0.1
+        v += (gradient**2 - v) * 0.001
+        alpha = training.LEARNING_RATE * np.sqrt(1 - 0.999**step) / (1 - 0.9**step)
+        table -= m * alpha / (np.sqrt(v) + 1e-7)
+    got = keras.ops.convert_to_numpy(model.layers[0].embeddings)
+    np.testing.assert_allclose(got, table, rtol=0, atol=1e-6)
