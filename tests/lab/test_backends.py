@@ -144,9 +144,7 @@ def tiny_fit(label):
     """`training.fit` of a one-layer model, 8 steps of 2 rows."""
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(6)])
-    training.compiled(
-        model, jit_compile, 1, loss=keras.losses.MeanSquaredError()
-    )
+    training.compiled(model, False, 1, loss=keras.losses.MeanSquaredError())
     inputs = np.random.default_rng(0).normal(size=(16, 6)).astype("float32")
     training.fit(model, inputs, inputs, 2, label)
 
