@@ -177,7 +177,7 @@ def rotary(
     return output
 
 
-# ALiBi and T5 (issue 4).
+# ALiBi and T5.
 
 
 def alibi_slopes(n):
@@ -330,7 +330,7 @@ def sinusoidal_on_axes(positions, dim, max_wavelength=10000.0, pairing="half"):
     )
 
 
-# RoPE on grids (issue 14): Theta[i, a] is pair i's frequency for axis a.
+# RoPE on grids: Theta[i, a] is pair i's frequency for axis a.
 
 
 def axial_rope_frequencies(rotary_dim, num_axes, base=10000.0):
@@ -434,7 +434,7 @@ def grid_rotary(x, positions, theta, pairing="half", num_prefix_tokens=0):
     return output
 
 
-# Swin's relative position bias on a grid, BEiT's prefix rows (issue 14).
+# Swin's relative position bias on a grid, BEiT's prefix rows.
 
 
 def swin_relative_position_index(window, class_token=False):
@@ -513,7 +513,7 @@ def grid_relative_position_bias(
     return bias
 
 
-# Graphs (issue 17): PyTorch Geometric's transforms, from their definitions.
+# Graphs: PyTorch Geometric's transforms, from their definitions.
 
 
 def laplacian(adjacency, normalization="sym"):

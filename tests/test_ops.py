@@ -319,7 +319,7 @@ def test_rotate_refuses_an_unknown_layout():
         ops.rotate(keras.ops.ones((1, 4)), keras.ops.zeros((1, 2)), "concat")
 
 
-# ALiBi slopes, relative distances and T5 buckets (issue 4).
+# ALiBi slopes, relative distances and T5 buckets.
 
 
 @pytest.mark.parametrize("num_heads", list(range(1, 17)) + [24, 32])

@@ -237,7 +237,7 @@ def check_integer_scalar(name, value):
         )
 
 
-# Rotary position embedding on grids (issue 14): which axis each pair reads.
+# Rotary position embedding on grids: which axis each pair reads.
 
 AXIS_LAYOUTS = ("blocks", "sections", "cyclic", "alternating")
 
