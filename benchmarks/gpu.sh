@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The attention on a GPU, in one run of under 6 minutes: on PyTorch and on JAX, at (4, 4096, 512) and (4, 1024, 512),
-# in float32 and bfloat16, forward and training step, each scheme against
+# The attention on a GPU, in one run of under 6 minutes: on PyTorch and
+# on JAX, at (4, 4096, 512) and (4, 1024, 512), in float32 and bfloat16, forward and training step, each scheme against
 # its peer (x-transformers' `Attention(flash=True)` with the same scheme on
 # PyTorch, `jax.nn.dot_product_attention` written by hand with the scheme's
 # tables or bias precomputed on JAX) with the benchmarks' targets; the kernels

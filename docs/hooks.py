@@ -311,6 +311,14 @@ def _means(rows):
     }
 
 
+def _spreads(rows):
+    """The standard deviation of each cell, `0.0` where a cell gives none."""
+    return {
+        name: [0.0 if cell is None or cell[1] is None else cell[1] for cell in cells]
+        for name, cells in rows.items()
+    }
+
+
 def on_pre_build(config):
     from keras_posenc import plot
     from keras_posenc_lab import config as demo_config
@@ -320,19 +328,11 @@ def on_pre_build(config):
     os.makedirs(out_dir, exist_ok=True)
     results = os.path.join(config["docs_dir"], "results.md")
     # The Markov source's table first, then the standard library's.
-    length_tables = _tables(results, _LENGTH_HEADER)
-    (lengths, markov), (source_lengths, python_source) = length_tables[:2]
-    # The standard library's source scored to 2048: the one table of its
-    # six lengths.
-    ((long_lengths, python_source_long),) = [
-        (columns, rows) for columns, rows in length_tables if len(columns) == 6
-    ]
+    (lengths, markov), (source_lengths, python_source) = _tables(
+        results, _LENGTH_HEADER
+    )[:2]
     ((grids, vision),) = _tables(results, _GRID_HEADER)
     language = demo_config.DEFAULT
-    spread = {
-        name: [0.0 if cell is None or cell[1] is None else cell[1] for cell in cells]
-        for name, cells in vision.items()
-    }
     figures = {
         "encoding_heatmap.png": plot.encoding_heatmap(),
         "encoding_heatmap_half.png": plot.encoding_heatmap(pairing="half"),
@@ -350,24 +350,20 @@ def on_pre_build(config):
             _means(markov),
             language_task.MarkovSource(language.seed).entropy_rate,
             language.train_length,
+            _spreads(markov),
         ),
         "extrapolation_python_source.png": plot.extrapolation_curves(
             [int(length) for length in source_lengths],
             _means(python_source),
             None,
             language.train_length,
-        ),
-        "extrapolation_python_source_2048.png": plot.extrapolation_curves(
-            [int(length) for length in long_lengths],
-            _means(python_source_long),
-            None,
-            language.train_length,
+            _spreads(python_source),
         ),
         "resolution.png": plot.resolution_curves(
             [int(grid.split("x")[0]) for grid in grids],
             _means(vision),
             demo_config.VISION_DEFAULT.grids[0],
-            spread,
+            _spreads(vision),
         ),
     }
     for filename, figure in figures.items():
