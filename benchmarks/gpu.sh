@@ -1,27 +1,26 @@
 #!/usr/bin/env bash
-# The attention on a GPU, in one run of under 6 minutes: on PyTorch and
-# on JAX, at (4, 4096, 512) and (4, 1024, 512), in float32 and bfloat16, forward and training step, each scheme against
-# its peer (x-transformers' `Attention(flash=True)` with the same scheme on
-# PyTorch, `jax.nn.dot_product_attention` written by hand with the scheme's
-# tables or bias precomputed on JAX) with the benchmarks' targets; the kernels
+# The attention on a GPU, in one run of under 6 minutes: on PyTorch and on
+# JAX, at (4, 4096, 512) and (4, 1024, 512), in float32 and bfloat16,
+# forward and training step, each scheme against its peer (x-transformers'
+# `Attention(flash=True)` with the same scheme on PyTorch,
+# `jax.nn.dot_product_attention` written by hand with the scheme's tables
+# or bias precomputed on JAX) with the benchmarks' targets; the kernels
 # alone beside them (SDPA, FlexAttention, JAX's XLA and cuDNN attention);
 # RoPE with `flash_attention=True` against Keras' flash attention; the
 # peak memory of one call at (1, 32768); and every scheme's layer on the
-# GPU against the same layer, same weights, on the CPU.
-#
-# The sections run in this order of priority: equality, memory, the
-# comparisons (4096 before 1024), the flash rows, the kernels alone (whose
-# FlexAttention compiles are the longest). PyTorch gets half of what is left
-# of the 6 minutes, JAX the rest: past its budget, the candidates and
-# sections left print a line each, and a process still running at its
-# limit is stopped. The run exits with status 1 when an equality row
-# fails (or a backend's run stops or fails).
-#
-# The machine needs Python with PyTorch and JAX on CUDA; Keras and
-# x-transformers come as wheels from $WHEELS (`benchmarks/gpu_wheels.sh`
-# downloads them), the package from this checkout. Without a GPU it runs
-# the same on the CPU (`--quick` for a short check of every section at
-# tiny sizes, the training step in bfloat16 alone, with no time limit).
+# GPU against the same layer, same weights, on the CPU.  The sections run
+# in this order of priority: equality, memory, the comparisons (4096
+# before 1024), the flash rows, the kernels alone (whose FlexAttention
+# compiles are the longest). PyTorch gets half of what is left of the 6
+# minutes, JAX the rest: past its budget, the candidates and sections left
+# print a line each, and a process still running at its limit is stopped.
+# The run exits with status 1 when an equality row fails (or a backend's
+# run stops or fails).  The machine needs Python with PyTorch and JAX on
+# CUDA; Keras and x-transformers come as wheels from $WHEELS
+# (`benchmarks/gpu_wheels.sh` downloads them), the package from this
+# checkout. Without a GPU it runs the same on the CPU (`--quick` for a
+# short check of every section at tiny sizes, the training step in
+# bfloat16 alone, with no time limit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels=${WHEELS:-build/gpu-wheels}
