@@ -8,7 +8,7 @@
 # alone beside them (SDPA, FlexAttention, JAX's XLA and cuDNN attention);
 # RoPE with `flash_attention=True` against Keras' flash attention; the
 # peak memory of one call at (1, 32768); and every scheme's layer on the
-# GPU against the same layer, same weights, on the CPU.  The sections run
+# GPU against the same layer, same weights, on the CPU. The sections run
 # in this order of priority: equality, memory, the comparisons (4096
 # before 1024), the flash rows, the kernels alone (whose FlexAttention
 # compiles are the longest). PyTorch gets half of what is left of the 6
